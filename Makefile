@@ -1,0 +1,52 @@
+# tinyacc: build, demo, tests and benchmarks. `make demo` and `make test`
+# install what they need (Debian packages as root, Go modules) by themselves.
+
+GO       ?= go
+PYTHON   ?= /usr/bin/python3
+BIN      := build/tinyacc
+APT_PKGS := libopenblas-dev python3-torch python3-numpy python3-pytest
+TEST_TIMEOUT ?= 20m
+
+.PHONY: all deps build demo test test-go test-python vet bench-step bench-comm clean
+
+all: build
+
+# deps installs the Debian packages (OpenBLAS for matrix products, PyTorch
+# and pytest for the reference tests) when one is missing, and the Go modules.
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	$(GO) mod download
+
+build: deps
+	@mkdir -p build
+	$(GO) build -o $(BIN) ./cmd/tinyacc
+
+# demo trains the default GPT on the default corpus (the Go toolchain's own
+# sources) for a few minutes, then samples from it.
+demo: build
+	$(BIN) train --config examples/demo.yaml
+	$(BIN) sample --from build/demo.safetensors --prompt "func main" --tokens 300
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+
+test: deps vet test-go test-python
+
+test-go:
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	CGO_ENABLED=0 $(GO) test -count=1 ./core/tensor/...
+
+test-python:
+	$(PYTHON) -m pytest -q tools/torchref
+
+bench-step: build
+	$(BIN) bench step
+
+clean:
+	rm -rf build

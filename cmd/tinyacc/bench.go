@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+func cmdBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: tinyacc bench step [flags]")
+	}
+	switch args[0] {
+	case "step":
+		return benchStep(args[1:], stdout, stderr)
+	}
+	return fmt.Errorf("bench: unknown benchmark %q (have: step)", args[0])
+}
+
+// benchShape is the GPT both sides of `bench step` train.
+type benchShape struct {
+	NLayer, NHead, NEmbd, Block, Vocab, Batch int
+}
+
+func (s benchShape) args() []string {
+	return []string{"--n_layer", strconv.Itoa(s.NLayer), "--n_head", strconv.Itoa(s.NHead), "--n_embd", strconv.Itoa(s.NEmbd),
+		"--block_size", strconv.Itoa(s.Block), "--vocab_size", strconv.Itoa(s.Vocab), "--batch", strconv.Itoa(s.Batch)}
+}
+
+// benchStep times training steps of the same GPT in tinyacc (in this
+// process) and in PyTorch (bench/torch_step.py), for each thread count,
+// interleaving the two so machine noise hits both alike.
+func benchStep(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench step", flag.ContinueOnError)
+	steps := fs.Int("steps", 10, "timed steps per run")
+	warmup := fs.Int("warmup", 2, "untimed steps before timing")
+	repeats := fs.Int("repeats", 3, "interleaved runs of each side per thread count")
+	threadsFlag := fs.String("threads", "1,2", "thread counts to compare")
+	script := fs.String("torch-script", "bench/torch_step.py", "the PyTorch side")
+	python := fs.String("python", "/usr/bin/python3", "Python with torch")
+	asJSON := fs.Bool("json", false, "print one JSON object per thread count")
+	var s benchShape
+	fs.IntVar(&s.NLayer, "n_layer", 4, "")
+	fs.IntVar(&s.NHead, "n_head", 4, "")
+	fs.IntVar(&s.NEmbd, "n_embd", 256, "")
+	fs.IntVar(&s.Block, "block_size", 256, "")
+	fs.IntVar(&s.Vocab, "vocab_size", 256, "")
+	fs.IntVar(&s.Batch, "batch", 8, "")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var threads []int
+	for _, f := range strings.Split(*threadsFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bench step: --threads %q: want a list of positive counts like 1,2", *threadsFlag)
+		}
+		threads = append(threads, n)
+	}
+	if _, err := os.Stat(*script); err != nil {
+		return fmt.Errorf("bench step: PyTorch side %s not found (run from the repository root or give --torch-script): %v", *script, err)
+	}
+	fmt.Fprintf(stderr, "bench step: GPT n_layer %d n_head %d n_embd %d block %d vocab %d batch %d fp32; %d steps x %d repeats; blas %s\n",
+		s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName())
+	type row struct {
+		Threads   int     `json:"threads"`
+		TinyaccMS float64 `json:"tinyacc_ms"`
+		TorchMS   float64 `json:"pytorch_ms"`
+		Ratio     float64 `json:"ratio_vs_best_pytorch"`
+	}
+	var rows []row
+	for _, th := range threads {
+		var ours, theirs []float64
+		for r := 0; r < *repeats; r++ {
+			ms, err := tinyaccStepMS(s, th, *warmup, *steps)
+			if err != nil {
+				return err
+			}
+			ours = append(ours, ms)
+			tms, err := torchStepMS(*python, *script, s, th, *warmup, *steps)
+			if err != nil {
+				return err
+			}
+			theirs = append(theirs, tms)
+			fmt.Fprintf(stderr, "  threads %d run %d: tinyacc %.1f ms/step, pytorch %.1f ms/step\n", th, r+1, ms, tms)
+		}
+		rows = append(rows, row{Threads: th, TinyaccMS: median(ours), TorchMS: median(theirs)})
+	}
+	bestTorch, bestOurs := rows[0], rows[0]
+	for _, r := range rows {
+		if r.TorchMS < bestTorch.TorchMS {
+			bestTorch = r
+		}
+		if r.TinyaccMS < bestOurs.TinyaccMS {
+			bestOurs = r
+		}
+	}
+	for i := range rows {
+		rows[i].Ratio = rows[i].TinyaccMS / bestTorch.TorchMS
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	fmt.Fprintf(stdout, "%8s %16s %16s %22s\n", "threads", "tinyacc ms/step", "pytorch ms/step", "tinyacc/best pytorch")
+	for _, r := range rows {
+		fmt.Fprintf(stdout, "%8d %16.1f %16.1f %22.3f\n", r.Threads, r.TinyaccMS, r.TorchMS, r.Ratio)
+	}
+	fmt.Fprintf(stdout, "best tinyacc (%d threads) %.1f ms vs best pytorch (%d threads) %.1f ms: ratio %.3f\n",
+		bestOurs.Threads, bestOurs.TinyaccMS, bestTorch.Threads, bestTorch.TorchMS, bestOurs.TinyaccMS/bestTorch.TorchMS)
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// tinyaccStepMS trains the bench GPT on random tokens with the given thread
+// count and returns the median step time.
+func tinyaccStepMS(s benchShape, threads, warmup, steps int) (float64, error) {
+	prevProcs := runtime.GOMAXPROCS(threads)
+	prevThreads := cpu.Threads()
+	cpu.SetThreads(threads)
+	defer func() { runtime.GOMAXPROCS(prevProcs); cpu.SetThreads(prevThreads) }()
+
+	cfg := config.Defaults()
+	cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd = s.NLayer, s.NHead, s.NEmbd
+	cfg.Model.BlockSize, cfg.Model.VocabSize = s.Block, s.Vocab
+	cfg.Train.BatchSize, cfg.Train.Steps = s.Batch, warmup+steps
+	cfg.Train.Schedule = "constant"
+	cfg.Train.GradClip = 0
+	cfg.Data.Order = "random"
+	r := nn.NewRand(1, "bench-tokens")
+	tokens := make([]int32, 1<<20)
+	for i := range tokens {
+		tokens[i] = int32(r.Uint64() % uint64(s.Vocab))
+	}
+	t, err := trainer.New(cfg, trainer.Options{Train: tokens})
+	if err != nil {
+		return 0, err
+	}
+	var times []float64
+	for i := 0; i < warmup+steps; i++ {
+		start := time.Now()
+		if _, err := t.Step(i); err != nil {
+			return 0, err
+		}
+		if i >= warmup {
+			times = append(times, float64(time.Since(start).Microseconds())/1000)
+		}
+	}
+	return median(times), nil
+}
+
+func torchStepMS(python, script string, s benchShape, threads, warmup, steps int) (float64, error) {
+	args := append([]string{script}, s.args()...)
+	args = append(args, "--steps", strconv.Itoa(steps), "--warmup", strconv.Itoa(warmup), "--threads", strconv.Itoa(threads))
+	cmd := exec.Command(python, args...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS="+strconv.Itoa(threads))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("bench step: %s %s: %v\n%s", python, filepath.Base(script), err, errb.String())
+	}
+	var res struct {
+		MS float64 `json:"ms_per_step"`
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		return 0, fmt.Errorf("bench step: reading %s output %q: %v", script, out.String(), err)
+	}
+	return res.MS, nil
+}

@@ -1,0 +1,153 @@
+// Command tinyacc trains GPT models with tinyacc's engine.
+//
+//	tinyacc train [--config FILE] [--key=value ...]   train (see `tinyacc config show`)
+//	tinyacc sample --from FILE.safetensors [--prompt S] [--tokens N]
+//	tinyacc config show [--config FILE] [--key=value ...]
+//	tinyacc bench step                                  tinyacc vs PyTorch, ms/step
+//	tinyacc launch --nproc N -- PROGRAM ARGS...         start N ranks
+//	tinyacc version
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/launch"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Version is tinyacc's release.
+const Version = "0.1.0"
+
+const usage = `tinyacc: a distributed training engine for GPT models.
+
+Usage:
+  tinyacc train [--config FILE] [--key=value ...]
+      Train a GPT. With no arguments: the default model on the default corpus
+      (the Go toolchain's own sources). Every config key can be given as a flag,
+      e.g. --model.n_layer=2 --train.steps=100; see 'tinyacc config show'.
+  tinyacc sample --from FILE.safetensors [--prompt TEXT] [--tokens N]
+                 [--temperature T] [--top_k K] [--seed S]
+      Generate text from trained weights.
+  tinyacc config show [--config FILE] [--key=value ...]
+      Print the resolved config and where each value came from.
+  tinyacc bench step [--steps N] [--repeats R] [--threads 1,2] [--json]
+      Time a training step of the same GPT in tinyacc and in PyTorch.
+  tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
+                 --master-port P] [--max-restarts K] -- PROGRAM ARGS...
+      Start N ranks of any program with the torchrun environment variables.
+  tinyacc version
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "train":
+		err = cmdTrain(args[1:], stdout)
+	case "sample":
+		err = cmdSample(args[1:], stdout)
+	case "config":
+		if len(args) < 2 || args[1] != "show" {
+			err = errors.New("usage: tinyacc config show [--config FILE] [--key=value ...]")
+		} else {
+			err = cmdConfigShow(args[2:], stdout)
+		}
+	case "bench":
+		err = cmdBench(args[1:], stdout, stderr)
+	case "launch":
+		return launch.Main(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "tinyacc %s (%s, %s/%s, blas %s)\n", Version, runtime.Version(), runtime.GOOS, runtime.GOARCH, cpu.BLASName())
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "tinyacc: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tinyacc: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// splitConfigFlag takes --config FILE (or --config=FILE) out of args.
+func splitConfigFlag(args []string) (file string, rest []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--config":
+			if i+1 >= len(args) {
+				return "", nil, errors.New("--config needs a file name")
+			}
+			file = args[i+1]
+			i++
+		case strings.HasPrefix(a, "--config="):
+			file = strings.TrimPrefix(a, "--config=")
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return file, rest, nil
+}
+
+func loadConfig(args []string) (*config.Resolved, error) {
+	file, rest, err := splitConfigFlag(args)
+	if err != nil {
+		return nil, err
+	}
+	return config.Load(file, os.Environ(), rest)
+}
+
+func cmdConfigShow(args []string, stdout io.Writer) error {
+	r, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	return r.Show(stdout)
+}
+
+func cmdTrain(args []string, stdout io.Writer) error {
+	r, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	live := false
+	if f, ok := stdout.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			live = true
+		}
+	}
+	t, err := trainer.New(r.Config, trainer.Options{Log: stdout, Live: live})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := t.Run(ctx)
+	if err != nil {
+		return err
+	}
+	if len(res.Steps) > 0 {
+		fmt.Fprintf(stdout, "tinyacc: trained %d steps in %.1fs: loss %.4f -> %.4f\n",
+			len(res.Steps), res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
+	}
+	return nil
+}

@@ -1,0 +1,124 @@
+// Package config resolves a tinyacc run configuration from layered sources.
+//
+// Four layers are read, lowest precedence first:
+//
+//  1. built-in defaults (Defaults),
+//  2. a YAML file (the CLI's --config FILE; JSON is accepted too),
+//  3. environment variables with the TINYACC_ prefix, where "__" separates
+//     sections and the name is lower-cased (TINYACC_TRAIN__LR=1e-3 sets
+//     train.lr),
+//  4. command-line flags, --key=value or --key value (--model.n_layer=2).
+//
+// Every layer is checked on its own before anything is merged: a key that the
+// Config struct does not have, or a value of the wrong type, is an error that
+// names the key, the value and the layer it came from. Bad configurations are
+// meant to fail here, before any process starts, rather than deep inside a
+// run. The layers are kept apart so that Resolved.Sources and Resolved.Show
+// can tell where each effective value came from.
+//
+// The set of keys is derived from the Config struct by reflection on its
+// koanf tags, so adding a field (or a whole section such as parallel.* or
+// zero.*) adds a key with loading, type checking, flags, environment
+// variables and Show support; only its range checks belong in Validate.
+package config
+
+// Config is the complete, typed configuration of one training run. The koanf
+// tags are the key names used in files, environment variables and flags;
+// nested structs are sections ("model.n_layer").
+type Config struct {
+	Model struct {
+		NLayer    int `koanf:"n_layer"`    // transformer blocks
+		NHead     int `koanf:"n_head"`     // attention heads per block
+		NEmbd     int `koanf:"n_embd"`     // residual stream width
+		BlockSize int `koanf:"block_size"` // context length in tokens
+		VocabSize int `koanf:"vocab_size"` // at least 256 for the byte tokenizer
+	} `koanf:"model"`
+	Train struct {
+		Steps       int     `koanf:"steps"`        // optimizer steps
+		BatchSize   int     `koanf:"batch_size"`   // per-rank micro-batch
+		GradAccum   int     `koanf:"grad_accum"`   // micro-batches per optimizer step
+		LR          float64 `koanf:"lr"`           // peak learning rate
+		MinLR       float64 `koanf:"min_lr"`       // floor of the cosine schedule
+		WarmupSteps int     `koanf:"warmup_steps"` // linear warmup length
+		Schedule    string  `koanf:"schedule"`     // "constant" | "cosine"
+		Optimizer   string  `koanf:"optimizer"`    // "adamw" | "sgd"
+		Beta1       float64 `koanf:"beta1"`        // AdamW first-moment decay
+		Beta2       float64 `koanf:"beta2"`        // AdamW second-moment decay
+		Eps         float64 `koanf:"eps"`          // AdamW denominator guard
+		WeightDecay float64 `koanf:"weight_decay"` // decoupled weight decay
+		Momentum    float64 `koanf:"momentum"`     // SGD momentum
+		GradClip    float64 `koanf:"grad_clip"`    // global-norm clip; 0 = off
+		Seed        int64   `koanf:"seed"`         // drives init and data order
+		EvalEvery   int     `koanf:"eval_every"`   // steps between evals; 0 = only at the end
+		EvalBatches int     `koanf:"eval_batches"` // batches per evaluation
+		LogEvery    int     `koanf:"log_every"`    // steps between log lines
+		PeakFLOPS   float64 `koanf:"peak_flops"`   // peak FLOP/s used for MFU
+		Threads     int     `koanf:"threads"`      // compute threads per rank; 0 = all cores
+	} `koanf:"train"`
+	Data struct {
+		Path        string  `koanf:"path"`         // "" = default corpus (Go sources of GOROOT)
+		Order       string  `koanf:"order"`        // "sequential" | "random"
+		ValFraction float64 `koanf:"val_fraction"` // share held out for evaluation, in [0,1)
+		MaxBytes    int64   `koanf:"max_bytes"`    // cap on corpus bytes read
+	} `koanf:"data"`
+	Device      string `koanf:"device"`       // "cpu"; GPU devices are rejected until a backend exists
+	InitFrom    string `koanf:"init_from"`    // safetensors file to start from; "" = fresh init
+	SaveTo      string `koanf:"save_to"`      // safetensors file to write; "" = don't save
+	MetricsFile string `koanf:"metrics_file"` // JSON-lines metrics; "" = none
+}
+
+// Defaults returns the built-in configuration: a small GPT that trains in
+// minutes on a CPU, so that a bare `tinyacc train` does something useful.
+func Defaults() Config {
+	var c Config
+
+	c.Model.NLayer = 4
+	c.Model.NHead = 4
+	c.Model.NEmbd = 128
+	c.Model.BlockSize = 128
+	c.Model.VocabSize = 256
+
+	c.Train.Steps = 300
+	c.Train.BatchSize = 8
+	c.Train.GradAccum = 1
+	c.Train.LR = 3e-4
+	c.Train.MinLR = 3e-5
+	c.Train.WarmupSteps = 20
+	c.Train.Schedule = "cosine"
+	c.Train.Optimizer = "adamw"
+	c.Train.Beta1 = 0.9
+	c.Train.Beta2 = 0.95
+	c.Train.Eps = 1e-8
+	c.Train.WeightDecay = 0.1
+	c.Train.Momentum = 0.9
+	c.Train.GradClip = 1.0
+	c.Train.Seed = 1337
+	c.Train.EvalEvery = 50
+	c.Train.EvalBatches = 4
+	c.Train.LogEvery = 1
+	c.Train.PeakFLOPS = 1e11
+	c.Train.Threads = 0
+
+	c.Data.Path = ""
+	c.Data.Order = "sequential"
+	c.Data.ValFraction = 0.1
+	c.Data.MaxBytes = 8 << 20
+
+	c.Device = "cpu"
+	return c
+}
+
+// ReservedEnv lists TINYACC_ variables that steer the process (launcher,
+// library loading, debugging) rather than the run. They are never read as
+// configuration, so setting them cannot trip the unknown-key check.
+var ReservedEnv = []string{
+	"TINYACC_DEBUG",
+	"TINYACC_LIB",
+	"TINYACC_TOKEN",
+	"TINYACC_JOB_TOKEN",
+	"TINYACC_LOCAL_RANK",
+	"TINYACC_RESTART",
+}
+
+// EnvPrefix is the prefix of environment variables that carry configuration.
+const EnvPrefix = "TINYACC_"

@@ -1,0 +1,81 @@
+package config
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDefaultsMatchDocumentedValues(t *testing.T) {
+	d := Defaults()
+	assert.Equal(t, [5]int{4, 4, 128, 128, 256},
+		[5]int{d.Model.NLayer, d.Model.NHead, d.Model.NEmbd, d.Model.BlockSize, d.Model.VocabSize})
+	tr := d.Train
+	assert.Equal(t, []int{300, 8, 1, 20, 50, 4, 1, 0},
+		[]int{tr.Steps, tr.BatchSize, tr.GradAccum, tr.WarmupSteps, tr.EvalEvery, tr.EvalBatches, tr.LogEvery, tr.Threads})
+	assert.Equal(t, []float64{3e-4, 3e-5, 0.9, 0.95, 1e-8, 0.1, 0.9, 1.0, 1e11},
+		[]float64{tr.LR, tr.MinLR, tr.Beta1, tr.Beta2, tr.Eps, tr.WeightDecay, tr.Momentum, tr.GradClip, tr.PeakFLOPS})
+	assert.Equal(t, int64(1337), tr.Seed)
+	assert.Equal(t, "cosine", tr.Schedule)
+	assert.Equal(t, "adamw", tr.Optimizer)
+	assert.Equal(t, "", d.Data.Path)
+	assert.Equal(t, "sequential", d.Data.Order)
+	assert.Equal(t, 0.1, d.Data.ValFraction)
+	assert.Equal(t, int64(8388608), d.Data.MaxBytes)
+	assert.Equal(t, "cpu", d.Device)
+	assert.Equal(t, "", d.InitFrom)
+	assert.Equal(t, "", d.SaveTo)
+	assert.Equal(t, "", d.MetricsFile)
+	require.NoError(t, d.Validate(), "the defaults must be a valid configuration")
+}
+
+func TestKeys(t *testing.T) {
+	want := []string{
+		"data.max_bytes", "data.order", "data.path", "data.val_fraction",
+		"device", "init_from", "metrics_file",
+		"model.block_size", "model.n_embd", "model.n_head", "model.n_layer", "model.vocab_size",
+		"save_to",
+		"train.batch_size", "train.beta1", "train.beta2", "train.eps", "train.eval_batches",
+		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
+		"train.min_lr", "train.momentum", "train.optimizer", "train.peak_flops", "train.schedule",
+		"train.seed", "train.steps", "train.threads", "train.warmup_steps", "train.weight_decay",
+	}
+	assert.Equal(t, want, Keys())
+}
+
+// A new section, even a nested one, becomes keys without other changes.
+func TestKeysFollowTheStruct(t *testing.T) {
+	type ext struct {
+		Zero struct {
+			Stage   int `koanf:"stage"`
+			Offload struct {
+				On bool `koanf:"on"`
+			} `koanf:"offload"`
+		} `koanf:"zero"`
+		Skipped int
+		Name    string `koanf:"name"`
+	}
+	fs := buildFields(reflect.TypeOf(ext{}))
+	var keys []string
+	for _, f := range fs {
+		keys = append(keys, f.key)
+	}
+	assert.Equal(t, []string{"name", "zero.offload.on", "zero.stage"}, keys)
+	assert.Equal(t, []int{0, 1, 0}, fs[1].index)
+	assert.Equal(t, map[string][]string{
+		"":             {"name", "zero"},
+		"zero":         {"offload", "stage"},
+		"zero.offload": {"on"},
+	}, buildChildren(fs))
+}
+
+func TestUnsupportedFieldTypePanics(t *testing.T) {
+	type bad struct {
+		List []int `koanf:"list"`
+	}
+	assert.PanicsWithValue(t,
+		`config: field List (key "list") has type []int, which the loader cannot parse; use int, int64, float64, string, bool or time.Duration`,
+		func() { buildFields(reflect.TypeOf(bad{})) })
+}

@@ -1,0 +1,117 @@
+package config
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestValidateMessages(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string
+	}{
+		{"n_layer", func(c *Config) { c.Model.NLayer = 0 }, "config: model.n_layer=0 must be positive: set it to 1 or more"},
+		{"n_head", func(c *Config) { c.Model.NHead = -1 }, "config: model.n_head=-1 must be positive: set it to 1 or more"},
+		{"n_embd", func(c *Config) { c.Model.NEmbd = 0 }, "config: model.n_embd=0 must be positive: set it to 1 or more"},
+		{"block_size", func(c *Config) { c.Model.BlockSize = 0 }, "config: model.block_size=0 must be positive: set it to 1 or more"},
+		{"divisible", func(c *Config) { c.Model.NEmbd, c.Model.NHead = 100, 3 },
+			"config: model.n_embd=100 is not divisible by model.n_head=3: choose n_embd a multiple of n_head"},
+		{"vocab", func(c *Config) { c.Model.VocabSize = 255 },
+			"config: model.vocab_size=255 is too small: the byte tokenizer needs 256 tokens; set vocab_size >= 256"},
+		{"steps", func(c *Config) { c.Train.Steps = 0 }, "config: train.steps=0 must be positive: set it to 1 or more"},
+		{"batch", func(c *Config) { c.Train.BatchSize = 0 }, "config: train.batch_size=0 must be positive: set it to 1 or more"},
+		{"grad_accum", func(c *Config) { c.Train.GradAccum = -2 }, "config: train.grad_accum=-2 must be positive: set it to 1 or more"},
+		{"lr zero", func(c *Config) { c.Train.LR, c.Train.MinLR = 0, 0 },
+			"config: train.lr=0 must be > 0: use a learning rate such as 3e-4"},
+		{"lr NaN", func(c *Config) { c.Train.LR, c.Train.MinLR = math.NaN(), 0 },
+			"config: train.lr=NaN must be > 0: use a learning rate such as 3e-4"},
+		{"min_lr above lr", func(c *Config) { c.Train.MinLR = 1e-3 },
+			"config: train.min_lr=0.001 must be in [0, train.lr=0.0003]: set min_lr between 0 and lr"},
+		{"min_lr negative", func(c *Config) { c.Train.MinLR = -1e-5 },
+			"config: train.min_lr=-1e-05 must be in [0, train.lr=0.0003]: set min_lr between 0 and lr"},
+		{"warmup", func(c *Config) { c.Train.WarmupSteps = -1 },
+			"config: train.warmup_steps=-1 must not be negative: set it to 0 or more"},
+		{"schedule", func(c *Config) { c.Train.Schedule = "linear" },
+			`config: train.schedule="linear" is not supported: use one of constant, cosine`},
+		{"optimizer", func(c *Config) { c.Train.Optimizer = "adam" },
+			`config: train.optimizer="adam" is not supported: use one of adamw, sgd`},
+		{"beta1", func(c *Config) { c.Train.Beta1 = 1 },
+			"config: train.beta1=1 must be in [0, 1): use a value such as 0.9"},
+		{"beta2", func(c *Config) { c.Train.Beta2 = -0.5 },
+			"config: train.beta2=-0.5 must be in [0, 1): use a value such as 0.95"},
+		{"eps", func(c *Config) { c.Train.Eps = 0 },
+			"config: train.eps=0 must be > 0: use a small value such as 1e-8"},
+		{"weight_decay", func(c *Config) { c.Train.WeightDecay = -0.1 },
+			"config: train.weight_decay=-0.1 must be >= 0: use 0 to turn weight decay off"},
+		{"momentum", func(c *Config) { c.Train.Momentum = 1.5 },
+			"config: train.momentum=1.5 must be in [0, 1): use a value such as 0.9, or 0 for plain SGD"},
+		{"grad_clip", func(c *Config) { c.Train.GradClip = -1 },
+			"config: train.grad_clip=-1 must be >= 0: use 0 to turn clipping off"},
+		{"eval_every", func(c *Config) { c.Train.EvalEvery = -5 },
+			"config: train.eval_every=-5 must not be negative: set it to 0 or more"},
+		{"eval_batches", func(c *Config) { c.Train.EvalBatches = 0 },
+			"config: train.eval_batches=0 must be positive: set it to 1 or more"},
+		{"log_every", func(c *Config) { c.Train.LogEvery = 0 },
+			"config: train.log_every=0 must be positive: set it to 1 or more"},
+		{"peak_flops", func(c *Config) { c.Train.PeakFLOPS = 0 },
+			"config: train.peak_flops=0 must be > 0: give the machine's peak FLOP/s, e.g. 1e11"},
+		{"threads", func(c *Config) { c.Train.Threads = -1 },
+			"config: train.threads=-1 must not be negative: set it to 0 or more"},
+		{"order", func(c *Config) { c.Data.Order = "shuffled" },
+			`config: data.order="shuffled" is not supported: use one of sequential, random`},
+		{"val_fraction", func(c *Config) { c.Data.ValFraction = 1 },
+			"config: data.val_fraction=1 must be in [0, 1): use a value such as 0.1, or 0 for no validation split"},
+		{"max_bytes", func(c *Config) { c.Data.MaxBytes = 0 },
+			"config: data.max_bytes=0 must be positive: set it to 1 or more"},
+		{"cuda", func(c *Config) { c.Device = "cuda" },
+			`config: device="cuda": this build has no GPU backend yet; use device=cpu`},
+		{"cuda:1", func(c *Config) { c.Device = "cuda:1" },
+			`config: device="cuda:1": this build has no GPU backend yet; use device=cpu`},
+		{"unknown device", func(c *Config) { c.Device = "tpu" },
+			`config: device="tpu" is not a known device: use device=cpu`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Defaults()
+			c.mutate(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			assert.Equal(t, c.want, err.Error())
+		})
+	}
+}
+
+func TestValidateAcceptsBoundaries(t *testing.T) {
+	c := Defaults()
+	c.Train.MinLR = c.Train.LR // min_lr may equal lr (a constant schedule)
+	c.Train.WarmupSteps = 0
+	c.Train.Beta1, c.Train.Beta2, c.Train.Momentum = 0, 0, 0
+	c.Train.GradClip, c.Train.WeightDecay = 0, 0
+	c.Train.EvalEvery, c.Train.Threads = 0, 0
+	c.Data.ValFraction = 0
+	c.Model.NHead, c.Model.NEmbd = 1, 7
+	c.Model.VocabSize = 256
+	c.Train.Schedule, c.Train.Optimizer, c.Data.Order = "constant", "sgd", "random"
+	assert.NoError(t, c.Validate())
+}
+
+func TestValidateReportsAllErrors(t *testing.T) {
+	c := Defaults()
+	c.Model.NEmbd, c.Model.NHead = 100, 3
+	c.Train.Schedule = "step"
+	c.Data.ValFraction = -0.1
+	c.Device = "cuda"
+	err := c.Validate()
+	require.Error(t, err)
+	assert.Equal(t, []string{
+		"config: model.n_embd=100 is not divisible by model.n_head=3: choose n_embd a multiple of n_head",
+		`config: train.schedule="step" is not supported: use one of constant, cosine`,
+		"config: data.val_fraction=-0.1 must be in [0, 1): use a value such as 0.1, or 0 for no validation split",
+		`config: device="cuda": this build has no GPU backend yet; use device=cpu`,
+	}, strings.Split(err.Error(), "\n"))
+}

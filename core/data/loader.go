@@ -1,0 +1,141 @@
+package data
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// Orders a Loader understands.
+const (
+	// Sequential walks the stream in consecutive, non-overlapping windows,
+	// wrapping around at the end.
+	Sequential = "sequential"
+	// Random draws each window's offset from a hash of (seed, sample index).
+	Random = "random"
+)
+
+// Loader cuts a token stream into (input, target) windows of T tokens. Every
+// sample is a pure function of its global index (and, for random order, the
+// seed), with no state carried between calls. That is what makes data
+// parallelism and gradient accumulation exact: any rank can compute any
+// sample, so N ranks taking disjoint slices of a global batch together see
+// precisely what a single process sees.
+type Loader struct {
+	tokens []int32
+	t      int
+	order  string
+	seed   int64
+	span   uint64 // number of valid start offsets: L - T - 1
+}
+
+// NewLoader builds a loader over tokens with block size T. order is
+// "sequential" or "random"; seed only matters for random order.
+func NewLoader(tokens []int32, T int, order string, seed int64) (*Loader, error) {
+	if T <= 0 {
+		return nil, fmt.Errorf("data: block size %d must be positive: set model.block_size >= 1", T)
+	}
+	if order != Sequential && order != Random {
+		return nil, fmt.Errorf("data: data.order=%q is not supported: use %q or %q", order, Sequential, Random)
+	}
+	if len(tokens) < T+2 {
+		return nil, fmt.Errorf("data: corpus is too short for block_size: %d tokens, need at least block_size+2 = %d; use more text (data.path, data.max_bytes), a smaller model.block_size, or a smaller data.val_fraction", len(tokens), T+2)
+	}
+	return &Loader{tokens: tokens, t: T, order: order, seed: seed, span: uint64(len(tokens) - T - 1)}, nil
+}
+
+// BlockSize is T, the length of each window.
+func (l *Loader) BlockSize() int { return l.t }
+
+// Len is the number of tokens in the stream.
+func (l *Loader) Len() int { return len(l.tokens) }
+
+// Order is "sequential" or "random".
+func (l *Loader) Order() string { return l.order }
+
+// Offset is where sample globalIndex starts: (index·T) mod (L−T−1) in
+// sequential order, a uniform hash of (seed, index) in [0, L−T−1) in random
+// order.
+func (l *Loader) Offset(globalIndex int64) int {
+	if globalIndex < 0 {
+		panic(fmt.Sprintf("data: negative sample index %d", globalIndex))
+	}
+	if l.order == Random {
+		return l.randomOffset(uint64(globalIndex))
+	}
+	return l.seqOffset(uint64(globalIndex))
+}
+
+// seqOffset computes (g·T) mod span exactly for any g: the 128-bit product
+// cannot overflow, so a long run never wraps to a wrong offset.
+func (l *Loader) seqOffset(g uint64) int {
+	hi, lo := bits.Mul64(g, uint64(l.t))
+	return int(bits.Rem64(hi, lo, l.span))
+}
+
+// randomOffset maps the hashed index onto [0, span) with a 64x64 multiply
+// (the high word), whose bias is below span/2^64 and so immaterial.
+func (l *Loader) randomOffset(g uint64) int {
+	h := splitmix64(splitmix64(uint64(l.seed)^0x5851F42D4C957F2D) + g*0x9E3779B97F4A7C15)
+	hi, _ := bits.Mul64(h, l.span)
+	return int(hi)
+}
+
+// splitmix64 is the finaliser of the SplitMix64 generator: a bijective mix of
+// 64 bits with good avalanche, enough to turn consecutive indices into
+// independent-looking offsets.
+func splitmix64(x uint64) uint64 {
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+	return x ^ (x >> 31)
+}
+
+// Sample returns the window of sample globalIndex: x = tokens[o:o+T] and the
+// next-token targets y = tokens[o+1:o+T+1]. Both alias the loader's stream
+// and must not be modified.
+func (l *Loader) Sample(globalIndex int64) (x, y []int32) {
+	o := l.Offset(globalIndex)
+	return l.tokens[o : o+l.t], l.tokens[o+1 : o+l.t+1]
+}
+
+// Batch returns micro-batch micro of data-parallel rank rank for training step
+// step, as int32 tensors of shape [B, T]. The step's global batch has
+// G = B·A·N samples (A = grad-accum steps, N = nranks); micro-batch a of rank r
+// holds samples a·N·B + r·B + j for j < B. Interleaving ranks inside each
+// micro-batch (rather than giving each rank a contiguous block) means the
+// samples consumed after a micro-batches are the same whatever N is.
+func (l *Loader) Batch(step, micro, rank, nranks, B, A int) (x, y *tensor.Tensor) {
+	if step < 0 || B <= 0 || A <= 0 || nranks <= 0 || micro < 0 || micro >= A || rank < 0 || rank >= nranks {
+		panic(fmt.Sprintf("data: Batch(step=%d, micro=%d, rank=%d, nranks=%d, B=%d, A=%d): need step>=0, B,A,nranks>=1, 0<=micro<A, 0<=rank<nranks", step, micro, rank, nranks, B, A))
+	}
+	G := int64(B) * int64(A) * int64(nranks)
+	first := int64(step)*G + int64(micro)*int64(nranks)*int64(B) + int64(rank)*int64(B)
+	return l.gather(func(j int) int { return l.Offset(first + int64(j)) }, B)
+}
+
+// EvalBatch returns batch k of an evaluation pass: B consecutive,
+// non-overlapping windows starting at (k·B + j)·T mod (L−T−1), whatever the
+// loader's order, so evaluation measures the same text every time.
+func (l *Loader) EvalBatch(k, B int) (x, y *tensor.Tensor) {
+	if k < 0 || B <= 0 {
+		panic(fmt.Sprintf("data: EvalBatch(k=%d, B=%d): need k>=0, B>=1", k, B))
+	}
+	first := uint64(k) * uint64(B)
+	return l.gather(func(j int) int { return l.seqOffset(first + uint64(j)) }, B)
+}
+
+// gather copies B windows into fresh [B, T] tensors; fresh buffers keep the
+// batch independent of the stream, so callers may keep or mutate it.
+func (l *Loader) gather(offset func(j int) int, B int) (x, y *tensor.Tensor) {
+	T := l.t
+	xs := make([]int32, B*T)
+	ys := make([]int32, B*T)
+	for j := 0; j < B; j++ {
+		o := offset(j)
+		copy(xs[j*T:(j+1)*T], l.tokens[o:o+T])
+		copy(ys[j*T:(j+1)*T], l.tokens[o+1:o+T+1])
+	}
+	return tensor.FromI32(xs, B, T), tensor.FromI32(ys, B, T)
+}

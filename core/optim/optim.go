@@ -1,0 +1,248 @@
+// Package optim holds the optimizers (AdamW with PyTorch semantics, SGD with
+// momentum), global gradient-norm clipping and learning-rate schedules.
+//
+// Optimizers work on lists of parameters whose gradients are in p.Grad.
+// Sharded strategies (ZeRO) hand them views of the shards they own, with the
+// weight-decay choice made per view.
+package optim
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+)
+
+// Optimizer updates parameters from their gradients.
+type Optimizer interface {
+	// Step applies one update with learning rate lr to every parameter
+	// that has a gradient.
+	Step(lr float64) error
+	// Params lists the parameters the optimizer updates.
+	Params() []*tensor.Tensor
+	// State returns the optimizer's buffers by name (for checkpoints and
+	// accounting), e.g. "exp_avg.h.0.ln_1.weight".
+	State() map[string]*tensor.Tensor
+}
+
+// Group is a set of parameters sharing a weight-decay setting.
+type Group struct {
+	Params      []*tensor.Tensor
+	WeightDecay float64
+}
+
+// DecayGroups splits params the way GPT-2 training does: weight decay for
+// tensors of 2 or more dimensions (matrices, embeddings), none for biases
+// and LayerNorm parameters.
+func DecayGroups(params []*tensor.Tensor, wd float64) []Group {
+	var decay, none []*tensor.Tensor
+	for _, p := range params {
+		if len(p.Shape()) >= 2 {
+			decay = append(decay, p)
+		} else {
+			none = append(none, p)
+		}
+	}
+	return []Group{{Params: decay, WeightDecay: wd}, {Params: none, WeightDecay: 0}}
+}
+
+// AdamWConfig holds AdamW's hyper-parameters (PyTorch defaults differ; these
+// are GPT training's).
+type AdamWConfig struct {
+	Beta1, Beta2, Eps float64
+}
+
+// AdamW is torch.optim.AdamW: decoupled weight decay, bias-corrected moments.
+type AdamW struct {
+	cfg    AdamWConfig
+	groups []Group
+	m, v   map[*tensor.Tensor]*tensor.Tensor
+	steps  map[*tensor.Tensor]int
+	alloc  *tensor.Allocator
+}
+
+// NewAdamW returns AdamW over the groups; moment buffers are allocated (as
+// optimizer state, zeroed) from alloc (nil = tensor.Default).
+func NewAdamW(cfg AdamWConfig, groups []Group, alloc *tensor.Allocator) *AdamW {
+	if alloc == nil {
+		alloc = tensor.Default
+	}
+	o := &AdamW{cfg: cfg, groups: groups, alloc: alloc,
+		m: map[*tensor.Tensor]*tensor.Tensor{}, v: map[*tensor.Tensor]*tensor.Tensor{}, steps: map[*tensor.Tensor]int{}}
+	for _, g := range groups {
+		for _, p := range g.Params {
+			o.m[p] = alloc.New(tensor.OptimState, p.DType(), p.Shape()...)
+			o.v[p] = alloc.New(tensor.OptimState, p.DType(), p.Shape()...)
+		}
+	}
+	return o
+}
+
+// Params implements Optimizer.
+func (o *AdamW) Params() []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, g := range o.groups {
+		out = append(out, g.Params...)
+	}
+	return out
+}
+
+// State implements Optimizer.
+func (o *AdamW) State() map[string]*tensor.Tensor {
+	s := map[string]*tensor.Tensor{}
+	for p, m := range o.m {
+		s["exp_avg."+p.Name] = m
+		s["exp_avg_sq."+p.Name] = o.v[p]
+	}
+	return s
+}
+
+// Step implements Optimizer.
+func (o *AdamW) Step(lr float64) error {
+	for _, g := range o.groups {
+		for _, p := range g.Params {
+			if p.Grad == nil {
+				continue
+			}
+			o.steps[p]++
+			t := o.steps[p]
+			m, v := o.m[p], o.v[p]
+			switch p.DType() {
+			case tensor.Float32:
+				cpu.AdamW(p.F32(), p.Grad.F32(), m.F32(), v.F32(), lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
+			case tensor.Float64:
+				cpu.AdamW(p.F64(), p.Grad.F64(), m.F64(), v.F64(), lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
+			default:
+				return fmt.Errorf("optim: AdamW cannot update %s", p)
+			}
+		}
+	}
+	return nil
+}
+
+// SGD is stochastic gradient descent with momentum and (coupled, as in
+// torch.optim.SGD) weight decay.
+type SGD struct {
+	Momentum float64
+	groups   []Group
+	buf      map[*tensor.Tensor]*tensor.Tensor
+	alloc    *tensor.Allocator
+}
+
+// NewSGD returns SGD over the groups.
+func NewSGD(momentum float64, groups []Group, alloc *tensor.Allocator) *SGD {
+	if alloc == nil {
+		alloc = tensor.Default
+	}
+	return &SGD{Momentum: momentum, groups: groups, buf: map[*tensor.Tensor]*tensor.Tensor{}, alloc: alloc}
+}
+
+// Params implements Optimizer.
+func (o *SGD) Params() []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, g := range o.groups {
+		out = append(out, g.Params...)
+	}
+	return out
+}
+
+// State implements Optimizer.
+func (o *SGD) State() map[string]*tensor.Tensor {
+	s := map[string]*tensor.Tensor{}
+	for p, b := range o.buf {
+		s["momentum_buffer."+p.Name] = b
+	}
+	return s
+}
+
+// Step implements Optimizer: d = g + wd·p; buf = μ·buf + d (buf = d at the
+// first step); p -= lr·buf.
+func (o *SGD) Step(lr float64) error {
+	for _, g := range o.groups {
+		for _, p := range g.Params {
+			if p.Grad == nil {
+				continue
+			}
+			n := p.Numel()
+			d := make([]float64, n)
+			for i := range d {
+				d[i] = p.Grad.At(i) + g.WeightDecay*p.At(i)
+			}
+			if o.Momentum != 0 {
+				b, ok := o.buf[p]
+				if !ok {
+					b = o.alloc.New(tensor.OptimState, p.DType(), p.Shape()...)
+					o.buf[p] = b
+					for i := range d {
+						b.Set(i, d[i])
+					}
+				} else {
+					for i := range d {
+						b.Set(i, o.Momentum*b.At(i)+d[i])
+					}
+				}
+				for i := range d {
+					d[i] = b.At(i)
+				}
+			}
+			for i := range d {
+				p.Set(i, p.At(i)-lr*d[i])
+			}
+		}
+	}
+	return nil
+}
+
+// GradSumSquares returns the sum of squares of all gradients, in float64.
+// Sharded strategies sum it over ranks before taking the square root.
+func GradSumSquares(params []*tensor.Tensor) float64 {
+	var s float64
+	for _, p := range params {
+		if p.Grad == nil {
+			continue
+		}
+		switch p.Grad.DType() {
+		case tensor.Float32:
+			s += cpu.SumSquares(p.Grad.F32())
+		case tensor.Float64:
+			s += cpu.SumSquares(p.Grad.F64())
+		}
+	}
+	return s
+}
+
+// ClipCoef is the factor torch.nn.utils.clip_grad_norm_ multiplies gradients
+// by: max/(norm+1e-6), at most 1. A max of 0 turns clipping off (factor 1).
+func ClipCoef(norm, max float64) float64 {
+	if max <= 0 {
+		return 1
+	}
+	return math.Min(1, max/(norm+1e-6))
+}
+
+// ScaleGrads multiplies every gradient by s.
+func ScaleGrads(params []*tensor.Tensor, s float64) {
+	if s == 1 {
+		return
+	}
+	for _, p := range params {
+		if p.Grad == nil {
+			continue
+		}
+		switch p.Grad.DType() {
+		case tensor.Float32:
+			cpu.Scale(p.Grad.F32(), float32(s))
+		case tensor.Float64:
+			cpu.Scale(p.Grad.F64(), s)
+		}
+	}
+}
+
+// ClipGradNorm clips the global gradient norm of params to max (0 = off)
+// and returns the norm before clipping.
+func ClipGradNorm(params []*tensor.Tensor, max float64) float64 {
+	norm := math.Sqrt(GradSumSquares(params))
+	ScaleGrads(params, ClipCoef(norm, max))
+	return norm
+}

@@ -1,0 +1,88 @@
+package optim
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+func TestScheduleCosine(t *testing.T) {
+	sc := Schedule{Kind: "cosine", LR: 1e-3, MinLR: 1e-4, Warmup: 10, Steps: 110}
+	require.InDelta(t, 1e-4, sc.At(0), 1e-15, "warm-up starts at LR/warmup")
+	require.InDelta(t, 5e-4, sc.At(4), 1e-15)
+	require.InDelta(t, 1e-3, sc.At(9), 1e-15, "warm-up ends at LR")
+	require.InDelta(t, 1e-3, sc.At(10), 1e-15, "decay starts at LR")
+	// halfway through the decay (step 10 + 99/2) the rate is the midpoint
+	require.InDelta(t, 1e-4+0.5*(1e-3-1e-4), (sc.At(59)+sc.At(60))/2, 2e-7)
+	require.InDelta(t, 1e-4, sc.At(109), 1e-15, "the last step reaches MinLR")
+	for s := 10; s < 109; s++ {
+		require.Greater(t, sc.At(s), sc.At(s+1), "monotone decay at %d", s)
+	}
+	require.Equal(t, 3e-4, Schedule{Kind: "constant", LR: 3e-4}.At(57))
+}
+
+func TestClipCoefMatchesTorchRule(t *testing.T) {
+	require.Equal(t, 1.0, ClipCoef(0.5, 1))
+	require.InDelta(t, 1/(4+1e-6), ClipCoef(4, 1), 1e-15)
+	require.Equal(t, 1.0, ClipCoef(100, 0), "0 turns clipping off")
+}
+
+func TestClipGradNorm(t *testing.T) {
+	a := tensor.FromF64([]float64{3, 0}, 2)
+	b := tensor.FromF64([]float64{4}, 1)
+	a.Grad, b.Grad = tensor.FromF64([]float64{3, 0}, 2), tensor.FromF64([]float64{4}, 1)
+	norm := ClipGradNorm([]*tensor.Tensor{a, b}, 1)
+	require.InDelta(t, 5, norm, 1e-12)
+	require.InDelta(t, 0.6, a.Grad.At(0), 1e-6)
+	require.InDelta(t, 0.8, b.Grad.At(0), 1e-6)
+}
+
+func TestDecayGroups(t *testing.T) {
+	w := tensor.FromF32(make([]float32, 4), 2, 2)
+	bias := tensor.FromF32(make([]float32, 2), 2)
+	g := DecayGroups([]*tensor.Tensor{w, bias}, 0.1)
+	require.Equal(t, []*tensor.Tensor{w}, g[0].Params)
+	require.Equal(t, 0.1, g[0].WeightDecay)
+	require.Equal(t, []*tensor.Tensor{bias}, g[1].Params)
+	require.Equal(t, 0.0, g[1].WeightDecay)
+}
+
+// TestAdamWTwoSteps follows torch.optim.AdamW's update written out by hand.
+func TestAdamWTwoSteps(t *testing.T) {
+	p := tensor.FromF64([]float64{1, -2}, 2)
+	o := NewAdamW(AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}, []Group{{Params: []*tensor.Tensor{p}, WeightDecay: 0.1}}, nil)
+	grads := [][]float64{{0.5, -1}, {0.25, 2}}
+	want := []float64{1, -2}
+	m, v := []float64{0, 0}, []float64{0, 0}
+	lr := 1e-2
+	for step, g := range grads {
+		p.Grad = tensor.FromF64(append([]float64(nil), g...), 2)
+		require.NoError(t, o.Step(lr))
+		k := float64(step + 1)
+		for i := range want {
+			want[i] *= 1 - lr*0.1
+			m[i] = 0.9*m[i] + 0.1*g[i]
+			v[i] = 0.95*v[i] + 0.05*g[i]*g[i]
+			mh := m[i] / (1 - math.Pow(0.9, k))
+			vh := v[i] / (1 - math.Pow(0.95, k))
+			want[i] -= lr * mh / (math.Sqrt(vh) + 1e-8)
+		}
+		require.InDeltaSlice(t, want, p.F64(), 1e-12, "step %d", step+1)
+	}
+	require.Len(t, o.State(), 2)
+}
+
+func TestSGDMomentum(t *testing.T) {
+	p := tensor.FromF64([]float64{1}, 1)
+	o := NewSGD(0.9, []Group{{Params: []*tensor.Tensor{p}, WeightDecay: 0.5}}, nil)
+	// step 1: d = g + wd·p = 1 + 0.5 = 1.5; buf = 1.5; p = 1 - 0.1·1.5 = 0.85
+	p.Grad = tensor.FromF64([]float64{1}, 1)
+	require.NoError(t, o.Step(0.1))
+	require.InDelta(t, 0.85, p.At(0), 1e-12)
+	// step 2: d = 1 + 0.425 = 1.425; buf = 0.9·1.5 + 1.425 = 2.775; p = 0.85 - 0.2775
+	require.NoError(t, o.Step(0.1))
+	require.InDelta(t, 0.85-0.2775, p.At(0), 1e-12)
+}

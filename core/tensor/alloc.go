@@ -1,0 +1,184 @@
+package tensor
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Category tags a buffer for memory accounting.
+type Category int
+
+const (
+	Params Category = iota
+	Grads
+	OptimState
+	Activations
+	Comm
+	Other // caller-owned memory wrapped by FromF32 and friends; not counted
+	numCategories
+)
+
+var categoryNames = [...]string{"params", "grads", "optim", "activations", "comm", "other"}
+
+func (c Category) String() string {
+	if c >= 0 && int(c) < len(categoryNames) {
+		return categoryNames[c]
+	}
+	return fmt.Sprintf("category(%d)", int(c))
+}
+
+// Allocator hands out tensor storage and keeps, per category, the bytes in use
+// and the peak. Released buffers are kept on free lists by (dtype, length) so
+// a training loop reuses its activation buffers instead of churning the
+// garbage collector. One Allocator per rank gives per-rank accounting; the
+// local comm backend runs several ranks in one process, each with its own.
+type Allocator struct {
+	mu     sync.Mutex
+	cur    [numCategories]int64
+	peak   [numCategories]int64
+	total  int64
+	tpeak  int64
+	free   map[poolKey][]any
+	noPool bool
+}
+
+type poolKey struct {
+	dt DType
+	n  int
+}
+
+// Default is the allocator of New and of tensors created without an explicit
+// allocator.
+var Default = NewAllocator()
+
+// NewAllocator returns an empty allocator.
+func NewAllocator() *Allocator { return &Allocator{free: map[poolKey][]any{}} }
+
+// New returns a zeroed tensor of category cat.
+func (a *Allocator) New(cat Category, dtype DType, shape ...int) *Tensor {
+	t := a.NewUninit(cat, dtype, shape...)
+	t.Zero()
+	return t
+}
+
+// NewUninit returns a tensor whose elements are unspecified (a reused buffer
+// keeps old values); for outputs a kernel overwrites entirely.
+func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
+	n := Numel(shape)
+	t := &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, alloc: a}
+	a.mu.Lock()
+	var buf any
+	k := poolKey{dtype, n}
+	if l := a.free[k]; len(l) > 0 {
+		buf = l[len(l)-1]
+		a.free[k] = l[:len(l)-1]
+	}
+	b := int64(n) * int64(dtype.Size())
+	a.cur[cat] += b
+	a.total += b
+	if a.cur[cat] > a.peak[cat] {
+		a.peak[cat] = a.cur[cat]
+	}
+	if a.total > a.tpeak {
+		a.tpeak = a.total
+	}
+	a.mu.Unlock()
+	switch dtype {
+	case Float32:
+		if buf != nil {
+			t.f32 = buf.([]float32)
+		} else {
+			t.f32 = make([]float32, n)
+		}
+	case Float64:
+		if buf != nil {
+			t.f64 = buf.([]float64)
+		} else {
+			t.f64 = make([]float64, n)
+		}
+	case Int32:
+		if buf != nil {
+			t.i32 = buf.([]int32)
+		} else {
+			t.i32 = make([]int32, n)
+		}
+	default:
+		panic("tensor: no storage for " + dtype.String())
+	}
+	return t
+}
+
+// Release returns t's storage to its allocator. t must not be used afterwards.
+// Releasing a tensor that was not allocated (FromF32) or twice is a no-op.
+func (t *Tensor) Release() {
+	a := t.alloc
+	if a == nil {
+		return
+	}
+	t.alloc = nil
+	b := t.Bytes()
+	var buf any
+	switch t.dtype {
+	case Float32:
+		buf = t.f32
+	case Float64:
+		buf = t.f64
+	case Int32:
+		buf = t.i32
+	}
+	t.f32, t.f64, t.i32 = nil, nil, nil
+	a.mu.Lock()
+	a.cur[t.cat] -= b
+	a.total -= b
+	if !a.noPool && buf != nil {
+		k := poolKey{t.dtype, Numel(t.shape)}
+		a.free[k] = append(a.free[k], buf)
+	}
+	a.mu.Unlock()
+}
+
+// Recategorize moves t's bytes from its category to cat (e.g. a buffer built
+// as activations that becomes a parameter).
+func (t *Tensor) Recategorize(cat Category) {
+	if a := t.alloc; a != nil {
+		a.mu.Lock()
+		a.cur[t.cat] -= t.Bytes()
+		a.cur[cat] += t.Bytes()
+		if a.cur[cat] > a.peak[cat] {
+			a.peak[cat] = a.cur[cat]
+		}
+		a.mu.Unlock()
+	}
+	t.cat = cat
+}
+
+// Usage is a snapshot of an allocator's accounting.
+type Usage struct {
+	Current   [numCategories]int64
+	Peak      [numCategories]int64
+	Total     int64 // bytes in use now, all categories
+	TotalPeak int64 // the most bytes in use at once
+}
+
+// Usage returns the current accounting.
+func (a *Allocator) Usage() Usage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return Usage{Current: a.cur, Peak: a.peak, Total: a.total, TotalPeak: a.tpeak}
+}
+
+// ResetPeak sets every peak to the current value, e.g. after set-up so the
+// peak reflects training steps only.
+func (a *Allocator) ResetPeak() {
+	a.mu.Lock()
+	a.peak = a.cur
+	a.tpeak = a.total
+	a.mu.Unlock()
+}
+
+// DropPool frees the cached buffers to the garbage collector.
+func (a *Allocator) DropPool() {
+	a.mu.Lock()
+	a.free = map[poolKey][]any{}
+	a.mu.Unlock()
+}

@@ -1,0 +1,370 @@
+package tensor
+
+import (
+	"fmt"
+)
+
+// The autograd is define-by-run: every op whose inputs require a gradient
+// records a node on its output. There is no global tape; a graph is whatever
+// is reachable from the tensor Backward starts at, so several graphs (one per
+// pipeline micro-batch, say) can be alive at once and be run in any order.
+//
+// Backward visits nodes in one deterministic order that depends only on the
+// order ops were recorded, never on timing, so collectives started from
+// hooks during backward line up on every rank.
+
+// node is the record of one op application.
+type node struct {
+	op     string
+	inputs []*Tensor // nil entries for inputs that need no gradient
+	// backward receives the gradient of the output and returns one gradient
+	// per input (nil where none flows).
+	backward func(b *Backprop, gout *Tensor) []*Tensor
+	// saved are op-private buffers (e.g. attention probabilities) released
+	// with the graph.
+	saved []*Tensor
+}
+
+// RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
+func (t *Tensor) RequiresGrad() *Tensor {
+	t.requiresGrad = true
+	return t
+}
+
+// NeedsGrad reports whether gradients flow to t (a marked leaf, or the output
+// of an op with such an input).
+func (t *Tensor) NeedsGrad() bool { return t.requiresGrad }
+
+// IsLeaf reports whether t was not produced by a recorded op.
+func (t *Tensor) IsLeaf() bool { return t.node == nil }
+
+// Op names the op that produced t ("" for leaves).
+func (t *Tensor) Op() string {
+	if t.node == nil {
+		return ""
+	}
+	return t.node.op
+}
+
+// record attaches a node to out if any input needs a gradient.
+func record(out *Tensor, op string, backward func(b *Backprop, gout *Tensor) []*Tensor, inputs ...*Tensor) {
+	needs := false
+	ins := make([]*Tensor, len(inputs))
+	for i, in := range inputs {
+		if in != nil && in.requiresGrad {
+			needs = true
+			ins[i] = in
+		}
+	}
+	if !needs {
+		return
+	}
+	out.requiresGrad = true
+	out.node = &node{op: op, inputs: ins, backward: backward}
+}
+
+// saveBuf keeps an op-private buffer with the node of out so it is released
+// with the graph.
+func saveBuf(out *Tensor, bufs ...*Tensor) {
+	if out.node != nil {
+		out.node.saved = append(out.node.saved, bufs...)
+	}
+}
+
+// PassInfo tells hooks which micro-batch of the step is running.
+type PassInfo struct {
+	Micro int  // index of the micro-batch within the optimizer step
+	Last  bool // whether it is the last micro-batch of the step
+}
+
+// BackwardOptions configures one backward pass.
+type BackwardOptions struct {
+	Info PassInfo
+	// GradReady is called for each leaf the moment its gradient for this
+	// pass is final: after its last contribution, so a leaf used twice (the
+	// tied wte) fires once. Calls happen in the deterministic backward order.
+	GradReady func(p *Tensor, info PassInfo)
+	// DeferWeightGrads makes linear layers compute only their input gradient
+	// now and queue the weight gradient; run the queue with Deferred.Run.
+	// Zero-bubble pipeline schedules use this.
+	DeferWeightGrads bool
+	// Release returns every intermediate buffer of the graph (activations,
+	// op scratch, intermediate gradients) to the allocator when the pass is
+	// done. The root is kept. Tensors of the graph must not be read after.
+	Release bool
+	// Alloc is the allocator for gradients and scratch; nil means Default.
+	Alloc *Allocator
+}
+
+// Backprop is the state of one backward pass, given to op backward
+// functions and hooks.
+type Backprop struct {
+	Info  PassInfo
+	opts  BackwardOptions
+	alloc *Allocator
+
+	pending  map[*Tensor]int // leaf -> contributions still to come
+	deferred []deferredGrad
+	queued   map[*Tensor]int // leaf -> deferred contributions not yet matched
+	release  []*Tensor
+}
+
+type deferredGrad struct {
+	leaf *Tensor
+	fn   func() *Tensor
+}
+
+// Alloc is the allocator gradients of this pass come from.
+func (b *Backprop) Alloc() *Allocator { return b.alloc }
+
+// DeferringWeights reports whether weight gradients should be queued.
+func (b *Backprop) DeferringWeights() bool { return b.opts.DeferWeightGrads }
+
+// Defer queues the computation of leaf's gradient contribution; it runs in
+// Deferred.Run, in queue order.
+func (b *Backprop) Defer(leaf *Tensor, fn func() *Tensor) {
+	b.deferred = append(b.deferred, deferredGrad{leaf, fn})
+	b.queued[leaf]++
+}
+
+// Deferred holds the weight-gradient work queued by a backward pass with
+// DeferWeightGrads.
+type Deferred struct{ b *Backprop }
+
+// Len is the number of queued weight-gradient computations.
+func (d *Deferred) Len() int {
+	if d == nil || d.b == nil {
+		return 0
+	}
+	return len(d.b.deferred)
+}
+
+// Run computes the queued weight gradients, accumulates them and fires
+// their grad-ready callbacks, then releases the graph if asked to.
+func (d *Deferred) Run() {
+	if d == nil || d.b == nil {
+		return
+	}
+	b := d.b
+	for _, dg := range b.deferred {
+		b.accumulateLeaf(dg.leaf, dg.fn())
+	}
+	b.deferred = nil
+	b.finish()
+	d.b = nil
+}
+
+// Backward runs reverse-mode differentiation from root with output gradient
+// gout (nil means ones, allowed only for a one-element root). Gradients of
+// leaves that require them accumulate into their Grad field. The returned
+// Deferred is empty unless opts.DeferWeightGrads is set.
+func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(*FunctionError)
+			if !ok {
+				panic(r)
+			}
+			d, err = nil, fe
+		}
+	}()
+	if !root.requiresGrad {
+		return nil, fmt.Errorf("tensor: backward from %s, which does not require grad", root)
+	}
+	alloc := opts.Alloc
+	if alloc == nil {
+		alloc = Default
+	}
+	if gout == nil {
+		if root.Numel() != 1 {
+			return nil, fmt.Errorf("tensor: backward from %s needs an output gradient (it is not a scalar)", root)
+		}
+		gout = alloc.New(Activations, root.dtype, root.shape...)
+		gout.Set(0, 1)
+	} else if gout.Numel() != root.Numel() || gout.dtype != root.dtype {
+		return nil, fmt.Errorf("tensor: output gradient %s does not match %s", gout, root)
+	} else {
+		// The caller keeps its buffer: gradients are accumulated in place.
+		c := alloc.NewUninit(Activations, gout.dtype, root.shape...)
+		c.CopyFrom(gout)
+		gout = c
+	}
+	b := &Backprop{Info: opts.Info, opts: opts, alloc: alloc, pending: map[*Tensor]int{}, queued: map[*Tensor]int{}}
+
+	order := topo(root)
+	// Count how many edges reach each leaf so a leaf used twice is final
+	// only after its last contribution.
+	for _, t := range order {
+		for _, in := range t.node.inputs {
+			if in != nil && in.node == nil {
+				b.pending[in]++
+			}
+		}
+	}
+	grads := map[*Tensor]*Tensor{root: gout}
+	for i := len(order) - 1; i >= 0; i-- {
+		t := order[i]
+		g := grads[t]
+		delete(grads, t)
+		if g == nil {
+			continue // no gradient reached this node
+		}
+		ins := t.node.backward(b, g)
+		if len(ins) != len(t.node.inputs) {
+			panic(fmt.Sprintf("tensor: backward of %s returned %d gradients for %d inputs", t.node.op, len(ins), len(t.node.inputs)))
+		}
+		keepG := false
+		for j, in := range t.node.inputs {
+			gi := ins[j]
+			if gi == nil {
+				if in != nil && in.node == nil {
+					if b.queued[in] > 0 {
+						// This op queued the contribution instead; the
+						// leaf's count drops when the queue runs.
+						b.queued[in]--
+					} else {
+						b.accumulateLeaf(in, nil)
+					}
+				}
+				continue
+			}
+			if in == nil {
+				continue
+			}
+			// Pass-through backward functions (add, view, hooks) hand on
+			// g itself or a view of it: keep g alive, and give each input
+			// its own buffer since gradients are accumulated in place.
+			if sameStorage(gi, g) {
+				keepG = true
+			}
+			for k := 0; k < j; k++ {
+				if ins[k] != nil && t.node.inputs[k] != nil && sameStorage(gi, ins[k]) {
+					c := b.alloc.NewUninit(Activations, gi.dtype, gi.shape...)
+					c.CopyFrom(gi)
+					gi = c
+					break
+				}
+			}
+			if in.node == nil {
+				b.accumulateLeaf(in, gi)
+				continue
+			}
+			if prev := grads[in]; prev != nil {
+				addInto(prev, gi)
+				if opts.Release && !sameStorage(gi, g) {
+					b.release = append(b.release, gi)
+				}
+			} else {
+				grads[in] = gi
+			}
+		}
+		if opts.Release && !keepG {
+			b.release = append(b.release, g)
+		}
+		if opts.Release {
+			if t != root {
+				b.release = append(b.release, t)
+			}
+			b.release = append(b.release, t.node.saved...)
+		}
+	}
+	if opts.DeferWeightGrads && len(b.deferred) > 0 {
+		return &Deferred{b: b}, nil
+	}
+	b.finish()
+	return &Deferred{}, nil
+}
+
+// accumulateLeaf adds one contribution (nil = none) to leaf.Grad and fires
+// GradReady after the last one.
+func (b *Backprop) accumulateLeaf(leaf, g *Tensor) {
+	if g != nil {
+		if leaf.Grad == nil {
+			leaf.Grad = b.alloc.New(Grads, leaf.dtype, leaf.shape...)
+			leaf.Grad.Name = leaf.Name
+		}
+		addInto(leaf.Grad, g)
+		if b.opts.Release {
+			b.release = append(b.release, g)
+		}
+	}
+	b.pending[leaf]--
+	if b.pending[leaf] == 0 && b.opts.GradReady != nil {
+		b.opts.GradReady(leaf, b.Info)
+	}
+}
+
+func (b *Backprop) finish() {
+	for _, t := range b.release {
+		t.Release()
+	}
+	b.release = nil
+}
+
+// topo returns the non-leaf tensors reachable from root in an order where
+// every tensor comes after its inputs. Inputs are visited in argument order
+// so the result depends only on how the graph was built.
+func topo(root *Tensor) []*Tensor {
+	var order []*Tensor
+	seen := map[*Tensor]bool{}
+	type frame struct {
+		t    *Tensor
+		next int
+	}
+	stack := []frame{{t: root}}
+	seen[root] = true
+	for len(stack) > 0 {
+		f := &stack[len(stack)-1]
+		if f.next < len(f.t.node.inputs) {
+			in := f.t.node.inputs[f.next]
+			f.next++
+			if in != nil && in.node != nil && !seen[in] {
+				seen[in] = true
+				stack = append(stack, frame{t: in})
+			}
+			continue
+		}
+		order = append(order, f.t)
+		stack = stack[:len(stack)-1]
+	}
+	return order
+}
+
+// FreeGraph releases the intermediate buffers of a graph that will not be
+// differentiated (e.g. after an evaluation forward). The root is kept.
+func FreeGraph(root *Tensor) {
+	if root.node == nil {
+		return
+	}
+	for _, t := range topo(root) {
+		if t != root {
+			t.Release()
+		}
+		for _, s := range t.node.saved {
+			s.Release()
+		}
+	}
+	root.node = nil
+}
+
+// Detach returns a tensor sharing t's storage with no autograd history.
+func (t *Tensor) Detach() *Tensor {
+	return t.Reshape(t.shape...)
+}
+
+// sameStorage reports whether a and b share their first element's memory.
+func sameStorage(a, b *Tensor) bool {
+	if a == b {
+		return true
+	}
+	if a.dtype != b.dtype || a.Numel() == 0 || b.Numel() == 0 {
+		return false
+	}
+	switch a.dtype {
+	case Float32:
+		return &a.f32[0] == &b.f32[0]
+	case Float64:
+		return &a.f64[0] == &b.f64[0]
+	}
+	return false
+}

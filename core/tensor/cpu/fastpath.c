@@ -1,0 +1,188 @@
+//go:build cgo && !purego
+
+// Vectorised float32 loops for the cgo build. Each function mirrors a Go
+// loop in fastpath.go operation for operation: the same formulas, the same
+// evaluation order, no fused multiply-add (-ffp-contract=off) and sums kept
+// in sumLanes partial sums combined in a fixed order. So every CPU variant
+// below, and the pure-Go build, produce bitwise the same results; the C
+// compiler only gets to run several elements per instruction.
+
+// Never fuse a*b+c: the Go loops round after every operation.
+#pragma GCC optimize("fp-contract=off")
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "fastpath.h"
+
+// One clone per instruction set, picked once at load time.
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+#define SUM_LANES 16
+
+// reduce_lanes matches reduceLanes in layernorm.go.
+static inline float reduce_lanes(float *acc) {
+	for (int w = SUM_LANES / 2; w > 0; w /= 2) {
+		for (int j = 0; j < w; j++) {
+			acc[j] += acc[j + w];
+		}
+	}
+	return acc[0];
+}
+
+// exp_core matches expCore in fastmath.go.
+static inline float exp_core(float x) {
+	float t = x * 1.4426950408889634f + 12582912.0f;
+	float n = t - 12582912.0f;
+	float r = x - n * 0.693359375f;
+	r -= n * -2.12194440e-4f;
+	float p = (((((0.0013836829457432032f * r + 0.008374815806746483f) * r + 0.04166822507977486f) * r +
+		     0.16666419804096222f) * r + 0.49999991059303284f) * r + 1.0f) * r + 1.0f;
+	uint32_t pb, tb;
+	memcpy(&pb, &p, 4);
+	memcpy(&tb, &t, 4);
+	pb += tb << 23;
+	memcpy(&p, &pb, 4);
+	return p;
+}
+
+// gelu_exp matches the clamped exponent of geluFwd32/geluBwd32.
+static inline float gelu_exp(float v) {
+	float z = -1.5957691216057308f * (v + 0.044715f * v * v * v);
+	z = z < -87.33654f ? -87.33654f : (z > 80.0f ? 80.0f : z);
+	return exp_core(z);
+}
+
+CLONES void tacc_gelu_fwd(const float *x, float *y, long n) {
+	for (long i = 0; i < n; i++) {
+		float v = x[i];
+		y[i] = v / (1.0f + gelu_exp(v));
+	}
+}
+
+CLONES void tacc_gelu_bwd(const float *restrict x, const float *restrict dy, float *restrict dx, long n) {
+	for (long i = 0; i < n; i++) {
+		float v = x[i];
+		float e = gelu_exp(v);
+		float s = 1.0f / (1.0f + e);
+		dx[i] += (dy[i] * s) * (1.0f + (((1.5957691216057308f * v) * (1.0f + (0.134145f * v) * v)) * e) * s);
+	}
+}
+
+// softmax_row matches softmaxRow32 in fastpath.go.
+static inline void softmax_row(const float *src, float *dst, long n, float *mx_out, float *sum_out) {
+	float mx = src[0];
+	for (long i = 1; i < n; i++) {
+		mx = src[i] > mx ? src[i] : mx;
+	}
+	float acc[SUM_LANES] = {0};
+	long full = n - n % SUM_LANES;
+	for (long i = 0; i < full; i += SUM_LANES) {
+		for (int j = 0; j < SUM_LANES; j++) {
+			float d = src[i + j] - mx;
+			float e = d >= -87.33654f ? exp_core(d) : 0.0f;
+			dst[i + j] = e;
+			acc[j] += e;
+		}
+	}
+	for (long i = full; i < n; i++) {
+		float d = src[i] - mx;
+		float e = d >= -87.33654f ? exp_core(d) : 0.0f;
+		dst[i] = e;
+		acc[i - full] += e;
+	}
+	float sum = reduce_lanes(acc);
+	float inv = 1.0f / sum;
+	for (long i = 0; i < n; i++) {
+		dst[i] *= inv;
+	}
+	if (mx_out) *mx_out = mx;
+	if (sum_out) *sum_out = sum;
+}
+
+CLONES void tacc_softmax_rows(const float *src, float *dst, long rows, long n, float *maxs, float *sums) {
+	for (long r = 0; r < rows; r++) {
+		softmax_row(src + r * n, dst + r * n, n, maxs ? maxs + r : 0, sums ? sums + r : 0);
+	}
+}
+
+CLONES void tacc_softmax_causal(float *att, long T, long t0, long t1) {
+	for (long t = t0; t < t1; t++) {
+		float *row = att + t * T;
+		softmax_row(row, row, t + 1, 0, 0);
+		memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+	}
+}
+
+// tacc_layernorm_fwd matches layerNormFwdGo in layernorm.go.
+CLONES void tacc_layernorm_fwd(const float *restrict x, const float *restrict w, const float *restrict b,
+			       float *restrict y, float *restrict mean, float *restrict rstd, long rows, long cols,
+			       float eps) {
+	long full = cols - cols % SUM_LANES;
+	for (long r = 0; r < rows; r++) {
+		const float *xr = x + r * cols;
+		float *yr = y + r * cols;
+		float acc[SUM_LANES] = {0};
+		for (long i = 0; i < full; i += SUM_LANES) {
+			for (int j = 0; j < SUM_LANES; j++) {
+				acc[j] += xr[i + j];
+			}
+		}
+		for (long i = full; i < cols; i++) {
+			acc[i - full] += xr[i];
+		}
+		float m = reduce_lanes(acc) / (float)cols;
+		float acc2[SUM_LANES] = {0};
+		for (long i = 0; i < full; i += SUM_LANES) {
+			for (int j = 0; j < SUM_LANES; j++) {
+				float d = xr[i + j] - m;
+				acc2[j] += d * d;
+			}
+		}
+		for (long i = full; i < cols; i++) {
+			float d = xr[i] - m;
+			acc2[i - full] += d * d;
+		}
+		float rs = (float)(1.0 / sqrt((double)(reduce_lanes(acc2) / (float)cols + eps)));
+		for (long i = 0; i < cols; i++) {
+			yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+		}
+		mean[r] = m;
+		rstd[r] = rs;
+	}
+}
+
+// tacc_layernorm_bwd matches layerNormBwdGo in layernorm.go.
+CLONES void tacc_layernorm_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
+			       const float *restrict mean, const float *restrict rstd, float *restrict dx,
+			       float *restrict pw, float *restrict pb, long rows, long cols) {
+	long full = cols - cols % SUM_LANES;
+	for (long r = 0; r < rows; r++) {
+		const float *restrict dyr = dy + r * cols;
+		const float *restrict xr = x + r * cols;
+		float *restrict dxr = dx + r * cols;
+		float m = mean[r], rs = rstd[r];
+		float ga[SUM_LANES] = {0}, gxa[SUM_LANES] = {0};
+		for (long i = 0; i < full; i += SUM_LANES) {
+			for (int j = 0; j < SUM_LANES; j++) {
+				float g = dyr[i + j] * w[i + j];
+				ga[j] += g;
+				gxa[j] += g * ((xr[i + j] - m) * rs);
+			}
+		}
+		for (long i = full; i < cols; i++) {
+			float g = dyr[i] * w[i];
+			ga[i - full] += g;
+			gxa[i - full] += g * ((xr[i] - m) * rs);
+		}
+		float g_mean = reduce_lanes(ga) / (float)cols;
+		float gx_mean = reduce_lanes(gxa) / (float)cols;
+		for (long i = 0; i < cols; i++) {
+			float xh = (xr[i] - m) * rs;
+			float d = dyr[i];
+			dxr[i] += (d * w[i] - g_mean - xh * gx_mean) * rs;
+			pw[i] += d * xh;
+			pb[i] += d;
+		}
+	}
+}

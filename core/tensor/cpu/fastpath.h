@@ -1,0 +1,15 @@
+// Vectorised float32 loops for the cgo build; see fastpath_cgo.go.
+#ifndef TINYACC_CPU_FASTPATH_H
+#define TINYACC_CPU_FASTPATH_H
+
+void tacc_gelu_fwd(const float *x, float *y, long n);
+void tacc_gelu_bwd(const float *x, const float *dy, float *dx, long n);
+void tacc_softmax_rows(const float *src, float *dst, long rows, long n, float *maxs, float *sums);
+void tacc_softmax_causal(float *att, long T, long t0, long t1);
+
+void tacc_layernorm_fwd(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+			long rows, long cols, float eps);
+void tacc_layernorm_bwd(const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
+			float *dx, float *pw, float *pb, long rows, long cols);
+
+#endif

@@ -1,0 +1,73 @@
+//go:build cgo && !purego
+
+package cpu
+
+/*
+#cgo CFLAGS: -O3
+#cgo LDFLAGS: -lm
+#include "fastpath.h"
+*/
+import "C"
+
+// In the cgo build the float32 fast paths run the C loops of fastpath.c,
+// which the C compiler vectorises (with a variant per instruction set chosen
+// at load time). Callers hand over whole chunks, so the cgo transition is
+// paid once per thousands of elements.
+
+func geluFwd32(x, y []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_ = y[len(x)-1]
+	C.tacc_gelu_fwd((*C.float)(&x[0]), (*C.float)(&y[0]), C.long(len(x)))
+}
+
+func geluBwd32(x, dy, dx []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = dy[len(x)-1], dx[len(x)-1]
+	C.tacc_gelu_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
+}
+
+func softmaxCausal32(att []float32, T, t0, t1 int) {
+	if t0 >= t1 {
+		return
+	}
+	_ = att[t1*T-1]
+	C.tacc_softmax_causal((*C.float)(&att[0]), C.long(T), C.long(t0), C.long(t1))
+}
+
+func softmaxRows32(src, dst []float32, rows, n int, maxs, sums []float32) {
+	if rows == 0 || n == 0 {
+		return
+	}
+	_, _ = src[rows*n-1], dst[rows*n-1]
+	var pm, ps *C.float
+	if maxs != nil {
+		_, _ = maxs[rows-1], sums[rows-1]
+		pm, ps = (*C.float)(&maxs[0]), (*C.float)(&sums[0])
+	}
+	C.tacc_softmax_rows((*C.float)(&src[0]), (*C.float)(&dst[0]), C.long(rows), C.long(n), pm, ps)
+}
+
+func layerNormFwd32(x, w, b, y, mean, rstd []float32, cols int, eps float32) {
+	rows := len(mean)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _, _, _, _ = x[rows*cols-1], y[rows*cols-1], w[cols-1], b[cols-1], rstd[rows-1]
+	C.tacc_layernorm_fwd((*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&b[0]), (*C.float)(&y[0]),
+		(*C.float)(&mean[0]), (*C.float)(&rstd[0]), C.long(rows), C.long(cols), C.float(eps))
+}
+
+func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
+	rows := len(mean)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _, _, _ = dy[rows*cols-1], x[rows*cols-1], dx[rows*cols-1], rstd[rows-1]
+	_, _, _ = w[cols-1], pw[cols-1], pb[cols-1]
+	C.tacc_layernorm_bwd((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&mean[0]),
+		(*C.float)(&rstd[0]), (*C.float)(&dx[0]), (*C.float)(&pw[0]), (*C.float)(&pb[0]), C.long(rows), C.long(cols))
+}

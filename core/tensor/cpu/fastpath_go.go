@@ -1,0 +1,20 @@
+//go:build !cgo || purego
+
+package cpu
+
+// Without cgo the float32 fast paths are the Go loops of fastpath.go.
+
+func geluFwd32(x, y []float32)                     { geluFwd32Go(x, y) }
+func geluBwd32(x, dy, dx []float32)                { geluBwd32Go(x, dy, dx) }
+func softmaxCausal32(att []float32, T, t0, t1 int) { softmaxCausal32Go(att, T, t0, t1) }
+func softmaxRows32(src, dst []float32, rows, n int, maxs, sums []float32) {
+	softmaxRows32Go(src, dst, rows, n, maxs, sums)
+}
+
+func layerNormFwd32(x, w, b, y, mean, rstd []float32, cols int, eps float32) {
+	layerNormFwdGo(x, w, b, y, mean, rstd, cols, eps)
+}
+
+func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
+	layerNormBwdGo(dy, x, w, mean, rstd, dx, pw, pb, cols)
+}

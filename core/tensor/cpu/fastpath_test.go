@@ -1,0 +1,110 @@
+package cpu
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestFastPathMatchesGo holds the float32 fast paths (vectorised C in the
+// cgo build) to the Go loops bitwise, on inputs covering the clamps,
+// infinities, a row shorter than the lane count and ragged tails.
+func TestFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(61)
+	x := randSlice[float32](rng, 100003, 12)
+	x = append(x, 0, -0.0, 1e-30, -1e-30, 80, -80, 1e4, -1e4, float32(math.Inf(1)), float32(math.Inf(-1)))
+	y1, y2 := make([]float32, len(x)), make([]float32, len(x))
+	geluFwd32(x, y1)
+	geluFwd32Go(x, y2)
+	require.Equal(t, y2, y1, "gelu forward")
+
+	dy := randSlice[float32](rng, len(x), 1)
+	d1, d2 := randSlice[float32](rng, len(x), 1), make([]float32, len(x))
+	copy(d2, d1)
+	geluBwd32(x[:100003], dy, d1)
+	geluBwd32Go(x[:100003], dy, d2)
+	require.Equal(t, d2, d1, "gelu backward")
+
+	for _, n := range []int{1, 5, 16, 17, 257} {
+		rows := 7
+		src := randSlice[float32](rng, rows*n, 30)
+		src[0] = -200 // exp flushes to zero
+		if n > 1 {    // a masked logit (a row of only -Inf is NaN, as in PyTorch)
+			src[len(src)-1] = float32(math.Inf(-1))
+		}
+		p1, p2 := make([]float32, rows*n), make([]float32, rows*n)
+		m1, s1 := make([]float32, rows), make([]float32, rows)
+		m2, s2 := make([]float32, rows), make([]float32, rows)
+		softmaxRows32(src, p1, rows, n, m1, s1)
+		softmaxRows32Go(src, p2, rows, n, m2, s2)
+		require.Equal(t, p2, p1, "softmax rows n=%d", n)
+		require.Equal(t, m2, m1, "row maxima n=%d", n)
+		require.Equal(t, s2, s1, "row sums n=%d", n)
+	}
+
+	T := 70
+	a1 := randSlice[float32](rng, T*T, 5)
+	a2 := append([]float32(nil), a1...)
+	softmaxCausal32(a1, T, 3, 69)
+	softmaxCausal32Go(a2, T, 3, 69)
+	require.Equal(t, a2, a1, "causal softmax")
+}
+
+func TestLayerNormFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(63)
+	for _, cols := range []int{1, 7, 16, 256, 301} {
+		rows := 5
+		x := randSlice[float32](rng, rows*cols, 3)
+		w, b := randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
+		y1, y2 := make([]float32, rows*cols), make([]float32, rows*cols)
+		m1, r1 := make([]float32, rows), make([]float32, rows)
+		m2, r2 := make([]float32, rows), make([]float32, rows)
+		layerNormFwd32(x, w, b, y1, m1, r1, cols, 1e-5)
+		layerNormFwdGo(x, w, b, y2, m2, r2, cols, 1e-5)
+		require.Equal(t, y2, y1, "y cols=%d", cols)
+		require.Equal(t, m2, m1, "mean cols=%d", cols)
+		require.Equal(t, r2, r1, "rstd cols=%d", cols)
+
+		dy := randSlice[float32](rng, rows*cols, 1)
+		dx1, pw1, pb1 := randSlice[float32](rng, rows*cols, 1), randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
+		dx2 := append([]float32(nil), dx1...)
+		pw2, pb2 := append([]float32(nil), pw1...), append([]float32(nil), pb1...)
+		layerNormBwd32(dy, x, w, m1, r1, dx1, pw1, pb1, cols)
+		layerNormBwdGo(dy, x, w, m1, r1, dx2, pw2, pb2, cols)
+		require.Equal(t, dx2, dx1, "dx cols=%d", cols)
+		require.Equal(t, pw2, pw1, "dw partial cols=%d", cols)
+		require.Equal(t, pb2, pb1, "db partial cols=%d", cols)
+	}
+}
+
+func TestSoftmaxRows32(t *testing.T) {
+	rng := newRNG(62)
+	rows, n := 9, 1000
+	src := randSlice[float32](rng, rows*n, 20)
+	for r := 0; r < rows; r++ {
+		src[r*n] = float32(math.Inf(-1))
+	}
+	dst := make([]float32, rows*n)
+	maxs, sums := make([]float32, rows), make([]float32, rows)
+	softmaxRows32(src, dst, rows, n, maxs, sums)
+	for r := 0; r < rows; r++ {
+		row := to64(src[r*n : (r+1)*n])
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = math.Max(mx, v)
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(v - mx)
+		}
+		want := make([]float64, n)
+		for i, v := range row {
+			want[i] = math.Exp(v-mx) / sum
+		}
+		requireClose(t, dst[r*n:(r+1)*n], want, 1e-6, "softmax row")
+		require.Zero(t, dst[r*n], "a -Inf logit has probability 0")
+		require.Equal(t, float32(mx), maxs[r])
+		require.InDelta(t, sum, float64(sums[r]), 1e-6*sum)
+	}
+}

@@ -1,0 +1,67 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+)
+
+// GELU with the tanh approximation, as in GPT-2:
+//
+//	gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+const (
+	geluK = 0.7978845608028654 // sqrt(2/pi)
+	geluA = 0.044715
+)
+
+// elemGrain is the smallest chunk worth a thread for cheap elementwise
+// loops: about 20-50 µs of work, far above the cost of waking a worker.
+const elemGrain = 16384
+
+func checkLen(op string, want int, lens ...int) {
+	for i, n := range lens {
+		if n < want {
+			panic(fmt.Sprintf("cpu.%s: argument %d has %d elements, need at least %d", op, i+1, n, want))
+		}
+	}
+}
+
+// GeluForward writes y = gelu(x) elementwise; y may alias x.
+func GeluForward[T Float](x, y []T) {
+	checkLen("GeluForward", len(x), len(y))
+	if isF32[T]() {
+		x32, y32 := as32(x), as32(y)
+		ParallelFor(len(x), elemGrain, func(lo, hi int) { geluFwd32(x32[lo:hi], y32[lo:hi]) })
+		return
+	}
+	x64, y64 := as64(x), as64(y)
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		y := y64[lo:hi]
+		for i, v := range x64[lo:hi] {
+			y[i] = 0.5 * v * (1 + math.Tanh(geluK*(v+geluA*v*v*v)))
+		}
+	})
+}
+
+// GeluBackward accumulates dx += dy * gelu'(x), where
+//
+//	gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3*0.044715 x^2),
+//
+// with t the tanh of the forward pass (recomputed here rather than stored,
+// which costs less than the memory traffic of keeping it).
+func GeluBackward[T Float](x, dy, dx []T) {
+	checkLen("GeluBackward", len(x), len(dy), len(dx))
+	if isF32[T]() {
+		x32, dy32, dx32 := as32(x), as32(dy), as32(dx)
+		ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwd32(x32[lo:hi], dy32[lo:hi], dx32[lo:hi]) })
+		return
+	}
+	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		dy, dx := dy64[lo:hi], dx64[lo:hi]
+		for i, v := range x64[lo:hi] {
+			t := math.Tanh(geluK * (v + geluA*v*v*v))
+			d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
+			dx[i] += dy[i] * d
+		}
+	})
+}

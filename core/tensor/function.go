@@ -1,0 +1,57 @@
+package tensor
+
+// Function is an op written by its caller: a forward and the matching
+// backward. Plugins build their communication ops on it (tensor parallel's
+// f and g, ring attention), since autograd cannot see through a collective.
+type Function interface {
+	// Forward computes the output from the inputs. It must not keep inputs
+	// it will need in backward other than through ctx.Save.
+	Forward(ctx *FuncCtx, inputs ...*Tensor) (*Tensor, error)
+	// Backward returns one gradient per input (nil where none flows), given
+	// the gradient of the output.
+	Backward(ctx *FuncCtx, gout *Tensor) ([]*Tensor, error)
+}
+
+// FuncCtx carries state from a Function's forward to its backward.
+type FuncCtx struct {
+	saved []*Tensor
+	// Values holds anything else the forward wants to pass on.
+	Values map[string]any
+	// Backprop is the pass running the backward (nil during forward); it
+	// gives the micro-batch index and the allocator.
+	Backprop *Backprop
+}
+
+// Save keeps tensors for the backward.
+func (c *FuncCtx) Save(ts ...*Tensor) { c.saved = append(c.saved, ts...) }
+
+// Saved returns the tensors kept by Save, in order.
+func (c *FuncCtx) Saved() []*Tensor { return c.saved }
+
+// FunctionError is the panic value raised when a custom Function's backward
+// fails inside Backward; Backward recovers it into an error.
+type FunctionError struct {
+	Op  string
+	Err error
+}
+
+func (e *FunctionError) Error() string { return "tensor: backward of " + e.Op + ": " + e.Err.Error() }
+func (e *FunctionError) Unwrap() error { return e.Err }
+
+// Apply runs f on inputs and records it for autograd under the given name.
+func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
+	ctx := &FuncCtx{Values: map[string]any{}}
+	out, err := f.Forward(ctx, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	record(out, name, func(b *Backprop, g *Tensor) []*Tensor {
+		ctx.Backprop = b
+		gs, err := f.Backward(ctx, g)
+		if err != nil {
+			panic(&FunctionError{Op: name, Err: err})
+		}
+		return gs
+	}, inputs...)
+	return out, nil
+}

@@ -1,0 +1,142 @@
+package tensor
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+)
+
+// Linear returns x·w + b for x of shape [..., in], w of shape [in, out] (the
+// Hugging Face GPT-2 Conv1D layout) and an optional bias b of shape [out].
+//
+// Its backward computes the input gradient at once and, when the pass defers
+// weight gradients (zero-bubble pipelines), queues w's and b's gradients.
+func Linear(x, w, b *Tensor) *Tensor {
+	checkFloat("Linear", x, w, b)
+	in := x.Dim(-1)
+	if len(w.shape) != 2 || w.shape[0] != in || (b != nil && b.Numel() != w.shape[1]) {
+		bs := "none"
+		if b != nil {
+			bs = fmt.Sprint(b.shape)
+		}
+		panic(fmt.Sprintf("tensor: Linear of input %v with weight %v and bias %s", x.shape, w.shape, bs))
+	}
+	out := w.shape[1]
+	rows := x.Numel() / in
+	shape := append(clone(x.shape[:len(x.shape)-1]), out)
+	y := like(x, shape...)
+	if x.dtype == Float32 {
+		linearFwd(x.f32, w.f32, biasOf[float32](b), y.f32, rows, in, out)
+	} else {
+		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)
+	}
+	record(y, "linear", func(bp *Backprop, g *Tensor) []*Tensor {
+		var gx, gw, gb *Tensor
+		if x.requiresGrad {
+			gx = like(x, x.shape...)
+			if x.dtype == Float32 {
+				cpu.Gemm(false, true, rows, in, out, 1, g.f32, out, w.f32, out, 0, gx.f32, in)
+			} else {
+				cpu.Gemm(false, true, rows, in, out, 1, g.f64, out, w.f64, out, 0, gx.f64, in)
+			}
+		}
+		weightGrad := func() *Tensor {
+			gw := like(w, w.shape...)
+			if x.dtype == Float32 {
+				cpu.Gemm(true, false, in, out, rows, 1, x.f32, in, g.f32, out, 0, gw.f32, out)
+			} else {
+				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, 0, gw.f64, out)
+			}
+			return gw
+		}
+		biasGrad := func() *Tensor {
+			gb := zerosLike(b, b.shape...)
+			if x.dtype == Float32 {
+				cpu.BiasGrad(g.f32, gb.f32, rows, out)
+			} else {
+				cpu.BiasGrad(g.f64, gb.f64, rows, out)
+			}
+			return gb
+		}
+		deferW := bp.DeferringWeights() && w.node == nil
+		if w.requiresGrad {
+			if deferW {
+				bp.Defer(w, weightGrad)
+			} else {
+				gw = weightGrad()
+			}
+		}
+		if b != nil && b.requiresGrad {
+			if deferW && b.node == nil {
+				bp.Defer(b, biasGrad)
+			} else {
+				gb = biasGrad()
+			}
+		}
+		return []*Tensor{gx, gw, gb}
+	}, x, w, b)
+	return y
+}
+
+func biasOf[T cpu.Float](b *Tensor) []T {
+	if b == nil {
+		return nil
+	}
+	return data[T](b)
+}
+
+func linearFwd[T cpu.Float](x, w, b, y []T, rows, in, out int) {
+	cpu.Gemm(false, false, rows, out, in, 1, x, in, w, out, 0, y, out)
+	if b != nil {
+		cpu.AddBias(y, b, rows, out)
+	}
+}
+
+// MatMulT returns x·wᵀ for x of shape [..., in] and w of shape [out, in]:
+// the GPT-2 output head, which reuses the token embedding table [V, C].
+// Like Linear, it can defer its weight gradient.
+func MatMulT(x, w *Tensor) *Tensor {
+	checkFloat("MatMulT", x, w)
+	in := x.Dim(-1)
+	if len(w.shape) != 2 || w.shape[1] != in {
+		panic(fmt.Sprintf("tensor: MatMulT of input %v with weight %v", x.shape, w.shape))
+	}
+	out := w.shape[0]
+	rows := x.Numel() / in
+	shape := append(clone(x.shape[:len(x.shape)-1]), out)
+	y := like(x, shape...)
+	if x.dtype == Float32 {
+		cpu.Gemm(false, true, rows, out, in, 1, x.f32, in, w.f32, in, 0, y.f32, out)
+	} else {
+		cpu.Gemm(false, true, rows, out, in, 1, x.f64, in, w.f64, in, 0, y.f64, out)
+	}
+	record(y, "matmul_t", func(bp *Backprop, g *Tensor) []*Tensor {
+		var gx, gw *Tensor
+		if x.requiresGrad {
+			gx = like(x, x.shape...)
+			if x.dtype == Float32 {
+				cpu.Gemm(false, false, rows, in, out, 1, g.f32, out, w.f32, in, 0, gx.f32, in)
+			} else {
+				cpu.Gemm(false, false, rows, in, out, 1, g.f64, out, w.f64, in, 0, gx.f64, in)
+			}
+		}
+		weightGrad := func() *Tensor {
+			gw := like(w, w.shape...)
+			if x.dtype == Float32 {
+				cpu.Gemm(true, false, out, in, rows, 1, g.f32, out, x.f32, in, 0, gw.f32, in)
+			} else {
+				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, 0, gw.f64, in)
+			}
+			return gw
+		}
+		if w.requiresGrad {
+			if bp.DeferringWeights() && w.node == nil {
+				bp.Defer(w, weightGrad)
+			} else {
+				gw = weightGrad()
+			}
+		}
+		return []*Tensor{gx, gw}
+	}, x, w)
+	return y
+}

@@ -1,0 +1,420 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+)
+
+// The ops below are written once as generic functions over float32 and
+// float64 (float64 exists for finite-difference checks) and dispatched on the
+// dtype of their first input. Each records its backward with record().
+
+// data returns t's storage as []T.
+func data[T cpu.Float](t *Tensor) []T {
+	var z T
+	switch any(z).(type) {
+	case float32:
+		return any(t.F32()).([]T)
+	case float64:
+		return any(t.F64()).([]T)
+	}
+	panic("tensor: unsupported element type")
+}
+
+// like allocates an uninitialised activation of t's dtype.
+func like(t *Tensor, shape ...int) *Tensor {
+	a := t.alloc
+	if a == nil {
+		a = Default
+	}
+	return a.NewUninit(Activations, t.dtype, shape...)
+}
+
+// zerosLike allocates a zeroed activation.
+func zerosLike(t *Tensor, shape ...int) *Tensor {
+	a := t.alloc
+	if a == nil {
+		a = Default
+	}
+	return a.New(Activations, t.dtype, shape...)
+}
+
+func checkFloat(op string, ts ...*Tensor) {
+	dt := ts[0].dtype
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		if t.dtype != Float32 && t.dtype != Float64 {
+			panic(fmt.Sprintf("tensor: %s needs float32 or float64, got %s", op, t))
+		}
+		if t.dtype != dt {
+			panic(fmt.Sprintf("tensor: %s mixes %s and %s", op, ts[0], t))
+		}
+	}
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// addInto computes dst += src.
+func addInto(dst, src *Tensor) {
+	if dst.Numel() != src.Numel() {
+		panic(fmt.Sprintf("tensor: gradient %s does not match %s", src, dst))
+	}
+	if dst.dtype == Float32 {
+		cpu.Axpy(float32(1), src.f32, dst.f32)
+	} else {
+		cpu.Axpy(1.0, src.f64, dst.f64)
+	}
+}
+
+// Add returns a + b (same shape).
+func Add(a, b *Tensor) *Tensor {
+	checkFloat("Add", a, b)
+	if !sameShape(a.shape, b.shape) {
+		panic(fmt.Sprintf("tensor: Add of %v and %v", a.shape, b.shape))
+	}
+	out := like(a, a.shape...)
+	if a.dtype == Float32 {
+		cpu.Add(a.f32, b.f32, out.f32)
+	} else {
+		cpu.Add(a.f64, b.f64, out.f64)
+	}
+	record(out, "add", func(_ *Backprop, g *Tensor) []*Tensor { return []*Tensor{g, g} }, a, b)
+	return out
+}
+
+// Scale returns s·x.
+func Scale(x *Tensor, s float64) *Tensor {
+	checkFloat("Scale", x)
+	out := like(x, x.shape...)
+	out.CopyFrom(x)
+	scaleInPlace(out, s)
+	record(out, "scale", func(_ *Backprop, g *Tensor) []*Tensor {
+		gx := like(g, g.shape...)
+		gx.CopyFrom(g)
+		scaleInPlace(gx, s)
+		return []*Tensor{gx}
+	}, x)
+	return out
+}
+
+func scaleInPlace(t *Tensor, s float64) {
+	if t.dtype == Float32 {
+		cpu.Scale(t.f32, float32(s))
+	} else {
+		cpu.Scale(t.f64, s)
+	}
+}
+
+// Sum returns the sum of all elements as a one-element tensor.
+func Sum(x *Tensor) *Tensor {
+	checkFloat("Sum", x)
+	out := like(x, 1)
+	var s float64
+	for i := 0; i < x.Numel(); i++ {
+		s += x.At(i)
+	}
+	out.Set(0, s)
+	record(out, "sum", func(_ *Backprop, g *Tensor) []*Tensor {
+		gx := like(x, x.shape...)
+		v := g.At(0)
+		for i := 0; i < gx.Numel(); i++ {
+			gx.Set(i, v)
+		}
+		return []*Tensor{gx}
+	}, x)
+	return out
+}
+
+// Mul returns the elementwise product a·b (same shape).
+func Mul(a, b *Tensor) *Tensor {
+	checkFloat("Mul", a, b)
+	if !sameShape(a.shape, b.shape) {
+		panic(fmt.Sprintf("tensor: Mul of %v and %v", a.shape, b.shape))
+	}
+	out := like(a, a.shape...)
+	n := a.Numel()
+	for i := 0; i < n; i++ {
+		out.Set(i, a.At(i)*b.At(i))
+	}
+	record(out, "mul", func(_ *Backprop, g *Tensor) []*Tensor {
+		ga, gb := like(a, a.shape...), like(b, b.shape...)
+		for i := 0; i < n; i++ {
+			ga.Set(i, g.At(i)*b.At(i))
+			gb.Set(i, g.At(i)*a.At(i))
+		}
+		return []*Tensor{ga, gb}
+	}, a, b)
+	return out
+}
+
+// View returns x with a new shape of the same size, sharing storage; the
+// gradient flows through unchanged.
+func View(x *Tensor, shape ...int) *Tensor {
+	out := x.Reshape(shape...)
+	record(out, "view", func(_ *Backprop, g *Tensor) []*Tensor {
+		return []*Tensor{g.Reshape(x.shape...)}
+	}, x)
+	return out
+}
+
+// Hook returns a tensor equal to x (sharing storage) whose backward calls fn
+// when x's gradient arrives, before the ops that produced x run their
+// backward. Module hooks are built on it.
+func Hook(x *Tensor, name string, fn func(b *Backprop)) *Tensor {
+	out := x.Reshape(x.shape...)
+	record(out, "hook:"+name, func(b *Backprop, g *Tensor) []*Tensor {
+		fn(b)
+		return []*Tensor{g}
+	}, x)
+	return out
+}
+
+// Embedding returns w[idx] for token ids idx of any shape; the result has
+// shape idx.shape + [C] for w of shape [V, C].
+func Embedding(w, idx *Tensor) *Tensor {
+	checkFloat("Embedding", w)
+	if idx.dtype != Int32 || len(w.shape) != 2 {
+		panic(fmt.Sprintf("tensor: Embedding(%s, %s) needs a [V,C] table and int32 ids", w, idx))
+	}
+	V, C := w.shape[0], w.shape[1]
+	for i, id := range idx.i32 {
+		if id < 0 || int(id) >= V {
+			panic(fmt.Sprintf("tensor: token id %d at position %d is outside the vocabulary of %d", id, i, V))
+		}
+	}
+	out := like(w, append(clone(idx.shape), C)...)
+	if w.dtype == Float32 {
+		embedFwd(w.f32, idx.i32, out.f32, C)
+	} else {
+		embedFwd(w.f64, idx.i32, out.f64, C)
+	}
+	record(out, "embedding", func(_ *Backprop, g *Tensor) []*Tensor {
+		gw := zerosLike(w, w.shape...)
+		if w.dtype == Float32 {
+			embedBwd(g.f32, idx.i32, gw.f32, C)
+		} else {
+			embedBwd(g.f64, idx.i32, gw.f64, C)
+		}
+		return []*Tensor{gw}
+	}, w)
+	return out
+}
+
+func embedFwd[T cpu.Float](w []T, idx []int32, out []T, C int) {
+	cpu.ParallelFor(len(idx), 64, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			copy(out[i*C:(i+1)*C], w[int(idx[i])*C:(int(idx[i])+1)*C])
+		}
+	})
+}
+
+// embedBwd scatters gradients into rows of gw. Each thread owns a column
+// range, so repeated ids add in token order whatever the thread count.
+func embedBwd[T cpu.Float](g []T, idx []int32, gw []T, C int) {
+	cpu.ParallelFor(C, 16, func(lo, hi int) {
+		for i, id := range idx {
+			dst := gw[int(id)*C+lo : int(id)*C+hi]
+			src := g[i*C+lo : i*C+hi]
+			for c := range dst {
+				dst[c] += src[c]
+			}
+		}
+	})
+}
+
+// AddPositions returns x + wpe[offset+t] for x of shape [B, T, C]; offset is
+// the global position of x's first token (non-zero when the sequence is split
+// across ranks).
+func AddPositions(x, wpe *Tensor, offset int) *Tensor {
+	checkFloat("AddPositions", x, wpe)
+	if len(x.shape) != 3 || len(wpe.shape) != 2 || wpe.shape[1] != x.shape[2] {
+		panic(fmt.Sprintf("tensor: AddPositions(%v, %v)", x.shape, wpe.shape))
+	}
+	B, T, C := x.shape[0], x.shape[1], x.shape[2]
+	if offset+T > wpe.shape[0] {
+		panic(fmt.Sprintf("tensor: positions %d..%d exceed the %d positions of the table (raise model.block_size)", offset, offset+T-1, wpe.shape[0]))
+	}
+	out := like(x, x.shape...)
+	if x.dtype == Float32 {
+		addPosFwd(x.f32, wpe.f32[offset*C:], out.f32, B, T*C)
+	} else {
+		addPosFwd(x.f64, wpe.f64[offset*C:], out.f64, B, T*C)
+	}
+	record(out, "add_positions", func(_ *Backprop, g *Tensor) []*Tensor {
+		var gx, gw *Tensor
+		if x.requiresGrad {
+			gx = like(g, g.shape...)
+			gx.CopyFrom(g)
+		}
+		if wpe.requiresGrad {
+			gw = zerosLike(wpe, wpe.shape...)
+			if x.dtype == Float32 {
+				addPosBwd(g.f32, gw.f32[offset*C:], B, T*C)
+			} else {
+				addPosBwd(g.f64, gw.f64[offset*C:], B, T*C)
+			}
+		}
+		return []*Tensor{gx, gw}
+	}, x, wpe)
+	return out
+}
+
+func addPosFwd[T cpu.Float](x, p, out []T, B, n int) {
+	for b := 0; b < B; b++ {
+		cpu.Add(x[b*n:(b+1)*n], p[:n], out[b*n:(b+1)*n])
+	}
+}
+
+func addPosBwd[T cpu.Float](g, gp []T, B, n int) {
+	for b := 0; b < B; b++ {
+		cpu.Axpy(T(1), g[b*n:(b+1)*n], gp[:n])
+	}
+}
+
+// LayerNorm normalises over the last dimension and applies weight and bias.
+func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
+	checkFloat("LayerNorm", x, w, b)
+	C := x.Dim(-1)
+	if w.Numel() != C || b.Numel() != C {
+		panic(fmt.Sprintf("tensor: LayerNorm of %v with weight %v and bias %v", x.shape, w.shape, b.shape))
+	}
+	rows := x.Numel() / C
+	out := like(x, x.shape...)
+	mean, rstd := like(x, rows), like(x, rows)
+	if x.dtype == Float32 {
+		cpu.LayerNormForward(x.f32, w.f32, b.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps))
+	} else {
+		cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, mean.f64, rstd.f64, rows, C, eps)
+	}
+	record(out, "layernorm", func(_ *Backprop, g *Tensor) []*Tensor {
+		gx, gw, gb := zerosLike(x, x.shape...), zerosLike(w, w.shape...), zerosLike(b, b.shape...)
+		if x.dtype == Float32 {
+			cpu.LayerNormBackward(g.f32, x.f32, w.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+		} else {
+			cpu.LayerNormBackward(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
+		}
+		return []*Tensor{gx, gw, gb}
+	}, x, w, b)
+	saveBuf(out, mean, rstd)
+	return out
+}
+
+// Gelu applies the tanh approximation of GELU elementwise.
+func Gelu(x *Tensor) *Tensor {
+	checkFloat("Gelu", x)
+	out := like(x, x.shape...)
+	if x.dtype == Float32 {
+		cpu.GeluForward(x.f32, out.f32)
+	} else {
+		cpu.GeluForward(x.f64, out.f64)
+	}
+	record(out, "gelu", func(_ *Backprop, g *Tensor) []*Tensor {
+		gx := zerosLike(x, x.shape...)
+		if x.dtype == Float32 {
+			cpu.GeluBackward(x.f32, g.f32, gx.f32)
+		} else {
+			cpu.GeluBackward(x.f64, g.f64, gx.f64)
+		}
+		return []*Tensor{gx}
+	}, x)
+	return out
+}
+
+// CausalSelfAttention runs multi-head causal attention on a fused
+// [B, T, 3C] query/key/value tensor (GPT-2's c_attn output) and returns the
+// heads concatenated, [B, T, C].
+func CausalSelfAttention(qkv *Tensor, nHead int) *Tensor {
+	checkFloat("CausalSelfAttention", qkv)
+	if len(qkv.shape) != 3 || qkv.shape[2]%3 != 0 || (qkv.shape[2]/3)%nHead != 0 {
+		panic(fmt.Sprintf("tensor: attention input %v does not split into q, k, v of %d heads", qkv.shape, nHead))
+	}
+	B, T, C := qkv.shape[0], qkv.shape[1], qkv.shape[2]/3
+	out := like(qkv, B, T, C)
+	att := like(qkv, B, nHead, T, T)
+	if qkv.dtype == Float32 {
+		cpu.AttentionForward(qkv.f32, out.f32, att.f32, B, T, C, nHead)
+	} else {
+		cpu.AttentionForward(qkv.f64, out.f64, att.f64, B, T, C, nHead)
+	}
+	record(out, "attention", func(_ *Backprop, g *Tensor) []*Tensor {
+		gq := zerosLike(qkv, qkv.shape...)
+		if qkv.dtype == Float32 {
+			cpu.AttentionBackward(g.f32, qkv.f32, att.f32, gq.f32, B, T, C, nHead)
+		} else {
+			cpu.AttentionBackward(g.f64, qkv.f64, att.f64, gq.f64, B, T, C, nHead)
+		}
+		return []*Tensor{gq}
+	}, qkv)
+	saveBuf(out, att)
+	return out
+}
+
+// CrossEntropy returns the mean over all positions of -log softmax(logits)
+// at the target; logits are [..., V], targets int32 [...]. Targets < 0 are
+// ignored (they count neither in the sum nor in the mean's denominator).
+func CrossEntropy(logits, targets *Tensor) *Tensor {
+	checkFloat("CrossEntropy", logits)
+	V := logits.Dim(-1)
+	rows := logits.Numel() / V
+	if targets.dtype != Int32 || targets.Numel() != rows {
+		panic(fmt.Sprintf("tensor: CrossEntropy of %s with targets %s", logits, targets))
+	}
+	count := 0
+	for i, y := range targets.i32 {
+		if int(y) >= V {
+			panic(fmt.Sprintf("tensor: target %d at position %d is outside the vocabulary of %d", y, i, V))
+		}
+		if y >= 0 {
+			count++
+		}
+	}
+	probs := like(logits, logits.shape...)
+	losses := like(logits, rows)
+	if logits.dtype == Float32 {
+		cpu.CrossEntropyForward(logits.f32, targets.i32, rows, V, probs.f32, losses.f32)
+	} else {
+		cpu.CrossEntropyForward(logits.f64, targets.i32, rows, V, probs.f64, losses.f64)
+	}
+	var sum float64
+	for r := 0; r < rows; r++ {
+		sum += losses.At(r)
+	}
+	out := like(logits, 1)
+	out.Set(0, sum/math.Max(1, float64(count)))
+	losses.Release()
+	record(out, "cross_entropy", func(_ *Backprop, g *Tensor) []*Tensor {
+		gl := like(logits, logits.shape...)
+		dl := like(logits, rows)
+		v := g.At(0) / math.Max(1, float64(count))
+		for r := 0; r < rows; r++ {
+			dl.Set(r, v)
+		}
+		if logits.dtype == Float32 {
+			cpu.CrossEntropyBackward(probs.f32, targets.i32, dl.f32, rows, V, gl.f32)
+		} else {
+			cpu.CrossEntropyBackward(probs.f64, targets.i32, dl.f64, rows, V, gl.f64)
+		}
+		dl.Release()
+		return []*Tensor{gl}
+	}, logits)
+	if out.node != nil {
+		saveBuf(out, probs)
+	} else {
+		probs.Release()
+	}
+	return out
+}

@@ -1,0 +1,282 @@
+// Package tensor holds tinyacc's dense tensors, the memory accounting behind
+// them, and the reverse-mode autograd that records operations on them.
+//
+// A Tensor is a row-major block of numbers with a dtype, a shape and the
+// Device it lives on. Every buffer comes from the Allocator with a Category
+// (params, grads, optimizer state, activations, comm) so each rank can report
+// how much memory goes where.
+package tensor
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DType is the element type of a tensor.
+type DType int
+
+const (
+	Float32 DType = iota
+	Float64
+	Int32
+	BFloat16 // reserved for mixed precision; no kernel uses it yet
+)
+
+// Size is the number of bytes of one element.
+func (d DType) Size() int {
+	switch d {
+	case Float32, Int32:
+		return 4
+	case Float64:
+		return 8
+	case BFloat16:
+		return 2
+	}
+	panic(fmt.Sprintf("tensor: unknown dtype %d", int(d)))
+}
+
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	case Int32:
+		return "int32"
+	case BFloat16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("dtype(%d)", int(d))
+}
+
+// Device says where a tensor's storage lives. Only the CPU exists today; the
+// ops of this package dispatch on it so a GPU device can add its kernels
+// without changing callers.
+type Device interface {
+	Name() string
+}
+
+type cpuDevice struct{}
+
+func (cpuDevice) Name() string { return "cpu" }
+
+// CPU is the host device.
+var CPU Device = cpuDevice{}
+
+// Tensor is a dense row-major array. Exactly one of the typed slices is set,
+// according to dtype. The autograd fields are nil for tensors that do not take
+// part in a graph.
+type Tensor struct {
+	shape []int
+	dtype DType
+	dev   Device
+	cat   Category
+	alloc *Allocator
+
+	f32 []float32
+	f64 []float64
+	i32 []int32
+
+	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
+	// parameters, empty otherwise.
+	Name string
+	// Grad holds the accumulated gradient of a leaf that requires grad.
+	Grad *Tensor
+
+	requiresGrad bool
+	node         *node // the op that produced this tensor; nil for leaves
+}
+
+// Numel is the number of elements of shape.
+func Numel(shape []int) int {
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	return n
+}
+
+// New allocates a zeroed tensor on the CPU, accounted as activations by the
+// default allocator.
+func New(dtype DType, shape ...int) *Tensor {
+	return Default.New(Activations, dtype, shape...)
+}
+
+// FromF32 wraps data (not copied) in a float32 tensor of the given shape.
+// The buffer is not accounted: it belongs to the caller.
+func FromF32(data []float32, shape ...int) *Tensor {
+	mustMatch(len(data), shape)
+	return &Tensor{shape: clone(shape), dtype: Float32, dev: CPU, f32: data, cat: Other}
+}
+
+// FromF64 wraps data (not copied) in a float64 tensor.
+func FromF64(data []float64, shape ...int) *Tensor {
+	mustMatch(len(data), shape)
+	return &Tensor{shape: clone(shape), dtype: Float64, dev: CPU, f64: data, cat: Other}
+}
+
+// FromI32 wraps data (not copied) in an int32 tensor.
+func FromI32(data []int32, shape ...int) *Tensor {
+	mustMatch(len(data), shape)
+	return &Tensor{shape: clone(shape), dtype: Int32, dev: CPU, i32: data, cat: Other}
+}
+
+func mustMatch(n int, shape []int) {
+	if Numel(shape) != n {
+		panic(fmt.Sprintf("tensor: %d elements do not fit shape %v", n, shape))
+	}
+}
+
+func clone(s []int) []int { return append([]int(nil), s...) }
+
+// Shape returns the tensor's shape; callers must not modify it.
+func (t *Tensor) Shape() []int { return t.shape }
+
+// Dim returns the size of dimension i (negative i counts from the end).
+func (t *Tensor) Dim(i int) int {
+	if i < 0 {
+		i += len(t.shape)
+	}
+	return t.shape[i]
+}
+
+// Numel is the number of elements.
+func (t *Tensor) Numel() int { return Numel(t.shape) }
+
+// Bytes is the size of the storage in bytes.
+func (t *Tensor) Bytes() int64 { return int64(t.Numel()) * int64(t.dtype.Size()) }
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// Device returns where the storage lives.
+func (t *Tensor) Device() Device { return t.dev }
+
+// Category is the accounting category of the storage.
+func (t *Tensor) Category() Category { return t.cat }
+
+// F32 returns the float32 storage; it panics for other dtypes.
+func (t *Tensor) F32() []float32 {
+	if t.dtype != Float32 {
+		panic("tensor: F32 on a " + t.dtype.String() + " tensor")
+	}
+	return t.f32
+}
+
+// F64 returns the float64 storage; it panics for other dtypes.
+func (t *Tensor) F64() []float64 {
+	if t.dtype != Float64 {
+		panic("tensor: F64 on a " + t.dtype.String() + " tensor")
+	}
+	return t.f64
+}
+
+// I32 returns the int32 storage; it panics for other dtypes.
+func (t *Tensor) I32() []int32 {
+	if t.dtype != Int32 {
+		panic("tensor: I32 on a " + t.dtype.String() + " tensor")
+	}
+	return t.i32
+}
+
+// At returns element i (flat index) as a float64, whatever the dtype.
+func (t *Tensor) At(i int) float64 {
+	switch t.dtype {
+	case Float32:
+		return float64(t.f32[i])
+	case Float64:
+		return t.f64[i]
+	case Int32:
+		return float64(t.i32[i])
+	}
+	panic("tensor: At on " + t.dtype.String())
+}
+
+// Set stores v at flat index i, converting to the tensor's dtype.
+func (t *Tensor) Set(i int, v float64) {
+	switch t.dtype {
+	case Float32:
+		t.f32[i] = float32(v)
+	case Float64:
+		t.f64[i] = v
+	case Int32:
+		t.i32[i] = int32(v)
+	default:
+		panic("tensor: Set on " + t.dtype.String())
+	}
+}
+
+// Float64s returns a copy of the elements as float64.
+func (t *Tensor) Float64s() []float64 {
+	out := make([]float64, t.Numel())
+	for i := range out {
+		out[i] = t.At(i)
+	}
+	return out
+}
+
+// Reshape returns a tensor sharing storage with t with a new shape of the
+// same size. It is not recorded by autograd; use View for that.
+func (t *Tensor) Reshape(shape ...int) *Tensor {
+	mustMatch(t.Numel(), shape)
+	c := *t
+	c.shape = clone(shape)
+	c.node = nil
+	c.requiresGrad = false
+	c.Grad = nil
+	c.alloc = nil // a view does not own the storage
+	return &c
+}
+
+// CopyFrom copies src's elements into t (same numel, same dtype).
+func (t *Tensor) CopyFrom(src *Tensor) {
+	if src.Numel() != t.Numel() || src.dtype != t.dtype {
+		panic(fmt.Sprintf("tensor: CopyFrom %s%v into %s%v", src.dtype, src.shape, t.dtype, t.shape))
+	}
+	switch t.dtype {
+	case Float32:
+		copy(t.f32, src.f32)
+	case Float64:
+		copy(t.f64, src.f64)
+	case Int32:
+		copy(t.i32, src.i32)
+	}
+}
+
+// Clone returns a deep copy in category cat, without autograd history.
+func (t *Tensor) Clone(cat Category) *Tensor {
+	c := Default.New(cat, t.dtype, t.shape...)
+	c.CopyFrom(t)
+	c.Name = t.Name
+	return c
+}
+
+// Zero sets every element to zero.
+func (t *Tensor) Zero() {
+	switch t.dtype {
+	case Float32:
+		clear(t.f32)
+	case Float64:
+		clear(t.f64)
+	case Int32:
+		clear(t.i32)
+	}
+}
+
+// Scalar returns the single element of a one-element tensor.
+func (t *Tensor) Scalar() float64 {
+	if t.Numel() != 1 {
+		panic(fmt.Sprintf("tensor: Scalar on shape %v", t.shape))
+	}
+	return t.At(0)
+}
+
+func (t *Tensor) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Tensor(%s %v", t.dtype, t.shape)
+	if t.Name != "" {
+		fmt.Fprintf(&b, " %q", t.Name)
+	}
+	b.WriteString(")")
+	return b.String()
+}

@@ -1,0 +1,226 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// Result summarises a finished run.
+type Result struct {
+	Steps     []StepMetrics
+	Evals     []EvalPoint
+	Memory    []MemoryReport
+	Duration  time.Duration
+	FirstLoss float64
+	LastLoss  float64
+}
+
+// EvalPoint is one validation loss.
+type EvalPoint struct {
+	Step int     `json:"step"`
+	Loss float64 `json:"loss"`
+}
+
+// MemoryReport is one rank's accounting at the end of a run.
+type MemoryReport struct {
+	Rank        int   `json:"rank"`
+	ParamsBytes int64 `json:"params_bytes"`
+	GradsBytes  int64 `json:"grads_bytes"`
+	OptimBytes  int64 `json:"optim_bytes"`
+	ActPeak     int64 `json:"activations_peak_bytes"`
+	CommBytes   int64 `json:"comm_bytes"`
+	PeakBytes   int64 `json:"peak_bytes"`
+}
+
+// MemoryGatherer collects every rank's memory report on rank 0 (data
+// parallel plugins implement it; without one only this rank reports).
+type MemoryGatherer interface {
+	GatherMemory(t *Trainer, mine MemoryReport) ([]MemoryReport, error)
+}
+
+// Memory returns this rank's memory report from its allocator.
+func (t *Trainer) Memory() MemoryReport {
+	u := t.Alloc.Usage()
+	return MemoryReport{Rank: t.Rank,
+		ParamsBytes: u.Peak[tensor.Params], GradsBytes: u.Peak[tensor.Grads],
+		OptimBytes: u.Peak[tensor.OptimState], ActPeak: u.Peak[tensor.Activations],
+		CommBytes: u.Peak[tensor.Comm], PeakBytes: u.TotalPeak}
+}
+
+// Run trains for cfg.Train.Steps steps with periodic evaluation, then saves
+// the weights if asked and reports memory. It stops early, with ctx's
+// error, when ctx is cancelled.
+func (t *Trainer) Run(ctx context.Context) (*Result, error) {
+	cfg := t.Cfg
+	res := &Result{}
+	start := time.Now()
+	lead := t.Rank == 0
+	log := t.opts.Log
+	if !lead {
+		log = io.Discard
+	}
+	if lead {
+		fmt.Fprintf(log, "tinyacc: GPT %d layers, %d heads, %d wide, context %d, vocab %d: %.2fM parameters\n",
+			cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.VocabSize,
+			float64(GPTConfig(cfg).NumParams())/1e6)
+		if t.opts.Corpus != "" {
+			fmt.Fprintf(log, "tinyacc: data %s; %d training tokens, %d validation\n", t.opts.Corpus, t.Train.Len(), valLen(t))
+		}
+		global := cfg.Train.BatchSize * cfg.Train.GradAccum * t.DataSize
+		fmt.Fprintf(log, "tinyacc: %d steps of %d sequences (%d tokens); ranks %d\n",
+			cfg.Train.Steps, global, global*cfg.Model.BlockSize, t.World)
+	}
+	evalEvery := cfg.Train.EvalEvery
+	logEvery := max(1, cfg.Train.LogEvery)
+	for s := 0; s < cfg.Train.Steps; s++ {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		m, err := t.Step(s)
+		if err != nil {
+			return res, fmt.Errorf("step %d: %w", s, err)
+		}
+		res.Steps = append(res.Steps, m)
+		if t.metrics != nil {
+			t.metrics.Write("train", m)
+		}
+		last := s == cfg.Train.Steps-1
+		if lead && (s%logEvery == 0 || last) {
+			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  norm %.3f  %6.0f ms  %7.0f tok/s  mfu %.1f%%",
+				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU)
+			if t.opts.Live {
+				fmt.Fprintf(log, "\r%s\x1b[K", line)
+			} else {
+				fmt.Fprintln(log, line)
+			}
+		}
+		if t.Val != nil && ((evalEvery > 0 && (s+1)%evalEvery == 0) || last) {
+			vl, err := t.Evaluate()
+			if err != nil {
+				return res, err
+			}
+			res.Evals = append(res.Evals, EvalPoint{Step: s, Loss: vl})
+			if t.metrics != nil {
+				t.metrics.Write("eval", EvalPoint{Step: s, Loss: vl})
+			}
+			if lead {
+				if t.opts.Live {
+					fmt.Fprintln(log)
+				}
+				fmt.Fprintf(log, "eval step %d: val loss %.4f\n", s+1, vl)
+			}
+		}
+	}
+	if lead && t.opts.Live {
+		fmt.Fprintln(log)
+	}
+	res.Duration = time.Since(start)
+	if n := len(res.Steps); n > 0 {
+		res.FirstLoss, res.LastLoss = res.Steps[0].Loss, res.Steps[n-1].Loss
+	}
+	if cfg.SaveTo != "" && lead {
+		if err := SaveWeights(t.Model, cfg.SaveTo, cfg); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(log, "tinyacc: saved weights to %s\n", cfg.SaveTo)
+	}
+	mine := t.Memory()
+	res.Memory = []MemoryReport{mine}
+	for _, p := range t.Plugins {
+		if g, ok := p.(MemoryGatherer); ok {
+			all, err := g.GatherMemory(t, mine)
+			if err != nil {
+				return res, err
+			}
+			res.Memory = all
+		}
+	}
+	for _, p := range t.Plugins {
+		if f, ok := p.(Finisher); ok {
+			if err := f.Finish(t); err != nil {
+				return res, fmt.Errorf("trainer: finish %s: %w", p.Name(), err)
+			}
+		}
+	}
+	if lead {
+		WriteMemoryTable(log, res.Memory)
+		if t.metrics != nil {
+			for _, r := range res.Memory {
+				t.metrics.Write("memory", r)
+			}
+		}
+	}
+	if t.metrics != nil {
+		if err := t.metrics.Close(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func valLen(t *Trainer) int {
+	if t.Val == nil {
+		return 0
+	}
+	return t.Val.Len()
+}
+
+// WriteMemoryTable prints the per-rank memory table that ends a run.
+func WriteMemoryTable(w io.Writer, rs []MemoryReport) {
+	mib := func(b int64) string { return fmt.Sprintf("%.2f", float64(b)/(1<<20)) }
+	fmt.Fprintf(w, "memory (MiB)  %6s %10s %10s %10s %12s %10s %10s\n", "rank", "params", "grads", "optim", "activations", "comm", "peak")
+	for _, r := range rs {
+		fmt.Fprintf(w, "              %6d %10s %10s %10s %12s %10s %10s\n", r.Rank, mib(r.ParamsBytes), mib(r.GradsBytes),
+			mib(r.OptimBytes), mib(r.ActPeak), mib(r.CommBytes), mib(r.PeakBytes))
+	}
+}
+
+// MetricsWriter writes one JSON object per line, each with a "kind".
+type MetricsWriter struct {
+	f   *os.File
+	err error
+}
+
+// NewMetricsWriter creates (truncates) path.
+func NewMetricsWriter(path string) (*MetricsWriter, error) {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("trainer: metrics_file: %w", err)
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: metrics_file: %w", err)
+	}
+	return &MetricsWriter{f: f}, nil
+}
+
+// Write appends v (a struct with JSON tags) with "kind" set.
+func (w *MetricsWriter) Write(kind string, v any) {
+	if w.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		w.err = err
+		return
+	}
+	line := `{"kind":"` + kind + `",` + strings.TrimPrefix(string(b), "{") + "\n"
+	_, w.err = w.f.WriteString(line)
+}
+
+// Close flushes and closes the file, returning the first write error.
+func (w *MetricsWriter) Close() error {
+	if err := w.f.Close(); err != nil && w.err == nil {
+		w.err = err
+	}
+	return w.err
+}

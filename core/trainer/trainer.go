@@ -1,0 +1,382 @@
+// Package trainer runs the training loop — forward, backward, optimizer
+// step — and calls the plugins' hooks around it:
+//
+//	batch --PreForward--> forward --> backward (GradReady per parameter)
+//	      --PostGrad--> [next micro-batch...] --PreStep--> clip, optimizer
+//	      --PostStep--> metrics
+//
+// Everything a parallel strategy needs is reachable from the Trainer it is
+// given: the model, the optimizer, the data position of this rank, the
+// allocator that accounts this rank's memory.
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/optim"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+)
+
+// Options are what the caller provides besides the config.
+type Options struct {
+	Plugins []Plugin
+	// Log receives progress and summaries (nil = io.Discard). Live is
+	// whether it is a terminal (a rewritten progress line) or a file/pipe
+	// (plain lines).
+	Log  io.Writer
+	Live bool
+	// Rank and World identify this process among all ranks; only rank 0
+	// writes the metrics file and logs.
+	Rank, World int
+	// Alloc accounts this rank's memory (nil = tensor.Default).
+	Alloc *tensor.Allocator
+	// Train and Val override the corpus of cfg.Data (tests, bindings).
+	Train, Val []int32
+	// Corpus describes where the tokens came from, for the log.
+	Corpus string
+}
+
+// StepMetrics is what one optimizer step reports.
+type StepMetrics struct {
+	Step       int     `json:"step"`
+	Loss       float64 `json:"loss"`
+	LR         float64 `json:"lr"`
+	GradNorm   float64 `json:"grad_norm"`
+	TokensPerS float64 `json:"tokens_per_s"`
+	StepMS     float64 `json:"step_ms"`
+	MFU        float64 `json:"mfu"`
+}
+
+// Trainer holds one rank's training state.
+type Trainer struct {
+	Cfg   config.Config
+	Model *nn.GPT
+	Opt   optim.Optimizer
+	Sched optim.Schedule
+	Train *data.Loader
+	Val   *data.Loader // nil when data.val_fraction is 0
+	Alloc *tensor.Allocator
+
+	// DataRank and DataSize place this rank in the data-parallel group:
+	// it reads its slice of the global batch. Plugins set them in Prepare.
+	DataRank, DataSize int
+
+	Plugins []Plugin
+	Rank    int
+	World   int
+
+	opts    Options
+	metrics *MetricsWriter
+	step    int
+	gradErr error
+}
+
+// New builds the model, optimizer and data of cfg and prepares the plugins.
+func New(cfg config.Config, opts Options) (*Trainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if opts.World == 0 {
+		opts.World = 1
+	}
+	if opts.Alloc == nil {
+		// A fresh allocator per trainer: the memory report covers this
+		// run only.
+		opts.Alloc = tensor.NewAllocator()
+	}
+	if cfg.Train.Threads > 0 {
+		cpu.SetThreads(cfg.Train.Threads)
+	}
+	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, Plugins: opts.Plugins,
+		Rank: opts.Rank, World: opts.World, opts: opts}
+
+	if err := t.checkPlugins(); err != nil {
+		return nil, err
+	}
+	var err error
+	t.Model, err = BuildModel(cfg, t.Alloc)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.loadData(); err != nil {
+		return nil, err
+	}
+	t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
+	t.Sched = optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
+		Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}
+
+	for _, p := range t.Plugins {
+		if pr, ok := p.(Preparer); ok {
+			if err := pr.Prepare(t); err != nil {
+				return nil, fmt.Errorf("trainer: prepare %s: %w", p.Name(), err)
+			}
+		}
+	}
+	if cfg.MetricsFile != "" && t.Rank == 0 {
+		t.metrics, err = NewMetricsWriter(cfg.MetricsFile)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (t *Trainer) checkPlugins() error {
+	var owners []string
+	seen := map[string]bool{}
+	for _, p := range t.Plugins {
+		if seen[p.Name()] {
+			return fmt.Errorf("trainer: plugin %q given twice", p.Name())
+		}
+		seen[p.Name()] = true
+		if _, ok := p.(StepOwner); ok {
+			owners = append(owners, p.Name())
+		}
+	}
+	if len(owners) > 1 {
+		return fmt.Errorf("trainer: plugins %v all want to own the step; at most one may (check the parallel config)", owners)
+	}
+	return nil
+}
+
+// BuildModel creates the GPT of cfg, fresh or from cfg.InitFrom.
+func BuildModel(cfg config.Config, alloc *tensor.Allocator) (*nn.GPT, error) {
+	m, err := nn.NewGPT(GPTConfig(cfg), cfg.Train.Seed, tensor.Float32, alloc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.InitFrom != "" {
+		if err := LoadWeights(m, cfg.InitFrom); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// GPTConfig extracts the model shape from a run config.
+func GPTConfig(cfg config.Config) nn.GPTConfig {
+	return nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
+		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize}
+}
+
+// BuildOptimizer creates the optimizer of cfg over params.
+func BuildOptimizer(cfg config.Config, params []*tensor.Tensor, alloc *tensor.Allocator) optim.Optimizer {
+	groups := optim.DecayGroups(params, cfg.Train.WeightDecay)
+	if cfg.Train.Optimizer == "sgd" {
+		return optim.NewSGD(cfg.Train.Momentum, groups, alloc)
+	}
+	return optim.NewAdamW(optim.AdamWConfig{Beta1: cfg.Train.Beta1, Beta2: cfg.Train.Beta2, Eps: cfg.Train.Eps}, groups, alloc)
+}
+
+func (t *Trainer) loadData() error {
+	train, val := t.opts.Train, t.opts.Val
+	if train == nil {
+		c, err := data.LoadCorpus(t.Cfg.Data.Path, t.Cfg.Data.MaxBytes)
+		if err != nil {
+			return err
+		}
+		train, val = c.Split(t.Cfg.Data.ValFraction)
+		if t.opts.Corpus == "" {
+			t.opts.Corpus = c.Source
+		}
+	}
+	var err error
+	t.Train, err = data.NewLoader(train, t.Cfg.Model.BlockSize, t.Cfg.Data.Order, t.Cfg.Train.Seed)
+	if err != nil {
+		return fmt.Errorf("trainer: training split: %w", err)
+	}
+	if len(val) > 0 {
+		t.Val, err = data.NewLoader(val, t.Cfg.Model.BlockSize, "sequential", t.Cfg.Train.Seed)
+		if err != nil {
+			return fmt.Errorf("trainer: validation split (raise data.val_fraction or set it to 0): %w", err)
+		}
+	}
+	return nil
+}
+
+// Params are the parameters this rank trains.
+func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
+
+// Step runs optimizer step number step (0-based): every micro-batch's
+// forward and backward, then clipping and the update.
+func (t *Trainer) Step(step int) (StepMetrics, error) {
+	start := time.Now()
+	t.step = step
+	var loss float64
+	var err error
+	if owner := t.stepOwner(); owner != nil {
+		loss, err = owner.RunStep(t, step)
+	} else {
+		loss, err = t.forwardBackward(step)
+	}
+	if err != nil {
+		return StepMetrics{}, err
+	}
+	for _, p := range t.Plugins {
+		if r, ok := p.(LossReducer); ok {
+			if loss, err = r.ReduceLoss(t, loss); err != nil {
+				return StepMetrics{}, fmt.Errorf("trainer: %s loss: %w", p.Name(), err)
+			}
+		}
+	}
+	for _, p := range t.Plugins {
+		if h, ok := p.(PreStepper); ok {
+			if err := h.PreStep(t); err != nil {
+				return StepMetrics{}, fmt.Errorf("trainer: %s pre-step: %w", p.Name(), err)
+			}
+		}
+	}
+	sumsq, err := t.gradSumSquares()
+	if err != nil {
+		return StepMetrics{}, err
+	}
+	norm := math.Sqrt(sumsq)
+	optim.ScaleGrads(t.Opt.Params(), optim.ClipCoef(norm, t.Cfg.Train.GradClip))
+	lr := t.Sched.At(step)
+	if err := t.Opt.Step(lr); err != nil {
+		return StepMetrics{}, err
+	}
+	t.ZeroGrad()
+
+	elapsed := time.Since(start)
+	tokens := float64(t.Cfg.Train.BatchSize*t.Cfg.Train.GradAccum*t.DataSize) * float64(t.Cfg.Model.BlockSize)
+	m := StepMetrics{Step: step, Loss: loss, LR: lr, GradNorm: norm,
+		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000}
+	m.MFU = GPTConfig(t.Cfg).FLOPsPerToken() * m.TokensPerS / (t.Cfg.Train.PeakFLOPS * float64(t.World))
+	for _, p := range t.Plugins {
+		if h, ok := p.(PostStepper); ok {
+			if err := h.PostStep(t, &m); err != nil {
+				return StepMetrics{}, fmt.Errorf("trainer: %s post-step: %w", p.Name(), err)
+			}
+		}
+	}
+	return m, nil
+}
+
+func (t *Trainer) stepOwner() StepOwner {
+	for _, p := range t.Plugins {
+		if o, ok := p.(StepOwner); ok {
+			return o
+		}
+	}
+	return nil
+}
+
+// forwardBackward runs the micro-batches of a step and returns this rank's
+// mean loss over them.
+func (t *Trainer) forwardBackward(step int) (float64, error) {
+	A := t.Cfg.Train.GradAccum
+	B := t.Cfg.Train.BatchSize
+	var sum float64
+	for a := 0; a < A; a++ {
+		info := tensor.PassInfo{Micro: a, Last: a == A-1}
+		x, y := t.Train.Batch(step, a, t.DataRank, t.DataSize, B, A)
+		for _, p := range t.Plugins {
+			if h, ok := p.(PreForwarder); ok {
+				if err := h.PreForward(t, info); err != nil {
+					return 0, fmt.Errorf("trainer: %s pre-forward: %w", p.Name(), err)
+				}
+			}
+		}
+		loss := t.Model.Loss(x, y, info)
+		sum += loss.Scalar()
+		// Each micro-batch contributes 1/A of the step's mean loss.
+		if err := t.Backward(loss, 1/float64(A), info); err != nil {
+			return 0, err
+		}
+		for _, p := range t.Plugins {
+			if h, ok := p.(PostGrader); ok {
+				if err := h.PostGrad(t, info); err != nil {
+					return 0, fmt.Errorf("trainer: %s post-grad: %w", p.Name(), err)
+				}
+			}
+		}
+	}
+	return sum / float64(A), nil
+}
+
+// Backward differentiates loss scaled by scale, dispatching GradReady to
+// the plugins, and releases the graph's buffers.
+func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassInfo) error {
+	g := tensor.New(loss.DType(), loss.Shape()...)
+	g.Set(0, scale)
+	var readiers []GradReadier
+	for _, p := range t.Plugins {
+		if r, ok := p.(GradReadier); ok {
+			readiers = append(readiers, r)
+		}
+	}
+	t.gradErr = nil
+	opts := tensor.BackwardOptions{Info: info, Release: true, Alloc: t.Alloc}
+	if len(readiers) > 0 {
+		opts.GradReady = func(p *tensor.Tensor, info tensor.PassInfo) {
+			for _, r := range readiers {
+				if err := r.GradReady(t, p, info); err != nil && t.gradErr == nil {
+					t.gradErr = fmt.Errorf("trainer: grad-ready for %s: %w", p.Name, err)
+				}
+			}
+		}
+	}
+	if _, err := tensor.Backward(loss, g, opts); err != nil {
+		return err
+	}
+	loss.Release()
+	return t.gradErr
+}
+
+func (t *Trainer) gradSumSquares() (float64, error) {
+	for _, p := range t.Plugins {
+		if n, ok := p.(GradNormer); ok {
+			s, err := n.GradSumSquares(t)
+			if err != nil {
+				return 0, fmt.Errorf("trainer: %s grad norm: %w", p.Name(), err)
+			}
+			return s, nil
+		}
+	}
+	return optim.GradSumSquares(t.Opt.Params()), nil
+}
+
+// ZeroGrad clears the gradients of the model and of the optimizer's
+// parameters (buffers are kept for the next step).
+func (t *Trainer) ZeroGrad() {
+	for _, p := range t.Model.Params() {
+		if p.Grad != nil {
+			p.Grad.Zero()
+		}
+	}
+	for _, p := range t.Opt.Params() {
+		if p.Grad != nil {
+			p.Grad.Zero()
+		}
+	}
+}
+
+// Evaluate returns the mean loss over cfg.Train.EvalBatches validation
+// batches (the same batches on every rank and at every evaluation).
+func (t *Trainer) Evaluate() (float64, error) {
+	if t.Val == nil {
+		return math.NaN(), errors.New("trainer: no validation split (data.val_fraction is 0)")
+	}
+	var sum float64
+	n := t.Cfg.Train.EvalBatches
+	for k := 0; k < n; k++ {
+		x, y := t.Val.EvalBatch(k, t.Cfg.Train.BatchSize)
+		loss := t.Model.Loss(x, y, tensor.PassInfo{Last: true})
+		sum += loss.Scalar()
+		tensor.FreeGraph(loss)
+		loss.Release()
+	}
+	return sum / float64(n), nil
+}

@@ -1,0 +1,115 @@
+package trainer
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// SaveWeights writes the model's parameters in safetensors format under
+// their Hugging Face GPT-2 names, atomically, with the model shape in the
+// metadata so `tinyacc sample` can rebuild it.
+func SaveWeights(m *nn.GPT, path string, cfg config.Config) error {
+	ts := map[string]*tensor.Tensor{}
+	for _, p := range m.Params() {
+		ts[p.Name] = p
+	}
+	c := m.Config
+	meta := map[string]string{
+		"format": "pt", "producer": "tinyacc",
+		"n_layer": strconv.Itoa(c.NLayer), "n_head": strconv.Itoa(c.NHead), "n_embd": strconv.Itoa(c.NEmbd),
+		"block_size": strconv.Itoa(c.BlockSize), "vocab_size": strconv.Itoa(c.VocabSize),
+	}
+	if err := ckpt.Save(path, ts, meta); err != nil {
+		return fmt.Errorf("save_to: %w", err)
+	}
+	return nil
+}
+
+// skippedName reports names real GPT-2 files carry that are not parameters:
+// the attention mask buffers, and the output head, which is tied to wte.
+func skippedName(name string) bool {
+	return strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") || name == "lm_head.weight"
+}
+
+// LoadWeights copies the tensors of a safetensors file into m's parameters.
+// A "transformer." prefix (Hugging Face GPT2LMHeadModel) is accepted. Names
+// the model lacks, parameters the file lacks and shape mismatches are
+// errors listing every offender.
+func LoadWeights(m *nn.GPT, path string) error {
+	ts, _, err := ckpt.Load(path)
+	if err != nil {
+		return fmt.Errorf("init_from: %w", err)
+	}
+	byName := map[string]*tensor.Tensor{}
+	for name, t := range ts {
+		name = strings.TrimPrefix(name, "transformer.")
+		if skippedName(name) {
+			continue
+		}
+		byName[name] = t
+	}
+	var problems []string
+	for _, p := range m.Params() {
+		t, ok := byName[p.Name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("missing %s %v", p.Name, p.Shape()))
+			continue
+		}
+		delete(byName, p.Name)
+		if !sameShape(t.Shape(), p.Shape()) {
+			problems = append(problems, fmt.Sprintf("%s has shape %v in the file but %v in the model", p.Name, t.Shape(), p.Shape()))
+			continue
+		}
+		for i := 0; i < p.Numel(); i++ {
+			p.Set(i, t.At(i))
+		}
+	}
+	var extra []string
+	for name := range byName {
+		extra = append(extra, name)
+	}
+	sort.Strings(extra)
+	for _, name := range extra {
+		problems = append(problems, "unknown tensor "+name)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("init_from %s does not fit the model (check model.* against the file): %s", path, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// ModelConfigFromMetadata reads the model shape a SaveWeights file records.
+func ModelConfigFromMetadata(meta map[string]string) (nn.GPTConfig, bool) {
+	var c nn.GPTConfig
+	fields := []struct {
+		key string
+		dst *int
+	}{{"n_layer", &c.NLayer}, {"n_head", &c.NHead}, {"n_embd", &c.NEmbd}, {"block_size", &c.BlockSize}, {"vocab_size", &c.VocabSize}}
+	for _, f := range fields {
+		v, err := strconv.Atoi(meta[f.key])
+		if err != nil {
+			return c, false
+		}
+		*f.dst = v
+	}
+	return c, true
+}

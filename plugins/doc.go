@@ -1,0 +1,13 @@
+// Package plugins is the home of tinyacc's parallelism strategies, one folder
+// per dimension of the Ultra-Scale Playbook:
+//
+//	ddp   data parallel: naive all-reduce and bucketed, overlapped all-reduce
+//	zero  ZeRO stages 1, 2 and 3 over the data-parallel group
+//	tp    tensor (and sequence) parallel, Megatron style
+//	pp    pipeline schedules (AFAB, 1F1B, interleaved, zero bubble)
+//	cp    context parallel (ring attention)
+//
+// Each strategy is a trainer.Plugin implementing only the hooks it needs
+// (see core/trainer/plugin.go); the naive form of each lives beside the
+// optimized one. They are added as the communication layer lands.
+package plugins
