@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestTrainSaveThenSample(t *testing.T) {
+	dir := t.TempDir()
+	w := filepath.Join(dir, "w.safetensors")
+	code, out, errOut := runCLI("train", "--model.n_layer=1", "--model.n_embd=32", "--model.block_size=32",
+		"--train.steps=3", "--train.eval_every=0", "--data.max_bytes=100000", "--save_to="+w)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "step 3/3")
+	require.Contains(t, out, "eval step 3: val loss")
+	require.Contains(t, out, "saved weights to "+w)
+	require.Contains(t, out, "memory (MiB)")
+
+	code, out, errOut = runCLI("sample", "--from", w, "--prompt", "func main", "--tokens", "20", "--temperature", "0")
+	require.Equal(t, 0, code, errOut)
+	require.True(t, strings.HasPrefix(out, "func main"), out)
+	require.Equal(t, len("func main")+20, len([]rune(strings.TrimSuffix(out, "\n"))), "prompt plus 20 generated tokens")
+}
+
+func TestConfigShowAndErrors(t *testing.T) {
+	t.Setenv("TINYACC_TRAIN__LR", "0.002")
+	code, out, _ := runCLI("config", "show", "--model.n_layer=3")
+	require.Equal(t, 0, code)
+	require.Regexp(t, `model\.n_layer\s+3\s+flag --model\.n_layer`, out)
+	require.Regexp(t, `train\.lr\s+0\.002\s+env TINYACC_TRAIN__LR`, out)
+	require.Regexp(t, `train\.steps\s+300\s+default`, out)
+
+	code, _, errOut := runCLI("train", "--model.n_embd=100", "--model.n_head=3")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "model.n_embd=100 is not divisible by model.n_head=3")
+
+	code, _, errOut = runCLI("frobnicate")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `tinyacc: unknown command "frobnicate"`)
+
+	code, _, errOut = runCLI("sample")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "sample: --from FILE.safetensors is required")
+}
