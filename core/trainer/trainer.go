@@ -73,10 +73,10 @@ type Trainer struct {
 	Rank    int
 	World   int
 
-	opts    Options
-	metrics *MetricsWriter
-	step    int
-	gradErr error
+	opts      Options
+	metrics   *MetricsWriter
+	gradErr   error
+	stepStart time.Time
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
@@ -211,8 +211,7 @@ func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
 // Step runs optimizer step number step (0-based): every micro-batch's
 // forward and backward, then clipping and the update.
 func (t *Trainer) Step(step int) (StepMetrics, error) {
-	start := time.Now()
-	t.step = step
+	t.stepStart = time.Now()
 	var loss float64
 	var err error
 	if owner := t.stepOwner(); owner != nil {
@@ -223,6 +222,16 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 	if err != nil {
 		return StepMetrics{}, err
 	}
+	return t.Update(step, loss)
+}
+
+// Update finishes optimizer step number step once every micro-batch's
+// backward has run: it reduces the loss across ranks, runs the PreStep
+// hooks, clips the global gradient norm, steps the optimizer, clears the
+// gradients and runs the PostStep hooks. loss is this rank's mean loss over
+// its micro-batches.
+func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
+	var err error
 	for _, p := range t.Plugins {
 		if r, ok := p.(LossReducer); ok {
 			if loss, err = r.ReduceLoss(t, loss); err != nil {
@@ -249,7 +258,11 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 	}
 	t.ZeroGrad()
 
-	elapsed := time.Since(start)
+	if t.stepStart.IsZero() {
+		t.stepStart = time.Now()
+	}
+	elapsed := time.Since(t.stepStart)
+	t.stepStart = time.Time{}
 	tokens := float64(t.Cfg.Train.BatchSize*t.Cfg.Train.GradAccum*t.DataSize) * float64(t.Cfg.Model.BlockSize)
 	m := StepMetrics{Step: step, Loss: loss, LR: lr, GradNorm: norm,
 		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000}
@@ -282,32 +295,37 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 	for a := 0; a < A; a++ {
 		info := tensor.PassInfo{Micro: a, Last: a == A-1}
 		x, y := t.Train.Batch(step, a, t.DataRank, t.DataSize, B, A)
-		for _, p := range t.Plugins {
-			if h, ok := p.(PreForwarder); ok {
-				if err := h.PreForward(t, info); err != nil {
-					return 0, fmt.Errorf("trainer: %s pre-forward: %w", p.Name(), err)
-				}
-			}
+		loss, err := t.Forward(x, y, info)
+		if err != nil {
+			return 0, err
 		}
-		loss := t.Model.Loss(x, y, info)
 		sum += loss.Scalar()
 		// Each micro-batch contributes 1/A of the step's mean loss.
 		if err := t.Backward(loss, 1/float64(A), info); err != nil {
 			return 0, err
 		}
-		for _, p := range t.Plugins {
-			if h, ok := p.(PostGrader); ok {
-				if err := h.PostGrad(t, info); err != nil {
-					return 0, fmt.Errorf("trainer: %s post-grad: %w", p.Name(), err)
-				}
-			}
-		}
 	}
 	return sum / float64(A), nil
 }
 
+// Forward runs the PreForward hooks and the model on one micro-batch
+// (x, y int32 [B, T]) and returns its mean loss, ready for Backward.
+func (t *Trainer) Forward(x, y *tensor.Tensor, info tensor.PassInfo) (*tensor.Tensor, error) {
+	if t.stepStart.IsZero() {
+		t.stepStart = time.Now()
+	}
+	for _, p := range t.Plugins {
+		if h, ok := p.(PreForwarder); ok {
+			if err := h.PreForward(t, info); err != nil {
+				return nil, fmt.Errorf("trainer: %s pre-forward: %w", p.Name(), err)
+			}
+		}
+	}
+	return t.Model.Loss(x, y, info), nil
+}
+
 // Backward differentiates loss scaled by scale, dispatching GradReady to
-// the plugins, and releases the graph's buffers.
+// the plugins, releases the graph's buffers and runs the PostGrad hooks.
 func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassInfo) error {
 	g := tensor.New(loss.DType(), loss.Shape()...)
 	g.Set(0, scale)
@@ -332,7 +350,17 @@ func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassI
 		return err
 	}
 	loss.Release()
-	return t.gradErr
+	if t.gradErr != nil {
+		return t.gradErr
+	}
+	for _, p := range t.Plugins {
+		if h, ok := p.(PostGrader); ok {
+			if err := h.PostGrad(t, info); err != nil {
+				return fmt.Errorf("trainer: %s post-grad: %w", p.Name(), err)
+			}
+		}
+	}
+	return nil
 }
 
 func (t *Trainer) gradSumSquares() (float64, error) {
