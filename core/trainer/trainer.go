@@ -23,6 +23,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trace"
 )
 
 // Options are what the caller provides besides the config.
@@ -42,6 +43,9 @@ type Options struct {
 	Train, Val []int32
 	// Corpus describes where the tokens came from, for the log.
 	Corpus string
+	// Trace records forward, backward and optimizer spans (nil = off);
+	// plugins add their collectives to it.
+	Trace *trace.Recorder
 }
 
 // StepMetrics is what one optimizer step reports.
@@ -72,6 +76,8 @@ type Trainer struct {
 	Plugins []Plugin
 	Rank    int
 	World   int
+	// Trace is the rank's span recorder; nil when tracing is off.
+	Trace *trace.Recorder
 
 	opts      Options
 	metrics   *MetricsWriter
@@ -99,7 +105,7 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 		cpu.SetThreads(cfg.Train.Threads)
 	}
 	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, Plugins: opts.Plugins,
-		Rank: opts.Rank, World: opts.World, opts: opts}
+		Rank: opts.Rank, World: opts.World, Trace: opts.Trace, opts: opts}
 
 	if err := t.checkPlugins(); err != nil {
 		return nil, err
@@ -253,7 +259,10 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	norm := math.Sqrt(sumsq)
 	optim.ScaleGrads(t.Opt.Params(), optim.ClipCoef(norm, t.Cfg.Train.GradClip))
 	lr := t.Sched.At(step)
-	if err := t.Opt.Step(lr); err != nil {
+	span := t.Trace.Begin("optimizer", "compute", trace.Compute)
+	err = t.Opt.Step(lr)
+	span.End()
+	if err != nil {
 		return StepMetrics{}, err
 	}
 	t.ZeroGrad()
@@ -321,7 +330,10 @@ func (t *Trainer) Forward(x, y *tensor.Tensor, info tensor.PassInfo) (*tensor.Te
 			}
 		}
 	}
-	return t.Model.Loss(x, y, info), nil
+	span := t.Trace.Begin("forward", "compute", trace.Compute).With("micro", info.Micro)
+	loss := t.Model.Loss(x, y, info)
+	span.End()
+	return loss, nil
 }
 
 // Backward differentiates loss scaled by scale, dispatching GradReady to
@@ -346,7 +358,10 @@ func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassI
 			}
 		}
 	}
-	if _, err := tensor.Backward(loss, g, opts); err != nil {
+	span := t.Trace.Begin("backward", "compute", trace.Compute).With("micro", info.Micro)
+	_, err := tensor.Backward(loss, g, opts)
+	span.End()
+	if err != nil {
 		return err
 	}
 	loss.Release()
