@@ -53,7 +53,8 @@ func headAt[F Float](bh int, qkv, att, o []F, T, C, NH int) head[F] {
 	}
 }
 
-// gemmFor returns the product used per head for T.
+// gemmFor returns the per-head product for element type T: headGemm for
+// float32 (so benchmarks can swap it), Gemm otherwise.
 func gemmFor[T Float]() func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
 	if isF32[T]() {
 		if f, ok := any(headGemm).(func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)); ok {

@@ -186,3 +186,23 @@ CLONES void tacc_layernorm_bwd(const float *restrict dy, const float *restrict x
 		}
 	}
 }
+
+// tacc_col_sums matches colSumsGo in vec.go.
+CLONES void tacc_col_sums(const float *restrict dy, float *restrict p, long rows, long cols) {
+	for (long r = 0; r < rows; r++) {
+		const float *restrict row = dy + r * cols;
+		for (long i = 0; i < cols; i++) {
+			p[i] += row[i];
+		}
+	}
+}
+
+// tacc_add_bias matches addBiasGo in vec.go.
+CLONES void tacc_add_bias(float *restrict y, const float *restrict b, long rows, long cols) {
+	for (long r = 0; r < rows; r++) {
+		float *restrict row = y + r * cols;
+		for (long i = 0; i < cols; i++) {
+			row[i] += b[i];
+		}
+	}
+}

@@ -12,4 +12,7 @@ void tacc_layernorm_fwd(const float *x, const float *w, const float *b, float *y
 void tacc_layernorm_bwd(const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
 			float *dx, float *pw, float *pb, long rows, long cols);
 
+void tacc_col_sums(const float *dy, float *p, long rows, long cols);
+void tacc_add_bias(float *y, const float *b, long rows, long cols);
+
 #endif

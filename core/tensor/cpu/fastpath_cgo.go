@@ -71,3 +71,21 @@ func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
 	C.tacc_layernorm_bwd((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&mean[0]),
 		(*C.float)(&rstd[0]), (*C.float)(&dx[0]), (*C.float)(&pw[0]), (*C.float)(&pb[0]), C.long(rows), C.long(cols))
 }
+
+func colSums32(dy, p []float32, cols int) {
+	rows := len(dy) / max(cols, 1)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_ = p[cols-1]
+	C.tacc_col_sums((*C.float)(&dy[0]), (*C.float)(&p[0]), C.long(rows), C.long(cols))
+}
+
+func addBias32(y, b []float32, cols int) {
+	rows := len(y) / max(cols, 1)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_ = b[cols-1]
+	C.tacc_add_bias((*C.float)(&y[0]), (*C.float)(&b[0]), C.long(rows), C.long(cols))
+}

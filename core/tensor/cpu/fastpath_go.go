@@ -18,3 +18,6 @@ func layerNormFwd32(x, w, b, y, mean, rstd []float32, cols int, eps float32) {
 func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
 	layerNormBwdGo(dy, x, w, mean, rstd, dx, pw, pb, cols)
 }
+
+func colSums32(dy, p []float32, cols int) { colSumsGo(dy, p, cols) }
+func addBias32(y, b []float32, cols int)  { addBiasGo(y, b, cols) }

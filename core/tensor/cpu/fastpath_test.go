@@ -78,6 +78,21 @@ func TestLayerNormFastPathMatchesGo(t *testing.T) {
 	}
 }
 
+func TestBiasFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(64)
+	rows, cols := 37, 77
+	dy := randSlice[float32](rng, rows*cols, 1)
+	p1 := randSlice[float32](rng, cols, 1)
+	p2 := append([]float32(nil), p1...)
+	colSums32(dy, p1, cols)
+	colSumsGo(dy, p2, cols)
+	require.Equal(t, p2, p1, "column sums")
+	y1 := append([]float32(nil), dy...)
+	addBias32(y1, p1, cols)
+	addBiasGo(dy, p1, cols)
+	require.Equal(t, dy, y1, "add bias")
+}
+
 func TestSoftmaxRows32(t *testing.T) {
 	rng := newRNG(62)
 	rows, n := 9, 1000

@@ -73,15 +73,39 @@ func Add[T Float](x, y, z []T) {
 // matrix y.
 func AddBias[T Float](y, b []T, rows, cols int) {
 	checkRows("AddBias", rows, cols, []int{len(y)}, nil, []int{len(b)})
-	b = b[:cols]
-	ParallelFor(rows, max(1, elemGrain/max(cols, 1)), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			yr := y[r*cols : (r+1)*cols]
-			for i, v := range b {
-				yr[i] += v
-			}
+	if cols == 0 {
+		return
+	}
+	ParallelFor(rows, max(1, elemGrain/cols), func(lo, hi int) {
+		if isF32[T]() {
+			addBias32(as32(y[lo*cols:hi*cols]), as32(b), cols)
+			return
 		}
+		addBiasGo(y[lo*cols:hi*cols], b, cols)
 	})
+}
+
+// addBiasGo adds b to each of the len(y)/cols rows of y (the cgo build runs
+// the same loop in C for float32).
+func addBiasGo[T Float](y, b []T, cols int) {
+	b = b[:cols]
+	for r := 0; r+cols <= len(y); r += cols {
+		yr := y[r : r+cols]
+		for i, v := range b {
+			yr[i] += v
+		}
+	}
+}
+
+// colSumsGo adds the column sums of the len(dy)/cols rows of dy to p, rows
+// in order (the cgo build runs the same loop in C for float32).
+func colSumsGo[T Float](dy, p []T, cols int) {
+	p = p[:cols]
+	for r := 0; r+cols <= len(dy); r += cols {
+		for i, v := range dy[r : r+cols] {
+			p[i] += v
+		}
+	}
 }
 
 // BiasGrad accumulates db += the column sums of the rows x cols matrix dy.
@@ -99,10 +123,11 @@ func BiasGrad[T Float](dy, db []T, rows, cols int) {
 		for blk := lo; blk < hi; blk++ {
 			p := (*part)[blk*cols : (blk+1)*cols]
 			clear(p)
-			for r := blk * rowBlock; r < min(rows, (blk+1)*rowBlock); r++ {
-				for i, v := range dy[r*cols : (r+1)*cols] {
-					p[i] += v
-				}
+			rs := dy[blk*rowBlock*cols : min(rows, (blk+1)*rowBlock)*cols]
+			if isF32[T]() {
+				colSums32(as32(rs), as32(p), cols)
+			} else {
+				colSumsGo(rs, p, cols)
 			}
 		}
 	})
