@@ -22,6 +22,8 @@
 // variables and Show support; only its range checks belong in Validate.
 package config
 
+import "time"
+
 // Config is the complete, typed configuration of one training run. The koanf
 // tags are the key names used in files, environment variables and flags;
 // nested structs are sections ("model.n_layer").
@@ -61,10 +63,29 @@ type Config struct {
 		ValFraction float64 `koanf:"val_fraction"` // share held out for evaluation, in [0,1)
 		MaxBytes    int64   `koanf:"max_bytes"`    // cap on corpus bytes read
 	} `koanf:"data"`
+	Parallel struct {
+		DP int `koanf:"dp"` // data-parallel ranks; 0 = world size / (tp·cp·pp)
+		TP int `koanf:"tp"` // tensor-parallel ranks
+		PP int `koanf:"pp"` // pipeline stages
+		CP int `koanf:"cp"` // context-parallel ranks
+	} `koanf:"parallel"`
+	Comm struct {
+		Backend string        `koanf:"backend"` // "tcp" between processes, "local" for goroutine ranks
+		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
+	} `koanf:"comm"`
+	DDP struct {
+		Mode          string  `koanf:"mode"`            // "naive" | "bucketed"
+		BucketMB      float64 `koanf:"bucket_mb"`       // bucket size in MiB
+		FirstBucketMB float64 `koanf:"first_bucket_mb"` // the first (last layers') bucket, smaller to start early
+	} `koanf:"ddp"`
+	Zero struct {
+		Stage int `koanf:"stage"` // 0 = plain data parallel, 1/2/3 = ZeRO stage
+	} `koanf:"zero"`
 	Device      string `koanf:"device"`       // "cpu"; GPU devices are rejected until a backend exists
 	InitFrom    string `koanf:"init_from"`    // safetensors file to start from; "" = fresh init
 	SaveTo      string `koanf:"save_to"`      // safetensors file to write; "" = don't save
 	MetricsFile string `koanf:"metrics_file"` // JSON-lines metrics; "" = none
+	Trace       string `koanf:"trace"`        // Chrome trace file per rank (rank in the name); "" = off
 }
 
 // Defaults returns the built-in configuration: a small GPT that trains in
@@ -96,13 +117,21 @@ func Defaults() Config {
 	c.Train.EvalEvery = 50
 	c.Train.EvalBatches = 4
 	c.Train.LogEvery = 1
-	c.Train.PeakFLOPS = 1e11
+	c.Train.PeakFLOPS = 2.5e11 // about the fp32 FMA peak of two current x86 cores
 	c.Train.Threads = 0
 
 	c.Data.Path = ""
 	c.Data.Order = "sequential"
 	c.Data.ValFraction = 0.1
 	c.Data.MaxBytes = 8 << 20
+
+	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
+	c.Comm.Backend = "tcp"
+	c.Comm.Timeout = 5 * time.Minute
+	c.DDP.Mode = "bucketed"
+	c.DDP.BucketMB = 25
+	c.DDP.FirstBucketMB = 1
+	c.Zero.Stage = 0
 
 	c.Device = "cpu"
 	return c

@@ -15,7 +15,7 @@ func TestDefaultsMatchDocumentedValues(t *testing.T) {
 	tr := d.Train
 	assert.Equal(t, []int{300, 8, 1, 20, 50, 4, 1, 0},
 		[]int{tr.Steps, tr.BatchSize, tr.GradAccum, tr.WarmupSteps, tr.EvalEvery, tr.EvalBatches, tr.LogEvery, tr.Threads})
-	assert.Equal(t, []float64{3e-4, 3e-5, 0.9, 0.95, 1e-8, 0.1, 0.9, 1.0, 1e11},
+	assert.Equal(t, []float64{3e-4, 3e-5, 0.9, 0.95, 1e-8, 0.1, 0.9, 1.0, 2.5e11},
 		[]float64{tr.LR, tr.MinLR, tr.Beta1, tr.Beta2, tr.Eps, tr.WeightDecay, tr.Momentum, tr.GradClip, tr.PeakFLOPS})
 	assert.Equal(t, int64(1337), tr.Seed)
 	assert.Equal(t, "cosine", tr.Schedule)
@@ -33,14 +33,18 @@ func TestDefaultsMatchDocumentedValues(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	want := []string{
+		"comm.backend", "comm.timeout",
 		"data.max_bytes", "data.order", "data.path", "data.val_fraction",
+		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode",
 		"device", "init_from", "metrics_file",
 		"model.block_size", "model.n_embd", "model.n_head", "model.n_layer", "model.vocab_size",
-		"save_to",
+		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp",
+		"save_to", "trace",
 		"train.batch_size", "train.beta1", "train.beta2", "train.eps", "train.eval_batches",
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
 		"train.min_lr", "train.momentum", "train.optimizer", "train.peak_flops", "train.schedule",
 		"train.seed", "train.steps", "train.threads", "train.warmup_steps", "train.weight_decay",
+		"zero.stage",
 	}
 	assert.Equal(t, want, Keys())
 }

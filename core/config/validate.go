@@ -67,6 +67,30 @@ func (c *Config) Validate() error {
 	v.unitInterval("data.val_fraction", d.ValFraction, "such as 0.1, or 0 for no validation split")
 	v.positive("data.max_bytes", d.MaxBytes)
 
+	pl := &c.Parallel
+	v.nonNegative("parallel.dp", int64(pl.DP))
+	for _, k := range []struct {
+		key, plugin string
+		n           int
+	}{{"parallel.tp", "tensor parallel", pl.TP}, {"parallel.pp", "pipeline parallel", pl.PP}, {"parallel.cp", "context parallel", pl.CP}} {
+		if k.n < 1 {
+			v.addf("config: %s=%d must be >= 1", k.key, k.n)
+		} else if k.n > 1 {
+			v.addf("config: %s=%d: %s is not available in this build yet; set %s=1", k.key, k.n, k.plugin, k.key)
+		}
+	}
+	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "local")
+	if c.Comm.Timeout <= 0 {
+		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)
+	}
+	v.oneOf("ddp.mode", c.DDP.Mode, "naive", "bucketed")
+	if !(c.DDP.BucketMB > 0) || !(c.DDP.FirstBucketMB > 0) {
+		v.addf("config: ddp.bucket_mb=%s and ddp.first_bucket_mb=%s must be > 0: use sizes such as 25 and 1", ff(c.DDP.BucketMB), ff(c.DDP.FirstBucketMB))
+	}
+	if c.Zero.Stage < 0 || c.Zero.Stage > 3 {
+		v.addf("config: zero.stage=%d must be 0, 1, 2 or 3", c.Zero.Stage)
+	}
+
 	switch {
 	case c.Device == "cpu":
 	case c.Device == "cuda" || strings.HasPrefix(c.Device, "cuda:"):
