@@ -280,3 +280,37 @@ func (t *Tensor) String() string {
 	b.WriteString(")")
 	return b.String()
 }
+
+// Alias makes t's elements the t.Numel() elements of flat starting at
+// offset, without copying; t's own storage is released. Sharded strategies
+// lay parameters and gradients out in flat buffers this way while the model
+// keeps referring to the same *Tensor. Copy the values in (CopyFrom) after
+// aliasing if flat does not hold them yet.
+func (t *Tensor) Alias(flat *Tensor, offset int) {
+	if flat.dtype != t.dtype || offset < 0 || offset+t.Numel() > flat.Numel() {
+		panic(fmt.Sprintf("tensor: cannot alias %s to %d elements at %d of %s", t, t.Numel(), offset, flat))
+	}
+	t.Release()
+	n := t.Numel()
+	switch t.dtype {
+	case Float32:
+		t.f32 = flat.f32[offset : offset+n : offset+n]
+	case Float64:
+		t.f64 = flat.f64[offset : offset+n : offset+n]
+	case Int32:
+		t.i32 = flat.i32[offset : offset+n : offset+n]
+	}
+	t.cat = flat.cat
+}
+
+// DropStorage leaves t without elements until the next Alias (ZeRO-3 frees
+// a parameter between uses); any use of its data in between panics.
+func (t *Tensor) DropStorage() {
+	t.Release()
+	t.f32, t.f64, t.i32 = nil, nil, nil
+}
+
+// HasStorage reports whether t currently holds elements.
+func (t *Tensor) HasStorage() bool {
+	return t.f32 != nil || t.f64 != nil || t.i32 != nil || t.Numel() == 0
+}

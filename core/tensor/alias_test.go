@@ -1,0 +1,29 @@
+package tensor
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestAliasSharesFlatStorage(t *testing.T) {
+	a := NewAllocator()
+	flat := a.New(Params, Float32, 10)
+	p := a.New(Params, Float32, 2, 3)
+	for i := range p.f32 {
+		p.f32[i] = float32(i + 1)
+	}
+	require.Equal(t, int64(16*4), a.Usage().Current[Params])
+	vals := p.Clone(Other)
+	p.Alias(flat, 4)
+	require.Equal(t, int64(10*4), a.Usage().Current[Params], "p's own buffer was released")
+	p.CopyFrom(vals)
+	require.Equal(t, []float32{0, 0, 0, 0, 1, 2, 3, 4, 5, 6}, flat.F32())
+	flat.F32()[5] = 42
+	require.Equal(t, 42.0, p.At(1))
+	p.DropStorage()
+	require.False(t, p.HasStorage())
+	require.Panics(t, func() { p.At(0) })
+	require.PanicsWithValue(t, "tensor: cannot alias Tensor(float32 [2 3]) to 6 elements at 5 of Tensor(float32 [10])",
+		func() { p.Alias(flat, 5) })
+}
