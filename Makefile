@@ -7,7 +7,7 @@ BIN      := build/tinyacc
 APT_PKGS := libopenblas-dev python3-torch python3-numpy python3-pytest
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go test-python vet bench-step bench-comm clean
+.PHONY: all deps build demo test test-go test-python vet python bench-step bench-comm bench-bindings clean
 
 all: build
 
@@ -42,11 +42,20 @@ test-go:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	CGO_ENABLED=0 $(GO) test -count=1 ./core/tensor/...
 
-test-python:
-	$(PYTHON) -m pytest -q tools/torchref
+test-python: python
+	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider tools/torchref bench/test_comm_bench.py python/tests
+
+# python builds libtinyacc.so into the Python package, for PYTHONPATH=python.
+python: deps
+	$(GO) build -buildmode=c-shared -o python/tinyacc/libtinyacc.so ./capi
+	rm -f python/tinyacc/libtinyacc.h
 
 bench-step: build
 	$(BIN) bench step
+
+# bench-bindings: ms/step of examples/python/train.py vs tinyacc train, same config.
+bench-bindings: build python
+	$(PYTHON) bench/bindings.py --no-build
 
 clean:
 	rm -rf build

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// world is this process's world group, created from the launcher's
+// environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) on first use.
+// Without a launcher it is a world of one that needs no network. The mutex
+// also serialises collectives, which every rank must issue in the same
+// order anyway.
+var world struct {
+	sync.Mutex
+	g comm.Group
+}
+
+// worldGroup returns the world group, joining it on first use; the caller
+// holds world's lock.
+func worldGroup() (comm.Group, error) {
+	if world.g != nil {
+		return world.g, nil
+	}
+	g, err := comm.InitFromEnv(comm.Options{})
+	if err != nil {
+		return nil, wrap(errComm, fmt.Errorf("joining the world group (check RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or start the program with `tinyacc launch`): %w", err))
+	}
+	world.g = g
+	return g, nil
+}
+
+// withWorld runs fn on the world group under its lock.
+func withWorld(fn func(g comm.Group) error) error {
+	world.Lock()
+	defer world.Unlock()
+	g, err := worldGroup()
+	if err != nil {
+		return err
+	}
+	return fn(g)
+}
+
+// apiDistInit joins the world group (once) and returns rank and size.
+func apiDistInit() (rank, size int, err error) {
+	err = withWorld(func(g comm.Group) error {
+		rank, size = g.Rank(), g.Size()
+		return nil
+	})
+	return rank, size, err
+}
+
+// apiDistFinalize leaves the world group; a later collective joins again.
+func apiDistFinalize() error {
+	world.Lock()
+	defer world.Unlock()
+	if world.g == nil {
+		return nil
+	}
+	g := world.g
+	world.g = nil
+	return wrap(errComm, g.Close())
+}
+
+// reduceOp maps TINYACC_SUM/AVG/MAX/MIN to comm's operations.
+func reduceOp(op int) (comm.ReduceOp, error) {
+	switch op {
+	case 0:
+		return comm.Sum, nil
+	case 1:
+		return comm.Avg, nil
+	case 2:
+		return comm.Max, nil
+	case 3:
+		return comm.Min, nil
+	}
+	return 0, fail(errInvalidArg, "reduce op %d is not one of TINYACC_SUM (0), TINYACC_AVG (1), TINYACC_MAX (2), TINYACC_MIN (3)", op)
+}
+
+// Every collective works on a Go copy of the caller's buffer and copies the
+// result back, so a timed-out operation still queued in the group can never
+// write into memory the caller has reused.
+
+// allReduce reduces buf over the ranks of g, in place.
+func allReduce(g comm.Group, buf []float32, op int) error {
+	rop, err := reduceOp(op)
+	if err != nil {
+		return err
+	}
+	t := tensor.FromF32(append([]float32(nil), buf...), len(buf))
+	if err := g.AllReduce(t, rop); err != nil {
+		return wrap(errComm, err)
+	}
+	copy(buf, t.F32())
+	return nil
+}
+
+// allGather concatenates every rank's in into out (size × len(in)).
+func allGather(g comm.Group, in, out []float32) error {
+	if len(out) != g.Size()*len(in) {
+		return fail(errSize, "all_gather: output holds %d elements but world size %d x input %d = %d", len(out), g.Size(), len(in), g.Size()*len(in))
+	}
+	src := tensor.FromF32(append([]float32(nil), in...), len(in))
+	dst := tensor.FromF32(make([]float32, len(out)), len(out))
+	if err := g.AllGather(src, dst); err != nil {
+		return wrap(errComm, err)
+	}
+	copy(out, dst.F32())
+	return nil
+}
+
+// reduceScatter reduces in (size × len(out)) over the ranks and leaves this
+// rank's block in out.
+func reduceScatter(g comm.Group, in, out []float32, op int) error {
+	rop, err := reduceOp(op)
+	if err != nil {
+		return err
+	}
+	if len(in) != g.Size()*len(out) {
+		return fail(errSize, "reduce_scatter: input holds %d elements but world size %d x output %d = %d", len(in), g.Size(), len(out), g.Size()*len(out))
+	}
+	src := tensor.FromF32(append([]float32(nil), in...), len(in))
+	dst := tensor.FromF32(make([]float32, len(out)), len(out))
+	if err := g.ReduceScatter(src, dst, rop); err != nil {
+		return wrap(errComm, err)
+	}
+	copy(out, dst.F32())
+	return nil
+}
+
+// broadcast copies root's buf into buf on every rank.
+func broadcast(g comm.Group, buf []float32, root int) error {
+	if root < 0 || root >= g.Size() {
+		return fail(errInvalidArg, "broadcast: root %d is outside the world of %d ranks", root, g.Size())
+	}
+	t := tensor.FromF32(append([]float32(nil), buf...), len(buf))
+	if err := g.Broadcast(t, root); err != nil {
+		return wrap(errComm, err)
+	}
+	copy(buf, t.F32())
+	return nil
+}
+
+// barrier returns once every rank of g has entered it.
+func barrier(g comm.Group) error { return wrap(errComm, g.Barrier()) }

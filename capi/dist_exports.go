@@ -1,0 +1,84 @@
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import "github.com/tinyacc/tinyacc/core/comm"
+
+//export tinyacc_dist_init
+func tinyacc_dist_init(rank, size *C.int64_t) C.int {
+	return call(func() error {
+		r, s, err := apiDistInit()
+		if rank != nil {
+			*rank = C.int64_t(r)
+		}
+		if size != nil {
+			*size = C.int64_t(s)
+		}
+		return err
+	})
+}
+
+//export tinyacc_dist_finalize
+func tinyacc_dist_finalize() C.int {
+	return call(apiDistFinalize)
+}
+
+//export tinyacc_all_reduce
+func tinyacc_all_reduce(buf *C.float, n C.int64_t, op C.int32_t) C.int {
+	return call(func() error {
+		b, err := f32s("buffer", buf, n)
+		if err != nil {
+			return err
+		}
+		return withWorld(func(g comm.Group) error { return allReduce(g, b, int(op)) })
+	})
+}
+
+//export tinyacc_all_gather
+func tinyacc_all_gather(in *C.float, n C.int64_t, out *C.float, outN C.int64_t) C.int {
+	return call(func() error {
+		src, err := f32s("input", in, n)
+		if err != nil {
+			return err
+		}
+		dst, err := f32s("output", out, outN)
+		if err != nil {
+			return err
+		}
+		return withWorld(func(g comm.Group) error { return allGather(g, src, dst) })
+	})
+}
+
+//export tinyacc_reduce_scatter
+func tinyacc_reduce_scatter(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, op C.int32_t) C.int {
+	return call(func() error {
+		src, err := f32s("input", in, inN)
+		if err != nil {
+			return err
+		}
+		dst, err := f32s("output", out, outN)
+		if err != nil {
+			return err
+		}
+		return withWorld(func(g comm.Group) error { return reduceScatter(g, src, dst, int(op)) })
+	})
+}
+
+//export tinyacc_broadcast
+func tinyacc_broadcast(buf *C.float, n C.int64_t, root C.int32_t) C.int {
+	return call(func() error {
+		b, err := f32s("buffer", buf, n)
+		if err != nil {
+			return err
+		}
+		return withWorld(func(g comm.Group) error { return broadcast(g, b, int(root)) })
+	})
+}
+
+//export tinyacc_barrier
+func tinyacc_barrier() C.int {
+	return call(func() error { return withWorld(barrier) })
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/optim"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// configObj is a resolved, validated run configuration.
+type configObj struct {
+	cfg config.Config
+}
+
+// modelObj is a GPT with the allocator that accounts its memory (and, once
+// prepared, the activations and optimizer state of its session).
+type modelObj struct {
+	cfg   config.Config
+	model *nn.GPT
+	alloc *tensor.Allocator
+}
+
+// optimizerObj is an optimizer bound to one model's parameters.
+type optimizerObj struct {
+	cfg   config.Config
+	model *modelObj
+	opt   optim.Optimizer
+}
+
+// loaderObj holds the training and validation streams of a corpus, cut
+// into windows of the model's block size.
+type loaderObj struct {
+	cfg    config.Config
+	train  *data.Loader
+	val    *data.Loader // nil when data.val_fraction is 0
+	source string
+}
+
+// apiConfigNew resolves the defaults plus a YAML or JSON document; blank
+// text means the defaults alone.
+func apiConfigNew(text string) (int64, error) {
+	if strings.TrimSpace(text) == "" {
+		return register(&configObj{cfg: config.Defaults()}), nil
+	}
+	r, err := config.FromText(text)
+	if err != nil {
+		return 0, wrap(errConfig, err)
+	}
+	return register(&configObj{cfg: r.Config}), nil
+}
+
+// apiConfigFromEnv resolves the layers the CLI reads, minus flags: the
+// defaults, the YAML file (if file is not ""), then TINYACC_* environment
+// variables. A program started by `tinyacc launch` or beside `tinyacc
+// train` thus trains with the same configuration as the CLI.
+func apiConfigFromEnv(file string) (int64, error) {
+	r, err := config.Load(file, os.Environ(), nil)
+	if err != nil {
+		return 0, wrap(errConfig, err)
+	}
+	return register(&configObj{cfg: r.Config}), nil
+}
+
+// apiConfigJSON renders every key of a config as nested JSON, keyed like
+// the YAML files, so bindings can read any value without a getter each.
+func apiConfigJSON(h int64) (string, error) {
+	c, err := get[configObj](h)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(sectionMap(reflect.ValueOf(c.cfg)))
+	if err != nil {
+		return "", wrap(errInternal, err)
+	}
+	return string(b), nil
+}
+
+// sectionMap turns a config struct into a map keyed by its koanf tags.
+func sectionMap(v reflect.Value) map[string]any {
+	out := map[string]any{}
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name := t.Field(i).Tag.Get("koanf")
+		if name == "" || name == "-" || !t.Field(i).IsExported() {
+			continue
+		}
+		f := v.Field(i)
+		switch {
+		case f.Kind() == reflect.Struct:
+			out[name] = sectionMap(f)
+		case f.Type() == reflect.TypeOf(time.Duration(0)):
+			out[name] = time.Duration(f.Int()).String()
+		default:
+			out[name] = f.Interface()
+		}
+	}
+	return out
+}
+
+// applyThreads sets the compute threads the config asks for (0 keeps the
+// default of all cores), as `tinyacc train` does.
+func applyThreads(cfg config.Config) {
+	if cfg.Train.Threads > 0 {
+		cpu.SetThreads(cfg.Train.Threads)
+	}
+}
+
+// apiModelNew builds the GPT of a config: model.* for the shape,
+// train.seed for the initial weights, init_from to start from a file.
+func apiModelNew(ch int64) (int64, error) {
+	c, err := get[configObj](ch)
+	if err != nil {
+		return 0, err
+	}
+	applyThreads(c.cfg)
+	alloc := tensor.NewAllocator()
+	m, err := trainer.BuildModel(c.cfg, alloc)
+	if err != nil {
+		return 0, wrap(errConfig, err)
+	}
+	return register(&modelObj{cfg: c.cfg, model: m, alloc: alloc}), nil
+}
+
+// apiOptimizerNew builds the optimizer a config selects (train.optimizer
+// and its hyper-parameters) over a model's parameters.
+func apiOptimizerNew(ch, mh int64) (int64, error) {
+	c, err := get[configObj](ch)
+	if err != nil {
+		return 0, err
+	}
+	m, err := get[modelObj](mh)
+	if err != nil {
+		return 0, err
+	}
+	opt := trainer.BuildOptimizer(c.cfg, m.model.Params(), m.alloc)
+	return register(&optimizerObj{cfg: c.cfg, model: m, opt: opt}), nil
+}
+
+// apiLoaderNew reads the corpus of a config (data.path, or the Go
+// toolchain's sources when it is "") and splits it as the trainer does.
+func apiLoaderNew(ch int64) (int64, error) {
+	c, err := get[configObj](ch)
+	if err != nil {
+		return 0, err
+	}
+	cfg := c.cfg
+	corpus, err := data.LoadCorpus(cfg.Data.Path, cfg.Data.MaxBytes)
+	if err != nil {
+		return 0, wrap(errIO, err)
+	}
+	train, val := corpus.Split(cfg.Data.ValFraction)
+	l := &loaderObj{cfg: cfg, source: corpus.Source}
+	T := cfg.Model.BlockSize
+	if l.train, err = data.NewLoader(train, T, cfg.Data.Order, cfg.Train.Seed); err != nil {
+		return 0, wrap(errConfig, fmt.Errorf("training split: %w", err))
+	}
+	if len(val) > 0 {
+		if l.val, err = data.NewLoader(val, T, "sequential", cfg.Train.Seed); err != nil {
+			return 0, wrap(errConfig, fmt.Errorf("validation split (raise data.val_fraction or set it to 0): %w", err))
+		}
+	}
+	return register(l), nil
+}
+
+// loaderShape is the per-call batch a loader produces: B sequences of T
+// tokens, A micro-batches per optimizer step.
+func (l *loaderObj) shape() (B, T, A int) {
+	return l.cfg.Train.BatchSize, l.cfg.Model.BlockSize, l.cfg.Train.GradAccum
+}
+
+// apiLoaderInfo reports batch size, block size, micro-batches per step and
+// the number of training tokens.
+func apiLoaderInfo(h int64) (B, T, A, tokens int, err error) {
+	l, err := get[loaderObj](h)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	B, T, A = l.shape()
+	return B, T, A, l.train.Len(), nil
+}
+
+// apiLoaderBatch fills x and y (B·T tokens each) with micro-batch micro of
+// optimizer step step: exactly the batch `tinyacc train` uses at that step.
+func apiLoaderBatch(h int64, step, micro int, x, y []int32) error {
+	l, err := get[loaderObj](h)
+	if err != nil {
+		return err
+	}
+	B, T, A := l.shape()
+	if step < 0 || micro < 0 || micro >= A {
+		return fail(errInvalidArg, "loader batch: step %d, micro-batch %d: need step >= 0 and 0 <= micro < train.grad_accum (%d)", step, micro, A)
+	}
+	if len(x) != B*T || len(y) != B*T {
+		return fail(errSize, "loader batch: buffers hold %d and %d tokens but a batch is train.batch_size*model.block_size = %d*%d = %d", len(x), len(y), B, T, B*T)
+	}
+	xt, yt := l.train.Batch(step, micro, 0, 1, B, A)
+	copy(x, xt.I32())
+	copy(y, yt.I32())
+	return nil
+}

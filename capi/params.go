@@ -1,0 +1,210 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// apiParamNames lists a model's parameters (Hugging Face GPT-2 names) in
+// forward order.
+func apiParamNames(h int64) ([]string, error) {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return nil, err
+	}
+	ps := m.model.Params()
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Name
+	}
+	return names, nil
+}
+
+// param finds a parameter by name, listing a few valid names when absent.
+func (m *modelObj) param(name string) (*tensor.Tensor, error) {
+	if p := m.model.Param(name); p != nil {
+		return p, nil
+	}
+	var names []string
+	for _, p := range m.model.Params() {
+		names = append(names, p.Name)
+	}
+	if len(names) > 4 {
+		names = append(names[:4], "...")
+	}
+	return nil, fail(errInvalidArg, "no parameter named %q; names look like %s", name, strings.Join(names, ", "))
+}
+
+// apiParamShape returns the shape of a parameter.
+func apiParamShape(h int64, name string) ([]int, error) {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return nil, err
+	}
+	p, err := m.param(name)
+	if err != nil {
+		return nil, err
+	}
+	return append([]int(nil), p.Shape()...), nil
+}
+
+// float32s returns the float32 storage of a parameter (or its gradient).
+func float32s(what string, t *tensor.Tensor) ([]float32, error) {
+	if t.DType() != tensor.Float32 {
+		return nil, fail(errUnsupported, "%s is %s; only float32 can be copied through the C ABI", what, t.DType())
+	}
+	return t.F32(), nil
+}
+
+func sizeCheck(what string, t *tensor.Tensor, n int) error {
+	if n != t.Numel() {
+		return fail(errSize, "%s has %d elements (shape %v) but the buffer holds %d", what, t.Numel(), t.Shape(), n)
+	}
+	return nil
+}
+
+// apiParamGet copies a parameter (grad=false) or its gradient (grad=true;
+// zeros before the first backward) into out, which must hold exactly its
+// elements.
+func apiParamGet(h int64, name string, out []float32, grad bool) error {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return err
+	}
+	p, err := m.param(name)
+	if err != nil {
+		return err
+	}
+	what := "parameter " + name
+	if err := sizeCheck(what, p, len(out)); err != nil {
+		return err
+	}
+	if grad {
+		if p.Grad == nil {
+			clear(out)
+			return nil
+		}
+		p, what = p.Grad, "gradient of "+name
+	}
+	src, err := float32s(what, p)
+	if err != nil {
+		return err
+	}
+	copy(out, src)
+	return nil
+}
+
+// apiParamSet overwrites a parameter with in, which must hold exactly its
+// elements.
+func apiParamSet(h int64, name string, in []float32) error {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return err
+	}
+	p, err := m.param(name)
+	if err != nil {
+		return err
+	}
+	if err := sizeCheck("parameter "+name, p, len(in)); err != nil {
+		return err
+	}
+	dst, err := float32s("parameter "+name, p)
+	if err != nil {
+		return err
+	}
+	copy(dst, in)
+	return nil
+}
+
+// apiModelSave writes the weights as safetensors, the file `tinyacc
+// sample` and init_from read.
+func apiModelSave(h int64, path string) error {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return err
+	}
+	return wrap(errIO, trainer.SaveWeights(m.model, path, m.cfg))
+}
+
+// apiModelLoad reads weights saved by tinyacc or Hugging Face GPT-2 files.
+func apiModelLoad(h int64, path string) error {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return err
+	}
+	return wrap(errIO, trainer.LoadWeights(m.model, path))
+}
+
+// apiOptimizerSave writes the optimizer's buffers (e.g. AdamW's moments)
+// as safetensors.
+func apiOptimizerSave(h int64, path string) error {
+	o, err := get[optimizerObj](h)
+	if err != nil {
+		return err
+	}
+	meta := map[string]string{"producer": "tinyacc", "kind": "optimizer", "optimizer": o.cfg.Train.Optimizer}
+	if err := ckpt.Save(path, o.opt.State(), meta); err != nil {
+		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
+	}
+	return nil
+}
+
+// apiOptimizerLoad restores buffers written by apiOptimizerSave; every
+// buffer must be present with its shape, and nothing else.
+func apiOptimizerLoad(h int64, path string) error {
+	o, err := get[optimizerObj](h)
+	if err != nil {
+		return err
+	}
+	ts, _, err := ckpt.Load(path)
+	if err != nil {
+		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
+	}
+	state := o.opt.State()
+	var problems []string
+	for name, dst := range state {
+		src, ok := ts[name]
+		switch {
+		case !ok:
+			problems = append(problems, "missing "+name)
+		case src.Numel() != dst.Numel() || src.DType() != dst.DType():
+			problems = append(problems, fmt.Sprintf("%s is %s %v in the file but %s %v here", name, src.DType(), src.Shape(), dst.DType(), dst.Shape()))
+		}
+	}
+	for name := range ts {
+		if _, ok := state[name]; !ok {
+			problems = append(problems, "unknown buffer "+name)
+		}
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		return fail(errIO, "optimizer state %s does not fit this optimizer (same model and train.optimizer?): %s", path, strings.Join(problems, "; "))
+	}
+	for name, dst := range state {
+		dst.CopyFrom(ts[name])
+	}
+	return nil
+}
+
+// apiGenerate samples n tokens after prompt (see trainer.Generate).
+func apiGenerate(h int64, prompt []int32, n int, temperature float64, topK int, seed int64) ([]int32, error) {
+	m, err := get[modelObj](h)
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 || topK < 0 {
+		return nil, fail(errInvalidArg, "generate: tokens %d and top_k %d must be >= 0", n, topK)
+	}
+	V := m.model.Config.VocabSize
+	for i, t := range prompt {
+		if t < 0 || int(t) >= V {
+			return nil, fail(errInvalidArg, "generate: prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
+		}
+	}
+	return trainer.Generate(m.model, prompt, n, temperature, topK, seed), nil
+}

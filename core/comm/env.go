@@ -1,0 +1,151 @@
+package comm
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EnvInfo is what a rank learns about the job from its environment.
+type EnvInfo struct {
+	Rank       int
+	Size       int
+	LocalRank  int
+	LocalSize  int // 0 when the launcher does not say
+	MasterAddr string
+	MasterPort int
+	Token      string // TINYACC_JOB_TOKEN, the per-job secret every connection presents
+	Source     string // "torchrun", "slurm", "openmpi" or "single"
+	Debug      bool   // TINYACC_DEBUG=detail
+	Timeout    time.Duration
+}
+
+const (
+	defaultMasterAddr = "127.0.0.1"
+	defaultMasterPort = 29500
+)
+
+// ReadEnv parses environ (os.Environ() form). Rank variables are taken from
+// the first launcher that set them: torchrun-style RANK/WORLD_SIZE (what
+// tinyacc launch sets), then Slurm, then Open MPI; with none, the process is
+// a world of one.
+func ReadEnv(environ []string) (EnvInfo, error) {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	info := EnvInfo{MasterAddr: defaultMasterAddr, MasterPort: defaultMasterPort, Size: 1, Source: "single"}
+	num := func(key string, dst *int) error {
+		v, ok := env[key]
+		if !ok {
+			return nil
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("comm: %s=%q is not an integer", key, v)
+		}
+		*dst = n
+		return nil
+	}
+	schemes := []struct {
+		source, rank, size, local, localSize string
+	}{
+		{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+		{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", ""},
+		{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+	}
+	for _, s := range schemes {
+		_, hasRank := env[s.rank]
+		_, hasSize := env[s.size]
+		if !hasRank && !hasSize {
+			continue
+		}
+		if hasRank != hasSize {
+			return info, fmt.Errorf("comm: %s and %s must be set together (found only one)", s.rank, s.size)
+		}
+		info.Source = s.source
+		if err := num(s.rank, &info.Rank); err != nil {
+			return info, err
+		}
+		if err := num(s.size, &info.Size); err != nil {
+			return info, err
+		}
+		info.LocalRank = info.Rank
+		if err := num(s.local, &info.LocalRank); err != nil {
+			return info, err
+		}
+		if s.localSize != "" {
+			if err := num(s.localSize, &info.LocalSize); err != nil {
+				return info, err
+			}
+		}
+		break
+	}
+	if info.Size < 1 {
+		return info, fmt.Errorf("comm: world size %d (from %s) must be at least 1", info.Size, info.Source)
+	}
+	if info.Rank < 0 || info.Rank >= info.Size {
+		return info, fmt.Errorf("comm: rank %d is outside a world of size %d (from %s)", info.Rank, info.Size, info.Source)
+	}
+	if v := strings.TrimSpace(env["MASTER_ADDR"]); v != "" {
+		info.MasterAddr = v
+	}
+	if err := num("MASTER_PORT", &info.MasterPort); err != nil {
+		return info, err
+	}
+	if info.MasterPort < 1 || info.MasterPort > 65535 {
+		return info, fmt.Errorf("comm: MASTER_PORT=%d is not a valid port (1-65535)", info.MasterPort)
+	}
+	info.Token = env["TINYACC_JOB_TOKEN"]
+	switch d := env["TINYACC_DEBUG"]; d {
+	case "", "off", "0":
+	case "detail":
+		info.Debug = true
+	default:
+		return info, fmt.Errorf("comm: TINYACC_DEBUG=%q: use \"detail\" or leave it unset", d)
+	}
+	if v, ok := env["TINYACC_COMM_TIMEOUT"]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return info, fmt.Errorf("comm: TINYACC_COMM_TIMEOUT=%q is not a positive duration such as 30s", v)
+		}
+		info.Timeout = d
+	}
+	return info, nil
+}
+
+// InitFromEnv creates this process's world group from its environment with
+// the backend opts.Backend (tcp by default). A world of one needs no network.
+func InitFromEnv(opts Options) (Group, error) {
+	info, err := ReadEnv(os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	opts.Debug = opts.Debug || info.Debug
+	if opts.Timeout <= 0 {
+		opts.Timeout = info.Timeout
+	}
+	name := opts.Backend
+	if name == "" {
+		name = "tcp"
+	}
+	if info.Size == 1 {
+		groups, err := NewLocal(1, opts)
+		if err != nil {
+			return nil, err
+		}
+		return groups[0], nil
+	}
+	backendsMu.Lock()
+	f := backends[name]
+	backendsMu.Unlock()
+	if f == nil {
+		return nil, fmt.Errorf("comm: unknown backend %q for a world of %d processes (available: %s; \"local\" runs ranks as goroutines through RunLocal)",
+			name, info.Size, strings.Join(backendNames(), ", "))
+	}
+	return f(info, opts)
+}

@@ -1,0 +1,110 @@
+package comm
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// TestHelperProcess is one rank of a multi-process test: the test binary
+// re-executes itself with TINYACC_TEST_SCENARIO and the launcher's variables.
+// It reports on stdout; it is skipped in a normal run.
+func TestHelperProcess(t *testing.T) {
+	scenario := os.Getenv("TINYACC_TEST_SCENARIO")
+	if scenario == "" {
+		t.Skip("only runs as a child of the process tests")
+	}
+	g, err := InitFromEnv(Options{Timeout: 5 * time.Second})
+	if err != nil {
+		fmt.Println("RESULT init:", err)
+		os.Exit(0)
+	}
+	switch scenario {
+	case "collectives":
+		if err := checkAllOps(g, []tensor.DType{tensor.Float32}); err != nil {
+			fmt.Println("RESULT", err)
+		} else {
+			fmt.Println("RESULT ok")
+		}
+		_ = g.Close()
+	case "kill":
+		if err := g.Barrier(); err != nil {
+			fmt.Println("RESULT", err)
+			os.Exit(0)
+		}
+		x := filled(tensor.Float32, g.Rank(), 1<<22, 0)
+		if g.Rank() == 3 {
+			g.AllReduceAsync(x, Sum)
+			os.Exit(3) // dies with the all-reduce in flight
+		}
+		err := g.AllReduce(x, Sum)
+		fmt.Println("RESULT", err)
+		os.Exit(0)
+	}
+}
+
+// startRanks runs n copies of this test binary as the ranks of one job.
+func startRanks(t *testing.T, n int, scenario string) []string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // rank 0 binds it again
+	outs := make([]string, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(),
+			"TINYACC_TEST_SCENARIO="+scenario,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n),
+			"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+			"TINYACC_JOB_TOKEN=process-test-token")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			_ = cmd.Wait()
+			outs[r] = out.String()
+		}(r)
+	}
+	wg.Wait()
+	return outs
+}
+
+func result(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if s, ok := strings.CutPrefix(line, "RESULT "); ok {
+			return s
+		}
+	}
+	return "no result in output:\n" + out
+}
+
+func TestTCPProcesses(t *testing.T) {
+	outs := startRanks(t, 3, "collectives")
+	for r, out := range outs {
+		assert.Equal(t, "ok", result(out), "rank %d", r)
+	}
+}
+
+func TestTCPProcessKilledMidAllReduce(t *testing.T) {
+	outs := startRanks(t, 4, "kill")
+	for r := 0; r < 3; r++ {
+		assert.Regexp(t, `^comm: all_reduce on group "world" seq 2 failed after [0-9.]+(µs|ms|s): ranks \[3\] did not arrive \(rank 3: connection closed\)$`, result(outs[r]), "rank %d", r)
+	}
+}

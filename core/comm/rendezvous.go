@@ -1,0 +1,202 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Rendezvous: rank 0 hosts the store; every rank publishes the address of
+// its peer listener there, then lower ranks accept and higher ranks dial so
+// each pair connects exactly once, every connection proving the job token.
+
+func newTCPFromEnv(env EnvInfo, opts Options) (Group, error) { return newTCP(env, opts, nil) }
+
+// newTCP rendezvouses through the store and builds the mesh. storeLn, when
+// not nil, is rank 0's already-open store listener (tests pick free ports
+// this way).
+func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
+	opts = opts.withDefaults()
+	if !hostLittleEndian() {
+		return nil, errors.New("comm: the tcp backend sends tensors in host byte order and needs a little-endian host")
+	}
+	if env.Token == "" {
+		fmt.Fprintf(opts.Log, "comm: warning: TINYACC_JOB_TOKEN is empty, so any process that reaches %s:%d can join the job\n", env.MasterAddr, env.MasterPort)
+	}
+	deadline := time.Now().Add(opts.Timeout)
+	loopback := isLoopback(env.MasterAddr)
+	t := &tcpTransport{rank: env.Rank, size: env.Size, opts: opts, box: newMailbox(opts.ChunkBytes),
+		peers: make([]*peerConn, env.Size)}
+	fail := func(err error) (Group, error) {
+		t.closeAll()
+		return nil, err
+	}
+	storeAddr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
+	if env.Rank == 0 {
+		if storeLn == nil {
+			// All ranks are local when the master is loopback: then the
+			// store must not be reachable from other hosts.
+			bind := ""
+			if loopback {
+				bind = env.MasterAddr
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(bind, strconv.Itoa(env.MasterPort)))
+			if err != nil {
+				return nil, fmt.Errorf("comm: rank 0 cannot host the store on port %d: %w (choose another MASTER_PORT)", env.MasterPort, err)
+			}
+			storeLn = ln
+		}
+		t.server = startStore(storeLn, env.Token, env.Size, opts.Log)
+	}
+	store, err := dialStore(storeAddr, env.Token, env.Rank, env.Size, deadline)
+	if err != nil {
+		return fail(err)
+	}
+	t.store = store
+
+	host := ""
+	if loopback {
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return fail(fmt.Errorf("comm: rank %d cannot open its peer listener: %w", env.Rank, err))
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	adv := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if !loopback {
+		// The address this host uses to reach the master is one the other
+		// hosts can reach too.
+		adv = net.JoinHostPort(store.conn.LocalAddr().(*net.TCPAddr).IP.String(), strconv.Itoa(port))
+	}
+	if err := store.set(peerKey(env.Rank), []byte(adv), deadline); err != nil {
+		return fail(err)
+	}
+
+	// Lower ranks accept, higher ranks dial: each pair connects once.
+	var wg sync.WaitGroup
+	var acceptErr, dialErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		acceptErr = acceptPeers(ln, env, opts.Log, t.peers, deadline)
+	}()
+	go func() {
+		defer wg.Done()
+		dialErr = t.dialPeers(env, deadline)
+	}()
+	wg.Wait()
+	if err := errors.Join(acceptErr, dialErr); err != nil {
+		return fail(err)
+	}
+	w, g := newWorld(t, env.Rank, env.Size, opts)
+	t.world = w
+	for _, pc := range t.peers {
+		if pc != nil {
+			t.wg.Add(1)
+			go t.readLoop(pc)
+		}
+	}
+	// Nobody may close the store (rank 0 leaving early) before every rank
+	// has finished its rendezvous.
+	if _, err := store.add("tinyacc/ready", 1, deadline); err != nil {
+		return fail(err)
+	}
+	if err := store.waitGE("tinyacc/ready", int64(env.Size), deadline); err != nil {
+		return fail(fmt.Errorf("comm: rendezvous of %d ranks did not complete: %w", env.Size, err))
+	}
+	return g, nil
+}
+
+func peerKey(rank int) string { return "tinyacc/peer/" + strconv.Itoa(rank) }
+
+func (t *tcpTransport) closeAll() {
+	for _, pc := range t.peers {
+		if pc != nil {
+			pc.conn.Close()
+		}
+	}
+	if t.store != nil {
+		t.store.close()
+	}
+	if t.server != nil {
+		t.server.close()
+	}
+}
+
+func (t *tcpTransport) dialPeers(env EnvInfo, deadline time.Time) error {
+	for j := 0; j < env.Rank; j++ {
+		addr, err := t.store.get(peerKey(j), deadline)
+		if err != nil {
+			return fmt.Errorf("comm: rank %d waiting for the address of rank %d: %w", env.Rank, j, err)
+		}
+		d := net.Dialer{Deadline: deadline}
+		conn, err := d.Dial("tcp", string(addr))
+		if err != nil {
+			return fmt.Errorf("comm: rank %d cannot connect to rank %d at %s: %w", env.Rank, j, addr, err)
+		}
+		tuneConn(conn)
+		h := hello{V: protocolVersion, Token: env.Token, Rank: env.Rank, World: env.Size, Role: "peer"}
+		if err := clientHello(conn, conn, h, deadline); err != nil {
+			conn.Close()
+			return fmt.Errorf("comm: rank %d connecting to rank %d at %s: %w", env.Rank, j, addr, err)
+		}
+		t.peers[j] = &peerConn{rank: j, conn: conn}
+	}
+	return nil
+}
+
+// acceptPeers accepts one connection from each rank above env.Rank. A
+// connection that fails the hello (wrong token, wrong job) is refused and
+// logged, and does not count.
+func acceptPeers(ln net.Listener, env EnvInfo, log io.Writer, peers []*peerConn, deadline time.Time) error {
+	need := env.Size - 1 - env.Rank
+	if tl, ok := ln.(*net.TCPListener); ok {
+		_ = tl.SetDeadline(deadline)
+	}
+	for need > 0 {
+		conn, err := ln.Accept()
+		if err != nil {
+			var missing []int
+			for r := env.Rank + 1; r < env.Size; r++ {
+				if peers[r] == nil {
+					missing = append(missing, r)
+				}
+			}
+			return fmt.Errorf("comm: rank %d: ranks %v did not connect before the deadline: %w", env.Rank, missing, err)
+		}
+		hd := time.Now().Add(helloTimeout)
+		if deadline.Before(hd) {
+			hd = deadline
+		}
+		_ = conn.SetDeadline(hd)
+		var h hello
+		if err := readControl(conn, kindHello, &h); err != nil {
+			fmt.Fprintf(log, "comm: rank %d refused connection from %s: bad hello: %v\n", env.Rank, conn.RemoteAddr(), err)
+			conn.Close()
+			continue
+		}
+		if err := checkHello(h, env.Token, "peer", env.Size); err != nil {
+			refuse(conn, log, fmt.Sprintf("rank %d", env.Rank), err)
+			continue
+		}
+		if h.Rank <= env.Rank || peers[h.Rank] != nil {
+			refuse(conn, log, fmt.Sprintf("rank %d", env.Rank), fmt.Errorf("unexpected connection from rank %d", h.Rank))
+			continue
+		}
+		if err := writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, OK: true}); err != nil {
+			conn.Close()
+			continue
+		}
+		_ = conn.SetDeadline(time.Time{})
+		tuneConn(conn)
+		peers[h.Rank] = &peerConn{rank: h.Rank, conn: conn}
+		need--
+	}
+	return nil
+}
