@@ -7,7 +7,7 @@ BIN      := build/tinyacc
 APT_PKGS := libopenblas-dev python3-torch python3-numpy python3-pytest
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go test-python vet python bench-step bench-comm bench-bindings clean
+.PHONY: all deps build demo test test-go test-python vet python bench-step bench-comm bench-dp bench-bindings clean
 
 all: build
 
@@ -52,6 +52,14 @@ python: deps
 
 bench-step: build
 	$(BIN) bench step
+
+# bench-comm: tinyacc tcp vs torch.distributed gloo, 4 ranks, side by side.
+bench-comm: build
+	bench/comm.sh
+
+# bench-dp: DDP naive vs bucketed vs ZeRO-1/2/3 for dp=2 and dp=4 (tcp).
+bench-dp: build
+	$(BIN) bench dp --nproc 2,4
 
 # bench-bindings: ms/step of examples/python/train.py vs tinyacc train, same config.
 bench-bindings: build python

@@ -23,13 +23,17 @@ import (
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: tinyacc bench step [flags]")
+		return fmt.Errorf("usage: tinyacc bench step|comm|dp [flags]")
 	}
 	switch args[0] {
 	case "step":
 		return benchStep(args[1:], stdout, stderr)
+	case "comm":
+		return benchComm(args[1:], stdout, stderr)
+	case "dp":
+		return benchDP(args[1:], stdout, stderr)
 	}
-	return fmt.Errorf("bench: unknown benchmark %q (have: step)", args[0])
+	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp)", args[0])
 }
 
 // benchShape is the GPT both sides of `bench step` train.

@@ -9,20 +9,16 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"strings"
-	"syscall"
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
-	"github.com/tinyacc/tinyacc/core/trainer"
 )
 
 // Version is tinyacc's release.
@@ -31,10 +27,13 @@ const Version = "0.1.0"
 const usage = `tinyacc: a distributed training engine for GPT models.
 
 Usage:
-  tinyacc train [--config FILE] [--key=value ...]
+  tinyacc train [--config FILE] [--nproc N | --local-ranks N] [--key=value ...]
       Train a GPT. With no arguments: the default model on the default corpus
       (the Go toolchain's own sources). Every config key can be given as a flag,
       e.g. --model.n_layer=2 --train.steps=100; see 'tinyacc config show'.
+      --nproc N launches N processes of itself (tcp backend); --local-ranks N
+      runs N ranks as goroutines of this process (local backend, for debugging).
+      --trace FILE writes a Chrome/Perfetto trace per rank.
   tinyacc sample --from FILE.safetensors [--prompt TEXT] [--tokens N]
                  [--temperature T] [--top_k K] [--seed S]
       Generate text from trained weights.
@@ -42,6 +41,12 @@ Usage:
       Print the resolved config and where each value came from.
   tinyacc bench step [--steps N] [--repeats R] [--threads 1,2] [--json]
       Time a training step of the same GPT in tinyacc and in PyTorch.
+  tinyacc bench comm [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
+                     reduce_scatter|broadcast] [--sizes 4K,64K,1M,16M,64M] [--json]
+      Time a collective: size, time, algbw and busbw (nccl-tests definitions).
+  tinyacc bench dp [--nproc 2,4] [--steps N]
+      DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication
+      hidden behind compute, steady memory per rank beside the formula.
   tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
@@ -60,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "train":
-		err = cmdTrain(args[1:], stdout)
+		err = cmdTrain(args[1:], stdout, stderr)
 	case "sample":
 		err = cmdSample(args[1:], stdout)
 	case "config":
@@ -122,32 +127,4 @@ func cmdConfigShow(args []string, stdout io.Writer) error {
 		return err
 	}
 	return r.Show(stdout)
-}
-
-func cmdTrain(args []string, stdout io.Writer) error {
-	r, err := loadConfig(args)
-	if err != nil {
-		return err
-	}
-	live := false
-	if f, ok := stdout.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			live = true
-		}
-	}
-	t, err := trainer.New(r.Config, trainer.Options{Log: stdout, Live: live})
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	res, err := t.Run(ctx)
-	if err != nil {
-		return err
-	}
-	if len(res.Steps) > 0 {
-		fmt.Fprintf(stdout, "tinyacc: trained %d steps in %.1fs: loss %.4f -> %.4f\n",
-			len(res.Steps), res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
-	}
-	return nil
 }

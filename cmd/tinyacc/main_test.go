@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -51,4 +52,36 @@ func TestConfigShowAndErrors(t *testing.T) {
 	code, _, errOut = runCLI("sample")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "sample: --from FILE.safetensors is required")
+}
+
+func TestBenchCommLocalJSON(t *testing.T) {
+	code, out, errOut := runCLI("bench", "comm", "--nproc", "3", "--backend", "local", "--op", "all_reduce",
+		"--sizes", "4K,64K", "--iters", "3", "--warmup", "1", "--json")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	for i, want := range []float64{4096, 65536} {
+		var r struct {
+			Op     string  `json:"op"`
+			NRanks int     `json:"nranks"`
+			Bytes  float64 `json:"bytes"`
+			TimeMS float64 `json:"time_ms"`
+			Alg    float64 `json:"algbw_gbps"`
+			Bus    float64 `json:"busbw_gbps"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &r))
+		require.Equal(t, "all_reduce", r.Op)
+		require.Equal(t, 3, r.NRanks)
+		require.Equal(t, want, r.Bytes)
+		require.InEpsilon(t, r.Bytes/(r.TimeMS/1e3)/1e9, r.Alg, 1e-9)
+		require.InEpsilon(t, r.Alg*2*2/3, r.Bus, 1e-9, "all-reduce busbw factor 2(N-1)/N")
+	}
+}
+
+func TestLaunchFailingRankTakesJobDown(t *testing.T) {
+	code, _, errOut := runCLI("launch", "--nproc", "2", "--", "/bin/sh", "-c",
+		`if [ "$RANK" = 1 ]; then echo "rank one says bye"; exit 3; fi; exec sleep 30`)
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, "launch: rank 1 exited with status 3")
+	require.Contains(t, errOut, "rank one says bye")
 }

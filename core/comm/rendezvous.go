@@ -110,8 +110,16 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	if err := store.waitGE("tinyacc/ready", int64(env.Size), deadline); err != nil {
 		return fail(fmt.Errorf("comm: rendezvous of %d ranks did not complete: %w", env.Size, err))
 	}
+	// Tell rank 0 this rank has its answer, so an orderly close of the
+	// store (rank 0 finishing first) waits for it instead of cutting it off.
+	if _, err := store.add(joinedKey, 1, deadline); err != nil {
+		return fail(err)
+	}
 	return g, nil
 }
+
+// joinedKey counts the ranks that completed their rendezvous.
+const joinedKey = "tinyacc/joined"
 
 func peerKey(rank int) string { return "tinyacc/peer/" + strconv.Itoa(rank) }
 

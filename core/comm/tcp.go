@@ -187,6 +187,11 @@ func (t *tcpTransport) close(orderly bool) error {
 		}
 		pc.conn.Close()
 	}
+	if orderly && t.server != nil && t.store != nil {
+		// Rank 0 hosts the store: let every rank read the end of its
+		// rendezvous first (bounded; a crashed rank must not hold us).
+		_ = t.store.waitGE(joinedKey, int64(t.size), time.Now().Add(min(t.opts.Timeout, 10*time.Second)))
+	}
 	if t.store != nil {
 		t.store.close()
 	}

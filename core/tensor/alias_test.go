@@ -27,3 +27,15 @@ func TestAliasSharesFlatStorage(t *testing.T) {
 	require.PanicsWithValue(t, "tensor: cannot alias Tensor(float32 [2 3]) to 6 elements at 5 of Tensor(float32 [10])",
 		func() { p.Alias(flat, 5) })
 }
+
+func TestOpsAllocateFromTheTensorsHomeAllocator(t *testing.T) {
+	a := NewAllocator()
+	flat := a.New(Params, Float32, 8)
+	w := a.New(Params, Float32, 2, 4)
+	w.Alias(flat, 0)
+	before := Default.Usage().Current[Activations]
+	y := Gelu(View(w, 8))
+	require.Equal(t, int64(8*4), a.Usage().Current[Activations], "the output is accounted to w's allocator")
+	require.Equal(t, before, Default.Usage().Current[Activations])
+	y.Release()
+}

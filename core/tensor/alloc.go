@@ -65,7 +65,7 @@ func (a *Allocator) New(cat Category, dtype DType, shape ...int) *Tensor {
 // keeps old values); for outputs a kernel overwrites entirely.
 func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	n := Numel(shape)
-	t := &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, alloc: a}
+	t := &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, alloc: a, home: a}
 	a.mu.Lock()
 	var buf any
 	k := poolKey{dtype, n}

@@ -25,7 +25,7 @@ func data[T cpu.Float](t *Tensor) []T {
 
 // like allocates an uninitialised activation of t's dtype.
 func like(t *Tensor, shape ...int) *Tensor {
-	a := t.alloc
+	a := t.home
 	if a == nil {
 		a = Default
 	}
@@ -34,7 +34,7 @@ func like(t *Tensor, shape ...int) *Tensor {
 
 // zerosLike allocates a zeroed activation.
 func zerosLike(t *Tensor, shape ...int) *Tensor {
-	a := t.alloc
+	a := t.home
 	if a == nil {
 		a = Default
 	}

@@ -71,7 +71,11 @@ type Tensor struct {
 	dtype DType
 	dev   Device
 	cat   Category
-	alloc *Allocator
+	alloc *Allocator // owner of the storage; nil for views and wrapped memory
+	// home is the allocator of the rank the tensor belongs to; ops
+	// allocate their outputs there, even when the storage is a view or an
+	// alias into a flat buffer.
+	home *Allocator
 
 	f32 []float32
 	f64 []float64

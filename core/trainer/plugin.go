@@ -70,3 +70,10 @@ type LossReducer interface {
 type Finisher interface {
 	Finish(t *Trainer) error
 }
+
+// FullParamser gathers the full value of every parameter when this rank
+// does not hold them all (ZeRO-3 shards parameters). It is collective:
+// every rank calls it. Saving weights and equivalence checks use it.
+type FullParamser interface {
+	FullParams(t *Trainer) (map[string][]float64, error)
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -126,8 +127,8 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	if n := len(res.Steps); n > 0 {
 		res.FirstLoss, res.LastLoss = res.Steps[0].Loss, res.Steps[n-1].Loss
 	}
-	if cfg.SaveTo != "" && lead {
-		if err := SaveWeights(t.Model, cfg.SaveTo, cfg); err != nil {
+	if cfg.SaveTo != "" {
+		if err := t.save(cfg.SaveTo, lead); err != nil {
 			return res, err
 		}
 		fmt.Fprintf(log, "tinyacc: saved weights to %s\n", cfg.SaveTo)
@@ -223,4 +224,40 @@ func (w *MetricsWriter) Close() error {
 		w.err = err
 	}
 	return w.err
+}
+
+// save writes the model's weights (rank 0 only). When a plugin shards the
+// parameters, every rank first takes part in gathering them.
+func (t *Trainer) save(path string, lead bool) error {
+	for _, p := range t.Plugins {
+		g, ok := p.(FullParamser)
+		if !ok {
+			continue
+		}
+		full, err := g.FullParams(t)
+		if err != nil {
+			return fmt.Errorf("save_to: gathering parameters: %w", err)
+		}
+		if !lead {
+			return nil
+		}
+		m, err := nn.NewGPT(t.Model.Config, 0, tensor.Float32, nil)
+		if err != nil {
+			return err
+		}
+		for _, q := range m.Params() {
+			v, ok := full[q.Name]
+			if !ok {
+				return fmt.Errorf("save_to: %s gathered no %s", p.Name(), q.Name)
+			}
+			for i, x := range v {
+				q.Set(i, x)
+			}
+		}
+		return SaveWeights(m, path, t.Cfg)
+	}
+	if !lead {
+		return nil
+	}
+	return SaveWeights(t.Model, path, t.Cfg)
 }

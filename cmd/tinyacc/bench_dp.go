@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/launch"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trace"
+)
+
+// dpVariant is one data-parallel configuration of `bench dp`.
+type dpVariant struct {
+	name  string
+	flags []string
+	stage int
+}
+
+var dpVariants = []dpVariant{
+	{"ddp naive", []string{"--ddp.mode=naive", "--zero.stage=0"}, 0},
+	{"ddp bucketed", []string{"--ddp.mode=bucketed", "--zero.stage=0"}, 0},
+	{"zero-1", []string{"--zero.stage=1"}, 1},
+	{"zero-2", []string{"--zero.stage=2"}, 2},
+	{"zero-3", []string{"--zero.stage=3"}, 3},
+}
+
+// benchDP trains the same GPT with every data-parallel variant on N tcp
+// processes and prints ms/step, the share of communication hidden behind
+// compute (from rank 0's trace) and rank 0's steady memory beside the
+// formula of REFERENCE.md (fp32 AdamW: params 4Ψ, grads 4Ψ, moments 8Ψ,
+// divided by N where the stage shards them).
+func benchDP(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench dp", flag.ContinueOnError)
+	nprocs := fs.String("nproc", "2,4", "data-parallel sizes")
+	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
+	nLayer := fs.Int("n_layer", 6, "")
+	nEmbd := fs.Int("n_embd", 384, "")
+	nHead := fs.Int("n_head", 6, "")
+	block := fs.Int("block_size", 128, "")
+	batch := fs.Int("batch", 4, "per-rank micro-batch")
+	bucket := fs.Float64("bucket_mb", 4, "ddp bucket size (MiB)")
+	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	dir := *keep
+	if dir == "" {
+		d, err := os.MkdirTemp("", "tinyacc-bench-dp")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	gc := nn.GPTConfig{NLayer: *nLayer, NHead: *nHead, NEmbd: *nEmbd, BlockSize: *block, VocabSize: 256}
+	psi := float64(gc.NumParams())
+	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps; tcp backend\n",
+		*nLayer, *nEmbd, *block, psi/1e6, *batch, *steps)
+	fmt.Fprintf(stdout, "%4s %-13s %9s %8s %13s %13s %9s\n", "dp", "variant", "ms/step", "hidden", "steady MiB", "formula MiB", "vs formula")
+	for _, f := range strings.Split(*nprocs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			return fmt.Errorf("bench dp: --nproc %q: want sizes of 2 or more", *nprocs)
+		}
+		for _, v := range dpVariants {
+			tag := fmt.Sprintf("dp%d-%s", n, strings.ReplaceAll(v.name, " ", "-"))
+			metrics := filepath.Join(dir, tag+".jsonl")
+			tracePath := filepath.Join(dir, tag+".json")
+			argv := append([]string{exe, "train",
+				"--model.n_layer=" + strconv.Itoa(*nLayer), "--model.n_embd=" + strconv.Itoa(*nEmbd),
+				"--model.n_head=" + strconv.Itoa(*nHead), "--model.block_size=" + strconv.Itoa(*block),
+				"--train.batch_size=" + strconv.Itoa(*batch), "--train.steps=" + strconv.Itoa(*steps),
+				"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random",
+				"--ddp.bucket_mb=" + strconv.FormatFloat(*bucket, 'g', -1, 64),
+				"--metrics_file=" + metrics, "--trace=" + tracePath}, v.flags...)
+			fmt.Fprintf(stderr, "bench dp: %s\n", tag)
+			if err := launch.Run(context.Background(), launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
+				return fmt.Errorf("bench dp %s: %w", tag, err)
+			}
+			ms, mem, err := readDPMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			hidden, err := hiddenCommShare(trace.RankPath(tracePath, 0))
+			if err != nil {
+				return err
+			}
+			formula := dpFormulaBytes(psi, n, v.stage)
+			fmt.Fprintf(stdout, "%4d %-13s %9.1f %7.0f%% %13.2f %13.2f %+8.1f%%\n", n, v.name, ms, 100*hidden,
+				mem/(1<<20), formula/(1<<20), 100*(mem-formula)/formula)
+		}
+	}
+	fmt.Fprintln(stdout, "hidden: share of rank 0's communication time that overlaps forward/backward/optimizer spans")
+	fmt.Fprintln(stdout, "steady: rank 0's params + grads + optimizer state; formula: 4Ψ + 4Ψ + 8Ψ, sharded by N per ZeRO stage")
+	return nil
+}
+
+// dpFormulaBytes is fp32 AdamW's steady memory per rank for a ZeRO stage.
+func dpFormulaBytes(psi float64, n, stage int) float64 {
+	p, g, o := 4*psi, 4*psi, 8*psi
+	N := float64(n)
+	if stage >= 1 {
+		o /= N
+	}
+	if stage >= 2 {
+		g /= N
+	}
+	if stage >= 3 {
+		p /= N
+	}
+	return p + g + o
+}
+
+// readDPMetrics returns the median step time (first step excluded) and rank
+// 0's steady params+grads+optimizer bytes from a metrics file.
+func readDPMetrics(path string) (msPerStep, steadyBytes float64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	var times []float64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m struct {
+			Kind   string  `json:"kind"`
+			Step   int     `json:"step"`
+			StepMS float64 `json:"step_ms"`
+			Rank   int     `json:"rank"`
+			P      float64 `json:"params_bytes"`
+			G      float64 `json:"grads_bytes"`
+			O      float64 `json:"optim_bytes"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", path, err)
+		}
+		switch {
+		case m.Kind == "train" && m.Step > 0:
+			times = append(times, m.StepMS)
+		case m.Kind == "memory" && m.Rank == 0:
+			steadyBytes = m.P + m.G + m.O
+		}
+	}
+	if len(times) == 0 || steadyBytes == 0 {
+		return 0, 0, fmt.Errorf("%s: no timed steps or no memory entry", path)
+	}
+	return median(times), steadyBytes, sc.Err()
+}
+
+// hiddenCommShare reads a Chrome trace and returns the fraction of the
+// time spent in comm spans that overlaps compute spans.
+func hiddenCommShare(path string) (float64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var doc struct {
+		TraceEvents []trace.Event `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return HiddenShare(doc.TraceEvents), nil
+}
+
+// HiddenShare is Σ overlap(comm span, compute spans) / Σ comm span length.
+func HiddenShare(evs []trace.Event) float64 {
+	type iv struct{ a, b float64 }
+	var compute []iv
+	for _, e := range evs {
+		if e.Ph == "X" && e.TID == trace.Compute {
+			compute = append(compute, iv{e.TS, e.TS + e.Dur})
+		}
+	}
+	sort.Slice(compute, func(i, j int) bool { return compute[i].a < compute[j].a })
+	// merge into disjoint intervals
+	var merged []iv
+	for _, c := range compute {
+		if n := len(merged); n > 0 && c.a <= merged[n-1].b {
+			merged[n-1].b = max(merged[n-1].b, c.b)
+		} else {
+			merged = append(merged, c)
+		}
+	}
+	var total, hidden float64
+	for _, e := range evs {
+		if e.Ph != "X" || e.TID != trace.Comm {
+			continue
+		}
+		a, b := e.TS, e.TS+e.Dur
+		total += b - a
+		for _, c := range merged {
+			lo, hi := max(a, c.a), min(b, c.b)
+			if hi > lo {
+				hidden += hi - lo
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return hidden / total
+}

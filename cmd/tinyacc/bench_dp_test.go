@@ -1,0 +1,30 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/trace"
+)
+
+func TestHiddenShare(t *testing.T) {
+	evs := []trace.Event{
+		{Ph: "X", TID: trace.Compute, TS: 0, Dur: 10}, // forward
+		{Ph: "X", TID: trace.Compute, TS: 8, Dur: 12}, // backward, overlapping: union [0, 20]
+		{Ph: "X", TID: trace.Comm, TS: 15, Dur: 10},   // 5 of 10 hidden
+		{Ph: "X", TID: trace.Comm, TS: 30, Dur: 10},   // 0 of 10 hidden
+		{Ph: "M", TID: trace.Comm, TS: 0, Dur: 100},   // metadata: ignored
+		{Ph: "X", TID: trace.Compute, TS: 35, Dur: 2}, // optimizer: 2 of the second span
+	}
+	require.InDelta(t, 7.0/20.0, HiddenShare(evs), 1e-12)
+	require.Equal(t, 0.0, HiddenShare(nil))
+}
+
+func TestDPFormula(t *testing.T) {
+	psi := 1000.0
+	require.Equal(t, 16*psi, dpFormulaBytes(psi, 4, 0))
+	require.Equal(t, 4*psi+4*psi+2*psi, dpFormulaBytes(psi, 4, 1))
+	require.Equal(t, 4*psi+psi+2*psi, dpFormulaBytes(psi, 4, 2))
+	require.Equal(t, 4*psi, dpFormulaBytes(psi, 4, 3))
+}

@@ -1,0 +1,164 @@
+package ddp
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Modes of gradient synchronisation (the values of ddp.mode).
+const (
+	Naive    = "naive"
+	Bucketed = "bucketed"
+)
+
+// mib is the number of bytes in the unit of ddp.bucket_mb.
+const mib = 1 << 20
+
+// DDP is the data-parallel plugin of one rank. It implements
+// trainer.Preparer, GradReadier, PreStepper, LossReducer and
+// MemoryGatherer.
+type DDP struct {
+	g    comm.Group
+	mode string
+	// bucketBytes and firstBytes cap the buckets of the bucketed mode.
+	bucketBytes, firstBytes int64
+
+	// Set by Prepare in bucketed mode.
+	buckets []*bucket
+	slots   map[*tensor.Tensor]*slot
+}
+
+// New returns the data-parallel plugin over group g (the data-parallel
+// group: all ranks, or one slice of a larger mesh). mode is Naive or
+// Bucketed ("" means Bucketed). bucketMB and firstBucketMB are bucket caps
+// in MiB; firstBucketMB = 0 means no separate first-bucket cap. They are
+// ignored in naive mode.
+func New(g comm.Group, mode string, bucketMB, firstBucketMB float64) (*DDP, error) {
+	if g == nil {
+		return nil, fmt.Errorf("ddp: no communication group (this rank is not in the data-parallel group)")
+	}
+	if mode == "" {
+		mode = Bucketed
+	}
+	d := &DDP{g: g, mode: mode}
+	switch mode {
+	case Naive:
+	case Bucketed:
+		if !(bucketMB > 0) {
+			return nil, fmt.Errorf("ddp: ddp.bucket_mb is %v; it must be positive (25 is a good default)", bucketMB)
+		}
+		if !(firstBucketMB >= 0) {
+			return nil, fmt.Errorf("ddp: ddp.first_bucket_mb is %v; it must be positive, or 0 for no smaller first bucket", firstBucketMB)
+		}
+		if firstBucketMB == 0 {
+			firstBucketMB = bucketMB
+		}
+		d.bucketBytes = max(1, int64(bucketMB*mib))
+		d.firstBytes = max(1, int64(firstBucketMB*mib))
+	default:
+		return nil, fmt.Errorf("ddp: unknown ddp.mode %q; use %q or %q", mode, Naive, Bucketed)
+	}
+	return d, nil
+}
+
+// FromConfig is New with the ddp.* keys of cfg.
+func FromConfig(g comm.Group, cfg config.Config) (*DDP, error) {
+	return New(g, cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+}
+
+// Name implements trainer.Plugin.
+func (d *DDP) Name() string { return "ddp" }
+
+// Mode is the synchronisation mode in use (Naive or Bucketed).
+func (d *DDP) Mode() string { return d.mode }
+
+// Prepare makes every replica start from rank 0's parameters, points this
+// rank at its slice of the global batch and, in bucketed mode, lays the
+// gradients out in their buckets.
+func (d *DDP) Prepare(t *trainer.Trainer) error {
+	if dp := t.Cfg.Parallel.DP; dp > 0 && dp != d.g.Size() {
+		return fmt.Errorf("ddp: parallel.dp is %d but data-parallel group %q has %d ranks; set parallel.dp to %d or 0",
+			dp, d.g.Name(), d.g.Size(), d.g.Size())
+	}
+	// Initial weights already depend only on (seed, name); broadcasting
+	// anyway keeps replicas identical whatever the caller loaded.
+	for _, p := range t.Model.Params() {
+		if !p.HasStorage() {
+			return fmt.Errorf("ddp: parameter %s has no storage; ddp must come before plugins that shard parameters", p.Name)
+		}
+		span := t.Trace.Begin("broadcast "+p.Name, "comm", trace.Comm).With("bytes", p.Bytes())
+		err := d.g.Broadcast(p, 0)
+		span.End()
+		if err != nil {
+			return fmt.Errorf("ddp: broadcast initial %s from rank 0: %w", p.Name, err)
+		}
+	}
+	t.DataRank, t.DataSize = d.g.Rank(), d.g.Size()
+	if d.mode == Bucketed {
+		return d.layout(t)
+	}
+	return nil
+}
+
+// GradReady implements trainer.GradReadier: in bucketed mode it starts a
+// bucket's all-reduce once its last gradient of the step is final.
+func (d *DDP) GradReady(t *trainer.Trainer, p *tensor.Tensor, info tensor.PassInfo) error {
+	if d.mode != Bucketed || !info.Last {
+		return nil // naive, or an earlier micro-batch: accumulate only
+	}
+	return d.gradReady(t, p)
+}
+
+// PreStep implements trainer.PreStepper: once it returns, every gradient
+// holds the average over the data-parallel ranks.
+func (d *DDP) PreStep(t *trainer.Trainer) error {
+	if d.mode == Naive {
+		return d.allReduceEach(t)
+	}
+	return d.finishBuckets(t)
+}
+
+// ReduceLoss implements trainer.LossReducer: every rank's loss is its mean
+// over equally many samples, so the average of the ranks' losses is the
+// mean over the global batch.
+func (d *DDP) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
+	buf := tensor.FromF64([]float64{loss}, 1)
+	span := t.Trace.Begin("all_reduce loss", "comm", trace.Comm).With("bytes", buf.Bytes())
+	err := d.g.AllReduce(buf, comm.Avg)
+	span.End()
+	if err != nil {
+		return 0, fmt.Errorf("ddp: all-reduce loss: %w", err)
+	}
+	return buf.F64()[0], nil
+}
+
+// memFields is the number of numbers in one MemoryReport on the wire.
+const memFields = 7
+
+// GatherMemory implements trainer.MemoryGatherer: every rank ends with the
+// reports of all ranks, in rank order. The byte counts travel as float64,
+// exact up to 2^53 bytes.
+func (d *DDP) GatherMemory(t *trainer.Trainer, mine trainer.MemoryReport) ([]trainer.MemoryReport, error) {
+	in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
+		float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, memFields)
+	n := d.g.Size()
+	out := tensor.FromF64(make([]float64, n*memFields), n*memFields)
+	span := t.Trace.Begin("all_gather memory", "comm", trace.Comm).With("bytes", out.Bytes())
+	err := d.g.AllGather(in, out)
+	span.End()
+	if err != nil {
+		return nil, fmt.Errorf("ddp: all-gather memory reports: %w", err)
+	}
+	all := make([]trainer.MemoryReport, n)
+	for r := range all {
+		f := out.F64()[r*memFields : (r+1)*memFields]
+		all[r] = trainer.MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
+			OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
+	}
+	return all, nil
+}

@@ -1,0 +1,31 @@
+package ddp
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// allReduceEach is the naive form: after the step's last backward, average
+// every gradient over the ranks, one blocking all-reduce per parameter, in
+// the model's parameter order (the same on every rank).
+func (d *DDP) allReduceEach(t *trainer.Trainer) error {
+	for _, p := range t.Model.Params() {
+		if p.Grad == nil {
+			// No gradient reached p on this rank; a zero one keeps every
+			// rank issuing the same collectives.
+			p.Grad = t.Alloc.New(tensor.Grads, p.DType(), p.Shape()...)
+			p.Grad.Name = p.Name
+		}
+		span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", p.Grad.Bytes())
+		err := d.g.AllReduce(p.Grad, comm.Avg)
+		span.End()
+		if err != nil {
+			return fmt.Errorf("ddp: all-reduce gradient of %s: %w", p.Name, err)
+		}
+	}
+	return nil
+}

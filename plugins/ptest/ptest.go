@@ -1,0 +1,194 @@
+// Package ptest is the equivalence harness of the parallel plugins: it runs
+// the same training once in a single process and once on N ranks, and holds
+// the parallel run to the single one (the rule "equivalence is the law").
+package ptest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Result is what one rank of a run ends with.
+type Result struct {
+	Losses    []float64
+	GradNorms []float64            // global gradient norm of each step, before clipping
+	Params    map[string][]float64 // full parameters, by name, after the last step
+	Memory    trainer.MemoryReport
+	Trace     []trace.Event
+}
+
+// Config is a small GPT that trains in well under a second per step.
+func Config() config.Config {
+	c := config.Defaults()
+	c.Model.NLayer, c.Model.NHead, c.Model.NEmbd, c.Model.BlockSize = 2, 2, 32, 16
+	c.Train.Steps, c.Train.BatchSize, c.Train.GradAccum = 10, 4, 1
+	c.Train.LR, c.Train.WarmupSteps = 3e-3, 2
+	c.Train.EvalEvery = 0
+	c.Data.ValFraction = 0
+	return c
+}
+
+// Corpus is the token stream every run reads.
+func Corpus() []int32 {
+	return data.Encode(strings.Repeat("func main() { fmt.Println(\"hello, tinyacc\") }\n// a comment\n", 80))
+}
+
+// Single trains cfg in one process; cfg.Train.BatchSize must be the global
+// micro-batch (per-rank batch × ranks).
+func Single(t testing.TB, cfg config.Config) Result {
+	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus()})
+	require.NoError(t, err)
+	res, err := tr.Run(context.Background())
+	require.NoError(t, err)
+	return collect(tr, res, nil)
+}
+
+// Parallel trains cfg on n ranks of the given backend ("local" or "tcp",
+// the latter over loopback inside this process), each with the plugins
+// build returns for its world group, and returns every rank's result.
+func Parallel(t testing.TB, cfg config.Config, n int, backend string, build func(g comm.Group) ([]trainer.Plugin, error)) []Result {
+	results := make([]Result, n)
+	var mu sync.Mutex
+	run := func(g comm.Group) error {
+		plugins, err := build(g)
+		if err != nil {
+			return err
+		}
+		rec := trace.New(g.Rank())
+		tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Rank: g.Rank(), World: g.Size(), Trace: rec})
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", g.Rank(), err)
+		}
+		res, err := tr.Run(context.Background())
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", g.Rank(), err)
+		}
+		r := collect(tr, res, rec)
+		for _, p := range plugins {
+			if f, ok := p.(trainer.FullParamser); ok {
+				if r.Params, err = f.FullParams(tr); err != nil {
+					return err
+				}
+			}
+		}
+		mu.Lock()
+		results[g.Rank()] = r
+		mu.Unlock()
+		return nil
+	}
+	opts := comm.Options{Timeout: timeout}
+	var err error
+	switch backend {
+	case "local":
+		err = comm.RunLocal(n, opts, run)
+	case "tcp":
+		err = comm.RunTCPLocal(n, opts, run)
+	default:
+		t.Fatalf("ptest: unknown backend %q", backend)
+	}
+	require.NoError(t, err)
+	return results
+}
+
+func collect(tr *trainer.Trainer, res *trainer.Result, rec *trace.Recorder) Result {
+	r := Result{Params: map[string][]float64{}, Memory: tr.Memory(), Trace: rec.Events()}
+	for _, s := range res.Steps {
+		r.Losses = append(r.Losses, s.Loss)
+		r.GradNorms = append(r.GradNorms, s.GradNorm)
+	}
+	for _, p := range tr.Model.Params() {
+		if p.HasStorage() {
+			r.Params[p.Name] = p.Float64s()
+		}
+	}
+	return r
+}
+
+// NormRel is ‖got − want‖ / ‖want‖.
+func NormRel(got, want []float64) float64 {
+	var d, w float64
+	for i := range want {
+		d += (got[i] - want[i]) * (got[i] - want[i])
+		w += want[i] * want[i]
+	}
+	return math.Sqrt(d) / math.Max(math.Sqrt(w), 1e-30)
+}
+
+// AssertEquivalent holds a parallel rank's result to the single-process
+// one: losses and gradient norms within 1e-5 relative (the norm catches a
+// gradient scaled wrongly, which AdamW and clipping would otherwise hide),
+// every parameter within 1e-4 norm-wise (AdamW turns float noise on
+// gradients that are zero in theory into full-size steps, so element-wise
+// 1e-5 is not attainable), with one exception explained at KeyBiasTol.
+func AssertEquivalent(t testing.TB, want, got Result, what string) {
+	t.Helper()
+	require.Len(t, got.Losses, len(want.Losses), what)
+	for i := range want.Losses {
+		require.InEpsilon(t, want.Losses[i], got.Losses[i], 1e-5, "%s: loss of step %d", what, i)
+		require.InEpsilon(t, want.GradNorms[i], got.GradNorms[i], 1e-5, "%s: gradient norm of step %d", what, i)
+	}
+	require.Len(t, got.Params, len(want.Params), "%s: parameters", what)
+	for name, w := range want.Params {
+		g, ok := got.Params[name]
+		require.True(t, ok, "%s: no parameter %s", what, name)
+		require.Len(t, g, len(w), "%s: parameter %s", what, name)
+		if !strings.HasSuffix(name, ".attn.c_attn.bias") {
+			require.LessOrEqual(t, NormRel(g, w), 1e-4, "%s: parameter %s", what, name)
+			continue
+		}
+		// [query | key | value], C each: query and value under the rule,
+		// the key part under KeyBiasTol of the whole tensor's norm.
+		C := len(w) / 3
+		qv := func(v []float64) []float64 { return append(append([]float64(nil), v[:C]...), v[2*C:]...) }
+		require.LessOrEqual(t, NormRel(qv(g), qv(w)), 1e-4, "%s: query and value parts of %s", what, name)
+		var d, n float64
+		for i := C; i < 2*C; i++ {
+			d += (g[i] - w[i]) * (g[i] - w[i])
+		}
+		for _, v := range w {
+			n += v * v
+		}
+		require.LessOrEqual(t, math.Sqrt(d)/math.Max(math.Sqrt(n), 1e-30), KeyBiasTol, "%s: key part of %s", what, name)
+	}
+}
+
+// KeyBiasTol bounds the difference of the attention key biases, relative
+// to the norm of the whole c_attn bias.
+//
+// The key bias has a gradient of exactly zero in theory (adding q·b_k to
+// every score of a softmax row changes nothing), so what it receives is
+// rounding noise, which AdamW normalises into real steps; any change of
+// summation order (data-parallel averaging, or one process splitting its
+// batch into micro-batches) moves it by up to 100% of its own tiny value.
+// That puts the whole c_attn bias at ~1e-4 against the single process, on
+// the edge of the 1e-4 rule, while the query and value parts agree to
+// ~1e-6. So those are held to the rule and the key part to this bound, still
+// far below the size of a real update.
+const KeyBiasTol = 1e-3
+
+// AssertReplicas checks that every rank ended with bitwise identical
+// parameters.
+func AssertReplicas(t testing.TB, rs []Result, what string) {
+	t.Helper()
+	for r := 1; r < len(rs); r++ {
+		for name, w := range rs[0].Params {
+			require.Equal(t, w, rs[r].Params[name], "%s: rank %d's %s differs from rank 0's", what, r, name)
+		}
+	}
+}
+
+// timeout is generous for a loaded 2-core machine and still no hang.
+const timeout = 60 * time.Second

@@ -1,0 +1,102 @@
+package plugins
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ddp"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+	"github.com/tinyacc/tinyacc/plugins/zero"
+)
+
+type variant struct {
+	name  string
+	apply func(c *config.Config)
+}
+
+var variants = []variant{
+	{"ddp naive", func(c *config.Config) { c.DDP.Mode = "naive" }},
+	{"ddp bucketed", func(c *config.Config) { c.DDP.Mode, c.DDP.BucketMB, c.DDP.FirstBucketMB = "bucketed", 0.02, 0.01 }},
+	{"zero 1", func(c *config.Config) { c.Zero.Stage = 1 }},
+	{"zero 2", func(c *config.Config) { c.Zero.Stage = 2 }},
+	{"zero 3", func(c *config.Config) { c.Zero.Stage = 3 }},
+}
+
+// TestEquivalenceMatrix is the law for every data-parallel plugin, built
+// the way `tinyacc train` builds it: N ranks with a per-rank batch B give
+// the single process with batch N·B, on both backends, with and without
+// gradient accumulation.
+func TestEquivalenceMatrix(t *testing.T) {
+	for _, accum := range []int{1, 2} {
+		for _, n := range []int{2, 4} {
+			single := ptest.Config()
+			single.Train.GradAccum = accum
+			single.Train.BatchSize = 2 * n
+			want := ptest.Single(t, single)
+			for _, v := range variants {
+				for _, backend := range []string{"local", "tcp"} {
+					cfg := ptest.Config()
+					cfg.Train.GradAccum = accum
+					cfg.Train.BatchSize = 2
+					v.apply(&cfg)
+					what := fmt.Sprintf("%s, %s, N=%d, grad_accum=%d", v.name, backend, n, accum)
+					got := ptest.Parallel(t, cfg, n, backend, func(g comm.Group) ([]trainer.Plugin, error) {
+						return Build(cfg, g)
+					})
+					for r := range got {
+						ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", what, r))
+					}
+					ptest.AssertReplicas(t, got, what)
+				}
+			}
+		}
+	}
+}
+
+func TestBuildPicksThePlugin(t *testing.T) {
+	require.NoError(t, comm.RunLocal(2, comm.Options{}, func(g comm.Group) error {
+		cfg := config.Defaults()
+		ps, err := Build(cfg, g)
+		require.NoError(t, err)
+		require.IsType(t, &ddp.DDP{}, ps[0])
+		cfg.Zero.Stage = 2
+		ps, err = Build(cfg, g)
+		require.NoError(t, err)
+		require.IsType(t, &zero.Zero{}, ps[0])
+		require.Equal(t, 2, ps[0].(*zero.Zero).Stage())
+		cfg.Parallel.DP = 3
+		_, err = Build(cfg, g)
+		require.EqualError(t, err, "mesh: world size 2 != tp 1 × cp 1 × dp 3 × pp 1 = 3")
+		return nil
+	}))
+	ps, err := Build(config.Defaults(), nil)
+	require.NoError(t, err)
+	require.Empty(t, ps, "a single process needs no plugin")
+}
+
+// ZeRO-3 holds only shards of the parameters: saving gathers them first,
+// and the file must hold what a single process trains.
+func TestZero3SavesFullWeights(t *testing.T) {
+	single := ptest.Config()
+	single.Train.BatchSize = 4
+	want := ptest.Single(t, single)
+	cfg := ptest.Config()
+	cfg.Train.BatchSize = 2
+	cfg.Zero.Stage = 3
+	cfg.SaveTo = filepath.Join(t.TempDir(), "z3.safetensors")
+	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, error) { return Build(cfg, g) })
+	ts, _, err := ckpt.Load(cfg.SaveTo)
+	require.NoError(t, err)
+	got := ptest.Result{Losses: want.Losses, GradNorms: want.GradNorms, Params: map[string][]float64{}}
+	for name, tt := range ts {
+		got.Params[name] = tt.Float64s()
+	}
+	ptest.AssertEquivalent(t, want, got, "zero-3 saved weights")
+}

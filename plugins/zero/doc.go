@@ -1,0 +1,86 @@
+// Package zero implements ZeRO data parallelism, stages 1, 2 and 3: every
+// rank of the data-parallel group trains the whole model on its slice of
+// the global batch, as plain data parallel does, but owns only 1/N of the
+// training state and shares the rest through collectives.
+//
+// # Layout
+//
+// The parameters are grouped in units, one per module of the GPT (embed:
+// wte and wpe; each block; head: ln_f). Each unit lives in one flat buffer,
+// padded at its end to a multiple of N, and rank r owns the contiguous shard
+// [r·S/N, (r+1)·S/N) of it. The Layout remembers, per range of a flat
+// buffer, which parameter it is (name, offset) and whether weight decay
+// applies (tensors of two or more dimensions), so the optimizer over a
+// shard, built on per-parameter views named "<name>[lo:hi]", performs
+// exactly the element updates of the unsharded one. The trainer's
+// optimizer is replaced by that ShardOptimizer: its Params are the views,
+// their Grad the matching views of the shard gradient, so clipping scales
+// exactly what the step uses, and the global gradient norm is the sum over
+// ranks of the shards' sums of squares (padding is zero).
+//
+// # The stages and their communication
+//
+// Stage 1 shards the optimizer state. Backward fills full gradients (views
+// of a flat buffer per unit) as usual, over every micro-batch; after the
+// last one each unit's gradient is reduce-scattered (Avg) into this rank's
+// shard gradient, the shard is stepped in place, and the updated shards
+// are all-gathered back into the flat parameter buffers the model's
+// tensors are aliased to. Per step: a reduce-scatter and an all-gather of
+// Ψ elements, the 2Ψ of a plain all-reduce.
+//
+// Stage 2 also shards the gradients. A unit's full gradient buffer exists
+// only for its backward: the module's PreBackward hook allocates it, and
+// the moment its last parameter's gradient is final (GradReady) it is
+// reduce-scattered asynchronously and freed when that completes, while
+// backward goes on with earlier units. This happens every micro-batch, the
+// results summed into the shard gradient, since no full gradient survives
+// between micro-batches. Traffic: Ψ reduce-scattered per micro-batch and Ψ
+// gathered per step, 2Ψ as in stage 1 without accumulation.
+//
+// Stage 3 (FSDP) also shards the parameters: a rank keeps only its shards.
+// A unit is all-gathered before its forward (module PreForward hook) and
+// released after it (PostForward), gathered again before its backward
+// (PreBackward), and its gradients are reduce-scattered when final, after
+// which its parameters and gradient buffer are released. When a unit
+// starts, the all-gather of the next unit (forward order, or backward
+// order during backward) is issued asynchronously so it overlaps the
+// unit's compute. Two choices save traffic and keep the tie correct: the
+// embed unit, whose wte the head also reads (logits), stays gathered from
+// its forward until its own backward is done; and the head, whose backward
+// immediately follows its forward, is not released in between. Traffic per
+// micro-batch: Ψ gathered for forward, Ψ less embed and head for backward,
+// Ψ reduce-scattered: about 3Ψ against stage 2's 2Ψ, the price of holding
+// Ψ/N parameters.
+//
+// # Memory (fp32, AdamW; P = padded Ψ)
+//
+//	          params                 grads                     optimizer
+//	stage 1   4P                     4P + 4P/N                 8Ψ/N
+//	stage 2   4P                     4P/N + T                  8Ψ/N
+//	stage 3   4P/N + T               4P/N + T                  8Ψ/N
+//
+// The extra buffers beside REFERENCE.md's formulas: stage 1 keeps the
+// reduced shard gradient (4P/N) beside the full one, because a
+// reduce-scatter may not write into its own input. T = 4·(embed unit + the
+// largest two units adjacent in forward order) is the transient working
+// set of stages 2 and 3: the unit computed now and the one prefetched (or
+// still being reduce-scattered), plus the embed unit, held for the whole
+// pass because of the tie. Micro-batches after the first of a step also
+// borrow one shard-sized comm buffer while their reduce-scatter runs.
+// Prepare resets the allocator's peaks once the unsharded set-up buffers
+// are freed, so the report shows the training steady state. TestMemory
+// holds all of this to the byte.
+//
+// # Order and errors
+//
+// Collectives are issued from deterministic points (backward's GradReady
+// order, module hooks, the trainer's step hooks), so every rank issues the
+// same sequence. Each one is traced on the comm track from issue to
+// completion, with its bytes. Module hooks cannot return errors: a failure
+// there is kept and returned by the next hook that can (GradReady,
+// PostGrad, the loss reduction, PreStep, the next PreForward).
+//
+// Stage 3 leaves the model's tensors without storage between uses, so
+// anything reading the weights outside the training step (saving weights,
+// generation) must gather them first: FullParams does, collectively.
+package zero

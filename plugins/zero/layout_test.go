@@ -1,0 +1,94 @@
+package zero
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+func tinyGPT(t *testing.T) *nn.GPT {
+	m, err := nn.NewGPT(nn.GPTConfig{NLayer: 2, NHead: 2, NEmbd: 8, BlockSize: 5, VocabSize: 11}, 1, tensor.Float32, tensor.NewAllocator())
+	require.NoError(t, err)
+	return m
+}
+
+func TestLayoutUnitsAndPadding(t *testing.T) {
+	m := tinyGPT(t)
+	l, err := NewLayout(m, 3, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"embed", "h.0", "h.1", "head"}, func() []string {
+		var s []string
+		for _, u := range l.Units {
+			s = append(s, u.Name)
+		}
+		return s
+	}())
+	// embed: wte 11x8 + wpe 5x8 = 128 -> 129; block 12*64+13*8 = 872 -> 873;
+	// head: ln_f 2*8 = 16 -> 18.
+	for i, want := range []struct{ numel, size int }{{128, 129}, {872, 873}, {872, 873}, {16, 18}} {
+		u := l.Units[i]
+		require.Equal(t, want.numel, u.Numel, u.Name)
+		require.Equal(t, want.size, u.Size, u.Name)
+		require.Equal(t, want.size/3, u.Shard, u.Name)
+	}
+	e := l.Units[0]
+	require.Equal(t, []Range{
+		{Name: "wte.weight", Param: m.Embed.Wte, Offset: 0, Numel: 88, Decay: true},
+		{Name: "wpe.weight", Param: m.Embed.Wpe, Offset: 88, Numel: 40, Decay: true},
+	}, e.Ranges)
+	require.True(t, e.Shared, "the head reads the embed unit's wte")
+	require.Equal(t, []int{0}, l.Units[3].Uses)
+	require.Equal(t, 3, l.UnitOf(m.Head.LnB))
+	require.Equal(t, -1, l.UnitOf(tensor.New(tensor.Float32, 1)))
+	// Rank 1 owns embed elements [43, 86): part of wte only.
+	require.Equal(t, []Piece{{Range: &e.Ranges[0], Lo: 43, Hi: 86, At: 0}}, l.Pieces(e))
+	require.Equal(t, "wte.weight[43:86]", l.Pieces(e)[0].ViewName())
+}
+
+// TestPiecesPartitionParameters checks, for several group sizes, that the
+// ranks' pieces cover every element of every parameter exactly once, and
+// that each piece sits at the right place of its rank's shard.
+func TestPiecesPartitionParameters(t *testing.T) {
+	m := tinyGPT(t)
+	for _, n := range []int{1, 2, 3, 4, 7} {
+		seen := map[string][]int{}
+		for _, p := range m.Params() {
+			seen[p.Name] = make([]int, p.Numel())
+		}
+		for r := 0; r < n; r++ {
+			l, err := NewLayout(m, n, r)
+			require.NoError(t, err)
+			for _, u := range l.Units {
+				require.Zero(t, u.Size%n)
+				require.Less(t, u.Size-u.Numel, n, "padding below one element per rank")
+				for _, pc := range l.Pieces(u) {
+					for i := pc.Lo; i < pc.Hi; i++ {
+						seen[pc.Range.Name][i]++
+					}
+					// The piece's first flat element, seen from the shard.
+					require.Equal(t, pc.Range.Offset+pc.Lo, l.Lo(u)+pc.At, "n=%d rank %d %s", n, r, pc.ViewName())
+					require.LessOrEqual(t, pc.At+pc.Hi-pc.Lo, u.Shard)
+				}
+			}
+		}
+		for name, c := range seen {
+			for i, k := range c {
+				require.Equal(t, 1, k, fmt.Sprintf("n=%d: element %d of %s owned %d times", n, i, name, k))
+			}
+		}
+	}
+}
+
+func TestLayoutErrors(t *testing.T) {
+	m := tinyGPT(t)
+	_, err := NewLayout(m, 2, 2)
+	require.EqualError(t, err, "zero: layout for rank 2 of a group of 2: the rank must be in [0, size)")
+	m64, err := nn.NewGPT(nn.GPTConfig{NLayer: 1, NHead: 1, NEmbd: 4, BlockSize: 2, VocabSize: 3}, 1, tensor.Float64, tensor.NewAllocator())
+	require.NoError(t, err)
+	_, err = NewLayout(m64, 2, 0)
+	require.EqualError(t, err, "zero: parameter wte.weight is float64; sharding supports float32 parameters only")
+}

@@ -1,0 +1,163 @@
+package zero
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// sizes are the element counts of the model's units, computed from the
+// GPT-2 shapes (not from the layout under test), each padded to n.
+type sizes struct {
+	psi    int   // parameters, no padding
+	padded int   // all units, padded
+	embed  int   // the embed unit, padded
+	others []int // blocks then head, padded, in forward order
+}
+
+func unitSizes(cfg config.Config, n int) sizes {
+	V, C, T, L := cfg.Model.VocabSize, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NLayer
+	pad := func(x int) int { return (x + n - 1) / n * n }
+	embed, block, head := V*C+T*C, 12*C*C+13*C, 2*C
+	s := sizes{psi: embed + L*block + head, embed: pad(embed)}
+	for i := 0; i < L; i++ {
+		s.others = append(s.others, pad(block))
+	}
+	s.others = append(s.others, pad(head))
+	s.padded = s.embed
+	for _, o := range s.others {
+		s.padded += o
+	}
+	return s
+}
+
+// maxPair is the largest sum of two units adjacent in forward order (the
+// unit being computed and the one prefetched, or the one whose gradient
+// is being produced and the one still being reduce-scattered).
+func (s sizes) maxPair() int {
+	m := 0
+	for i := 0; i+1 < len(s.others); i++ {
+		m = max(m, s.others[i]+s.others[i+1])
+	}
+	return m
+}
+
+// TestMemoryMatchesFormulas holds each rank's steady memory (the
+// allocator's peaks after Prepare) to REFERENCE.md's fp32 AdamW formulas:
+// params 4Ψ, grads 4Ψ, moments 8Ψ, each divided by N where the stage
+// shards it, within 5%, plus the buffers doc.go documents:
+//
+//	stage 1: grads + the reduced shard (4Ψ/N)
+//	stage 2: grads = shard + the embed unit + two adjacent units in flight
+//	stage 3: params and grads = shard + the embed unit + two adjacent units
+//
+// and padding (every unit rounded up to a multiple of N).
+func TestMemoryMatchesFormulas(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		for _, stage := range []int{1, 2, 3} {
+			t.Run(fmt.Sprintf("n%d/stage%d", n, stage), func(t *testing.T) {
+				cfg := parallelConfig(stage, n, 1)
+				cfg.Train.Steps = 2
+				s := unitSizes(cfg, n)
+				psi, P, N := float64(s.psi), float64(s.padded), float64(n)
+				transient := 4 * float64(s.embed+s.maxPair())
+				// formula: REFERENCE.md; want: formula + padding + buffers.
+				type row struct{ formula, want float64 }
+				var params, grads row
+				optim := row{8 * psi / N, 8 * psi / N}
+				switch stage {
+				case 1:
+					params = row{4 * psi, 4 * P}
+					grads = row{4 * psi, 4*P + 4*P/N}
+				case 2:
+					params = row{4 * psi, 4 * P}
+					grads = row{4 * psi / N, 4*P/N + transient}
+				case 3:
+					params = row{4 * psi / N, 4*P/N + transient}
+					grads = row{4 * psi / N, 4*P/N + transient}
+				}
+				runs := runRanks(t, cfg, n, stage)
+				var optimSum int64
+				for r, run := range runs {
+					m := run.Memory
+					for _, c := range []struct {
+						what string
+						got  int64
+						row  row
+					}{{"params", m.ParamsBytes, params}, {"grads", m.GradsBytes, grads}, {"optimizer state", m.OptimBytes, optim}} {
+						require.LessOrEqual(t, math.Abs(float64(c.got)-c.row.want), 0.05*c.row.formula,
+							"rank %d %s: %d bytes, want %.0f (formula %.0f)", r, c.what, c.got, c.row.want, c.row.formula)
+					}
+					// Parameters and gradients are fully determined by the
+					// unit sizes: hold them exactly.
+					require.Equal(t, int64(params.want), m.ParamsBytes, "rank %d params", r)
+					require.Equal(t, int64(grads.want), m.GradsBytes, "rank %d grads", r)
+					optimSum += m.OptimBytes
+				}
+				// The shards partition the parameters: the moments of all
+				// ranks together are exactly those of one unsharded AdamW.
+				require.Equal(t, int64(8*s.psi), optimSum, "optimizer state summed over ranks")
+				// Rank 0 reports every rank.
+				all := runs[0].Result.Memory
+				require.Len(t, all, n)
+				for r, run := range runs {
+					require.Equal(t, run.Memory, all[r], "rank 0's copy of rank %d's report", r)
+				}
+			})
+		}
+	}
+}
+
+// TestTraceCommunication checks that every collective is traced on the
+// comm track with its size, and that the traffic is REFERENCE.md's: per
+// micro-batch stage 3 gathers the parameters twice (forward, and backward
+// but for the embed unit, kept from forward, and the head, whose backward
+// follows its forward) and reduce-scatters the gradients once, about 3Ψ;
+// stages 1 and 2 reduce-scatter Ψ and all-gather Ψ per step, 2Ψ.
+func TestTraceCommunication(t *testing.T) {
+	const n, accum, steps = 2, 2, 3
+	for _, stage := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("stage%d", stage), func(t *testing.T) {
+			cfg := parallelConfig(stage, n, accum)
+			cfg.Train.Steps = steps
+			s := unitSizes(cfg, n)
+			rs := ptest.Parallel(t, cfg, n, "local", build(stage))
+			blocks := 0
+			for _, o := range s.others[:len(s.others)-1] {
+				blocks += o
+			}
+			var wantAG, wantRS int
+			switch stage {
+			case 1:
+				wantAG, wantRS = steps*s.padded, steps*s.padded
+			case 2:
+				wantAG, wantRS = steps*s.padded, steps*accum*s.padded
+			case 3:
+				wantAG, wantRS = steps*accum*(s.padded+blocks), steps*accum*s.padded
+			}
+			for r, res := range rs {
+				bytes := map[string]int{}
+				for _, e := range res.Trace {
+					if e.Cat != "comm" {
+						continue
+					}
+					require.Equal(t, trace.Comm, e.TID, "rank %d span %s", r, e.Name)
+					b, ok := e.Args["bytes"].(int64)
+					require.True(t, ok, "rank %d span %s has no bytes", r, e.Name)
+					bytes[strings.Fields(e.Name)[0]] += int(b)
+				}
+				require.Equal(t, 4*wantAG+8*7*n, bytes["all_gather"], "rank %d: all-gather bytes (parameters + memory reports)", r)
+				require.Equal(t, 4*wantRS, bytes["reduce_scatter"], "rank %d: reduce-scatter bytes", r)
+				require.Equal(t, 4*s.padded, bytes["broadcast"], "rank %d: broadcast of the initial parameters", r)
+				require.Equal(t, 2*8*steps, bytes["all_reduce"], "rank %d: loss and grad-norm all-reduces", r)
+			}
+		})
+	}
+}

@@ -1,0 +1,148 @@
+package zero
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// rankRun is what runRanks keeps of one rank.
+type rankRun struct {
+	Result *trainer.Result
+	Memory trainer.MemoryReport // the rank's own report
+}
+
+// runRanks trains cfg on n local ranks with ZeRO stage and returns every
+// rank's full result (ptest keeps only the losses; the gradient norm is
+// what clipping and the logs depend on, and the gathered memory reports
+// are in the result).
+func runRanks(t *testing.T, cfg config.Config, n, stage int) []rankRun {
+	return runRanksWith(t, cfg, n, stage, trainer.Options{Train: ptest.Corpus()})
+}
+
+// runRanksWith is runRanks with the data (and any other options) of base.
+func runRanksWith(t *testing.T, cfg config.Config, n, stage int, base trainer.Options) []rankRun {
+	out := make([]rankRun, n)
+	var mu sync.Mutex
+	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
+		z, err := New(g, stage)
+		if err != nil {
+			return err
+		}
+		opts := base
+		opts.Plugins, opts.Rank, opts.World = []trainer.Plugin{z}, g.Rank(), g.Size()
+		tr, err := trainer.New(cfg, opts)
+		if err != nil {
+			return err
+		}
+		res, err := tr.Run(context.Background())
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out[g.Rank()] = rankRun{Result: res, Memory: tr.Memory()}
+		mu.Unlock()
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+func singleSteps(t *testing.T, cfg config.Config) []trainer.StepMetrics {
+	tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus()})
+	require.NoError(t, err)
+	res, err := tr.Run(context.Background())
+	require.NoError(t, err)
+	return res.Steps
+}
+
+// TestGradNormMatchesSingle holds the global gradient norm every rank
+// reports (and clips with) to the single-process one, step by step. The
+// losses alone would not catch a wrong gradient scale: clipping and AdamW
+// both normalise it away.
+func TestGradNormMatchesSingle(t *testing.T) {
+	for _, stage := range []int{1, 2, 3} {
+		for _, accum := range []int{1, 2} {
+			t.Run(fmt.Sprintf("stage%d/accum%d", stage, accum), func(t *testing.T) {
+				const n = 2
+				cfg := parallelConfig(stage, n, accum)
+				cfg.Train.Steps = 4
+				ref := cfg
+				ref.Train.BatchSize *= n
+				want := singleSteps(t, ref)
+				for r, run := range runRanks(t, cfg, n, stage) {
+					steps := run.Result.Steps
+					require.Len(t, steps, len(want))
+					for s := range want {
+						require.Greater(t, want[s].GradNorm, cfg.Train.GradClip, "the reference must clip for this test to bite")
+						require.InEpsilon(t, want[s].GradNorm, steps[s].GradNorm, 1e-5, "rank %d step %d", r, s)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestSGDWithoutClipping trains with plain SGD and no clipping, where the
+// update is proportional to the gradient: averaging over ranks and
+// summing over micro-batches must give exactly the single-process scale.
+func TestSGDWithoutClipping(t *testing.T) {
+	for _, stage := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("stage%d", stage), func(t *testing.T) {
+			const n, accum = 2, 2
+			cfg := parallelConfig(stage, n, accum)
+			cfg.Train.Optimizer, cfg.Train.GradClip, cfg.Train.LR = "sgd", 0, 0.05
+			ref := cfg
+			ref.Train.BatchSize *= n
+			want := ptest.Single(t, ref)
+			rs := ptest.Parallel(t, cfg, n, "local", build(stage))
+			for r, got := range rs {
+				ptest.AssertEquivalent(t, want, got, fmt.Sprintf("sgd stage %d rank %d", stage, r))
+			}
+		})
+	}
+}
+
+// TestEvaluationBetweenSteps evaluates between steps: a forward without
+// backward, which in stage 3 gathers units that no backward releases. Each
+// rank evaluates its own micro-batch size, so the reference for the
+// validation losses is stage 1 (full parameters on every rank); training
+// after the evaluations must still match one process.
+func TestEvaluationBetweenSteps(t *testing.T) {
+	c := ptest.Corpus()
+	split := len(c) * 8 / 10
+	data := trainer.Options{Train: c[:split], Val: c[split:]}
+	const n = 2
+	cfg := func(stage int) config.Config {
+		cfg := parallelConfig(stage, n, 1)
+		cfg.Train.Steps, cfg.Train.EvalEvery = 4, 2
+		return cfg
+	}
+	ref := cfg(1)
+	ref.Train.BatchSize *= n
+	tr, err := trainer.New(ref, data)
+	require.NoError(t, err)
+	single, err := tr.Run(context.Background())
+	require.NoError(t, err)
+	full := runRanksWith(t, cfg(1), n, 1, data)
+	for _, stage := range []int{2, 3} {
+		for r, run := range runRanksWith(t, cfg(stage), n, stage, data) {
+			got, want := run.Result, full[r].Result
+			require.Len(t, got.Evals, 2)
+			for i := range want.Evals {
+				require.InEpsilon(t, want.Evals[i].Loss, got.Evals[i].Loss, 1e-5, "stage %d rank %d eval %d", stage, r, i)
+			}
+			for s := range single.Steps {
+				require.InEpsilon(t, single.Steps[s].Loss, got.Steps[s].Loss, 1e-5, "stage %d rank %d step %d", stage, r, s)
+			}
+		}
+	}
+}

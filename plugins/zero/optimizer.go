@@ -1,0 +1,68 @@
+package zero
+
+import (
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/optim"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// View is one optimizer parameter: the piece of a model parameter that lies
+// in this rank's shard.
+type View struct {
+	Param *tensor.Tensor // the 1-D view the optimizer updates; Grad set
+	Piece Piece
+	Unit  string
+}
+
+// ShardOptimizer is the optimizer of a ZeRO rank: the configured optimizer
+// over views of the owned shard only, so its state is 1/N of the model's.
+// Its Params are the views, whose Grad are views of the shard gradients:
+// the trainer's clipping scales exactly the numbers the step uses.
+type ShardOptimizer struct {
+	inner optim.Optimizer
+	views []View
+}
+
+// newShardOptimizer builds the optimizer of cfg over per-parameter views of
+// every unit's shard. Each view takes its weight decay from the parameter
+// it belongs to (decay for tensors of two or more dimensions), so the
+// update matches the unsharded optimizer element for element.
+func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc *tensor.Allocator) *ShardOptimizer {
+	o := &ShardOptimizer{}
+	var decay, none []*tensor.Tensor
+	for _, u := range units {
+		for _, pc := range lay.Pieces(u.Unit) {
+			n := pc.Hi - pc.Lo
+			p := tensor.FromF32(u.shard.F32()[pc.At:pc.At+n], n).RequiresGrad()
+			p.Name = pc.ViewName()
+			p.Grad = tensor.FromF32(u.shardGrad.F32()[pc.At:pc.At+n], n)
+			p.Grad.Name = p.Name
+			o.views = append(o.views, View{Param: p, Piece: pc, Unit: u.Name})
+			if pc.Range.Decay {
+				decay = append(decay, p)
+			} else {
+				none = append(none, p)
+			}
+		}
+	}
+	groups := []optim.Group{{Params: decay, WeightDecay: cfg.Train.WeightDecay}, {Params: none, WeightDecay: 0}}
+	if cfg.Train.Optimizer == "sgd" {
+		o.inner = optim.NewSGD(cfg.Train.Momentum, groups, alloc)
+	} else {
+		o.inner = optim.NewAdamW(optim.AdamWConfig{Beta1: cfg.Train.Beta1, Beta2: cfg.Train.Beta2, Eps: cfg.Train.Eps}, groups, alloc)
+	}
+	return o
+}
+
+// Step implements optim.Optimizer: it updates the owned shard in place.
+func (o *ShardOptimizer) Step(lr float64) error { return o.inner.Step(lr) }
+
+// Params implements optim.Optimizer: the shard views, decayed ones first.
+func (o *ShardOptimizer) Params() []*tensor.Tensor { return o.inner.Params() }
+
+// State implements optim.Optimizer: the state of the owned views, named
+// after them (e.g. "exp_avg.wte.weight[0:4352]").
+func (o *ShardOptimizer) State() map[string]*tensor.Tensor { return o.inner.State() }
+
+// Views lists the shard views with the parameter range each covers.
+func (o *ShardOptimizer) Views() []View { return o.views }

@@ -1,0 +1,156 @@
+package zero
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Stage 3 keeps only each unit's parameter shard. The module hooks gather a
+// unit's full parameters into a buffer its tensors are aliased to:
+//
+//	PreForward   gather the unit (waiting for its prefetch), prefetch the next
+//	PostForward  release it, unless its backward is next (the last unit) or
+//	             a later unit reads it (the embed unit: the head's logits
+//	             use the tied wte)
+//	PreBackward  give the unit (and the units it reads) gradient buffers,
+//	             gather it if released, prefetch the unit whose backward is next
+//	GradReady    when the unit's gradients are final: reduce-scatter them and
+//	             release the parameters
+//
+// Keeping the embed unit gathered from its forward to its backward is the
+// simplest correct handling of the tie: it costs one unit of memory for the
+// whole pass and no extra communication. Stage 2 uses only the PreBackward
+// hook, for the gradient buffers.
+
+// addHooks registers the module hooks of stages 2 and 3.
+func (z *Zero) addHooks() {
+	for _, u := range z.units {
+		h := &u.Module.Hooks
+		h.PreBackward = append(h.PreBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preBackward(u)) })
+		if z.stage == 3 {
+			h.PreForward = append(h.PreForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preForward(u)) })
+			h.PostForward = append(h.PostForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.postForward(u)) })
+		}
+	}
+}
+
+// PreForward implements trainer.PreForwarder: it reports a failure a module
+// hook of the previous pass could not return.
+func (z *Zero) PreForward(t *trainer.Trainer, info tensor.PassInfo) error { return z.check() }
+
+func (z *Zero) preForward(u *unitState) error {
+	if err := z.gather(u); err != nil {
+		return err
+	}
+	for _, v := range u.Uses {
+		if err := z.gather(z.units[v]); err != nil {
+			return err
+		}
+	}
+	if next := u.Index + 1; next < len(z.units) {
+		z.prefetch(z.units[next])
+	}
+	return nil
+}
+
+func (z *Zero) postForward(u *unitState) error {
+	if u.Shared || u.Index == len(z.units)-1 {
+		return nil
+	}
+	return z.release(u)
+}
+
+func (z *Zero) preBackward(u *unitState) error {
+	z.ensureGrads(u)
+	for _, v := range u.Uses {
+		z.ensureGrads(z.units[v])
+	}
+	if z.stage != 3 {
+		return nil
+	}
+	if err := z.gather(u); err != nil {
+		return err
+	}
+	for _, v := range u.Uses {
+		if err := z.gather(z.units[v]); err != nil {
+			return err
+		}
+	}
+	if prev := u.Index - 1; prev >= 0 {
+		z.prefetch(z.units[prev])
+	}
+	return nil
+}
+
+// startGather gives u a full parameter buffer, aliases its parameters into
+// it and starts the all-gather of the shards that fills it.
+func (z *Zero) startGather(u *unitState) *op {
+	u.flat = z.t.Alloc.NewUninit(tensor.Params, tensor.Float32, u.Size)
+	for _, r := range u.Ranges {
+		r.Param.Alias(u.flat, r.Offset)
+	}
+	flat := u.flat
+	return z.issue("all_gather "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, flat) }, nil)
+}
+
+// gather makes u's full parameters available, waiting for a prefetch in
+// flight or gathering now.
+func (z *Zero) gather(u *unitState) error {
+	o := z.gathers[u.Index]
+	delete(z.gathers, u.Index)
+	if o == nil {
+		if u.flat != nil {
+			return nil // still gathered
+		}
+		o = z.startGather(u)
+	}
+	if err := o.wait(); err != nil {
+		return fmt.Errorf("all-gather of the parameters of unit %s: %w", u.Name, err)
+	}
+	return nil
+}
+
+// prefetch starts gathering u unless it is gathered or on its way, so the
+// transfer overlaps the compute of the unit running now.
+func (z *Zero) prefetch(u *unitState) {
+	if z.Prefetch && u.flat == nil {
+		z.gathers[u.Index] = z.startGather(u)
+	}
+}
+
+// release drops u's full parameters (the shard stays).
+func (z *Zero) release(u *unitState) error {
+	if u.flat == nil || z.stage != 3 {
+		return nil
+	}
+	var err error
+	if o := z.gathers[u.Index]; o != nil {
+		delete(z.gathers, u.Index)
+		err = o.wait()
+	}
+	for _, r := range u.Ranges {
+		r.Param.DropStorage()
+	}
+	u.flat.Release()
+	u.flat = nil
+	if err != nil {
+		return fmt.Errorf("all-gather of the parameters of unit %s: %w", u.Name, err)
+	}
+	return nil
+}
+
+// releaseAll drops every gathered unit after the optimizer step: their
+// copies predate the update.
+func (z *Zero) releaseAll() error {
+	var first error
+	for _, u := range z.units {
+		if err := z.release(u); err != nil && first == nil {
+			first = fmt.Errorf("zero: %w", err)
+		}
+	}
+	return first
+}

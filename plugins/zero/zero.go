@@ -1,0 +1,271 @@
+package zero
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Zero is the ZeRO plugin of one rank of the data-parallel group.
+type Zero struct {
+	// Prefetch (stage 3, on by default) starts the all-gather of the next
+	// unit when a unit starts, so it overlaps compute. Off, every unit is
+	// gathered when it is needed: the simplest form, kept to test against.
+	Prefetch bool
+
+	g     comm.Group
+	stage int
+
+	t     *trainer.Trainer
+	lay   *Layout
+	units []*unitState
+	opt   *ShardOptimizer
+	owner map[*tensor.Tensor]*unitState
+
+	reduces []*op       // gradient reduce-scatters in flight, oldest first
+	gathers map[int]*op // stage 3: parameter all-gathers in flight, by unit
+	reduced int         // units reduce-scattered in the current backward
+	err     error       // first failure inside a module hook
+}
+
+// unitState is one unit's buffers on this rank.
+type unitState struct {
+	*Unit
+	// flat holds the unit's full parameters: permanently in stages 1 and
+	// 2 (the model's parameters are aliased into it), only while the unit
+	// is gathered in stage 3 (nil otherwise).
+	flat *tensor.Tensor
+	// shard is this rank's slice of the parameters: a view of flat in
+	// stages 1 and 2, the only permanent copy in stage 3.
+	shard *tensor.Tensor
+	// grad is the unit's full gradient: permanent in stage 1, allocated
+	// for the unit's backward only in stages 2 and 3 (nil otherwise).
+	grad *tensor.Tensor
+	// shardGrad is this rank's slice of the gradient averaged over ranks
+	// (and summed over micro-batches): what the optimizer steps with.
+	shardGrad *tensor.Tensor
+	// pending counts the unit's parameters whose gradient for the current
+	// micro-batch is not final yet.
+	pending int
+}
+
+var (
+	_ trainer.Preparer       = (*Zero)(nil)
+	_ trainer.LossReducer    = (*Zero)(nil)
+	_ trainer.GradNormer     = (*Zero)(nil)
+	_ trainer.GradReadier    = (*Zero)(nil)
+	_ trainer.PostGrader     = (*Zero)(nil)
+	_ trainer.PreStepper     = (*Zero)(nil)
+	_ trainer.PostStepper    = (*Zero)(nil)
+	_ trainer.MemoryGatherer = (*Zero)(nil)
+)
+
+// New returns the ZeRO plugin of the given stage (1, 2 or 3) over the
+// data-parallel group g.
+func New(g comm.Group, stage int) (*Zero, error) {
+	if g == nil {
+		return nil, errors.New("zero: no data-parallel group (nil comm.Group)")
+	}
+	if stage < 1 || stage > 3 {
+		return nil, fmt.Errorf("zero: stage %d is not 1, 2 or 3 (set zero.stage; 0 means plain data parallel)", stage)
+	}
+	return &Zero{g: g, stage: stage, Prefetch: true, gathers: map[int]*op{}}, nil
+}
+
+// Name implements trainer.Plugin.
+func (z *Zero) Name() string { return fmt.Sprintf("zero%d", z.stage) }
+
+// Stage is the ZeRO stage, 1 to 3.
+func (z *Zero) Stage() int { return z.stage }
+
+// Layout is the flat layout of the model's parameters (nil before Prepare).
+func (z *Zero) Layout() *Layout { return z.lay }
+
+// Prepare lays the parameters out in flat per-unit buffers identical on
+// every rank (broadcast from rank 0), shards what the stage shards and
+// replaces the optimizer with one over this rank's shard. It ends by
+// resetting the allocator's peaks: the unsharded parameters and optimizer
+// state of set-up are gone, and the memory report should show training.
+func (z *Zero) Prepare(t *trainer.Trainer) error {
+	z.t = t
+	t.DataRank, t.DataSize = z.g.Rank(), z.g.Size()
+	lay, err := NewLayout(t.Model, z.g.Size(), z.g.Rank())
+	if err != nil {
+		return err
+	}
+	z.lay = lay
+	z.owner = map[*tensor.Tensor]*unitState{}
+	for _, u := range lay.Units {
+		us := &unitState{Unit: u}
+		if err := z.layOut(us); err != nil {
+			return err
+		}
+		z.units = append(z.units, us)
+		for _, r := range u.Ranges {
+			z.owner[r.Param] = us
+		}
+	}
+	// The optimizer built by the trainer holds state for every parameter;
+	// it is replaced, so its buffers go back to the allocator.
+	for _, s := range t.Opt.State() {
+		s.Release()
+	}
+	z.opt = newShardOptimizer(t.Cfg, lay, z.units, t.Alloc)
+	t.Opt = z.opt
+	if z.stage >= 2 {
+		z.addHooks()
+	}
+	t.Alloc.ResetPeak()
+	return nil
+}
+
+// layOut copies u's parameters into a flat buffer, broadcasts it from rank
+// 0 and either aliases the parameters into it (stages 1, 2) or keeps only
+// this rank's shard (stage 3).
+func (z *Zero) layOut(u *unitState) error {
+	a := z.t.Alloc
+	flat := a.New(tensor.Params, tensor.Float32, u.Size)
+	for _, r := range u.Ranges {
+		copy(flat.F32()[r.Offset:r.Offset+r.Numel], r.Param.F32())
+	}
+	err := z.run("broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.BroadcastAsync(flat, 0) })
+	if err != nil {
+		return fmt.Errorf("zero: broadcast of the initial parameters of unit %s: %w", u.Name, err)
+	}
+	lo := z.lay.Lo(u.Unit)
+	if z.stage <= 2 {
+		u.flat = flat
+		u.shard = tensor.FromF32(flat.F32()[lo:lo+u.Shard], u.Shard)
+		for _, r := range u.Ranges {
+			r.Param.Alias(flat, r.Offset)
+		}
+	} else {
+		u.shard = a.New(tensor.Params, tensor.Float32, u.Shard)
+		copy(u.shard.F32(), flat.F32()[lo:lo+u.Shard])
+		for _, r := range u.Ranges {
+			r.Param.Alias(flat, r.Offset) // releases the parameter's own buffer
+			r.Param.DropStorage()
+		}
+		flat.Release()
+	}
+	u.shardGrad = a.New(tensor.Grads, tensor.Float32, u.Shard)
+	if z.stage == 1 {
+		u.grad = a.New(tensor.Grads, tensor.Float32, u.Size)
+		z.setGradViews(u)
+	}
+	return nil
+}
+
+// setGradViews points every parameter's Grad at its range of u.grad, so
+// backward accumulates straight into the flat buffer the reduce-scatter
+// reads.
+func (z *Zero) setGradViews(u *unitState) {
+	for _, r := range u.Ranges {
+		g := tensor.FromF32(u.grad.F32()[r.Offset:r.Offset+r.Numel], r.Param.Shape()...)
+		g.Name = r.Name
+		r.Param.Grad = g
+	}
+}
+
+// ReduceLoss implements trainer.LossReducer: the mean over ranks.
+func (z *Zero) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
+	if err := z.check(); err != nil {
+		return 0, err
+	}
+	buf := tensor.FromF64([]float64{loss}, 1)
+	if err := z.run("all_reduce loss", buf.Bytes(), func() comm.Handle { return z.g.AllReduceAsync(buf, comm.Avg) }); err != nil {
+		return 0, fmt.Errorf("zero: averaging the loss over group %s: %w", z.g.Name(), err)
+	}
+	return buf.F64()[0], nil
+}
+
+// GradSumSquares implements trainer.GradNormer: every rank holds a
+// disjoint shard of the averaged gradient (padding is zero), so the global
+// sum of squares is the sum over ranks of the shards' sums.
+func (z *Zero) GradSumSquares(t *trainer.Trainer) (float64, error) {
+	var s float64
+	for _, u := range z.units {
+		s += cpu.SumSquares(u.shardGrad.F32())
+	}
+	buf := tensor.FromF64([]float64{s}, 1)
+	if err := z.run("all_reduce grad_norm", buf.Bytes(), func() comm.Handle { return z.g.AllReduceAsync(buf, comm.Sum) }); err != nil {
+		return 0, fmt.Errorf("zero: summing the gradient norm over group %s: %w", z.g.Name(), err)
+	}
+	return buf.F64()[0], nil
+}
+
+// GatherMemory implements trainer.MemoryGatherer with one all-gather of
+// every rank's report (float64 holds byte counts exactly up to 2^53).
+func (z *Zero) GatherMemory(t *trainer.Trainer, mine trainer.MemoryReport) ([]trainer.MemoryReport, error) {
+	const fields = 7
+	in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
+		float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, fields)
+	n := z.g.Size()
+	out := tensor.FromF64(make([]float64, fields*n), fields*n)
+	if err := z.run("all_gather memory", out.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(in, out) }); err != nil {
+		return nil, fmt.Errorf("zero: gathering memory reports over group %s: %w", z.g.Name(), err)
+	}
+	all := make([]trainer.MemoryReport, n)
+	for r := range all {
+		f := out.F64()[r*fields : (r+1)*fields]
+		all[r] = trainer.MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
+			OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
+	}
+	return all, nil
+}
+
+// FullParams returns every parameter in full (for the equivalence check
+// and exports). In stage 3 it is a collective: every rank must call it.
+func (z *Zero) FullParams(t *trainer.Trainer) (map[string][]float64, error) {
+	out := map[string][]float64{}
+	for _, u := range z.units {
+		flat := u.flat
+		if flat == nil {
+			tmp := t.Alloc.New(tensor.Comm, tensor.Float32, u.Size)
+			defer tmp.Release()
+			if err := z.run("all_gather "+u.Name, tmp.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, tmp) }); err != nil {
+				return nil, fmt.Errorf("zero: gathering the parameters of unit %s: %w", u.Name, err)
+			}
+			flat = tmp
+		}
+		for _, r := range u.Ranges {
+			v := make([]float64, r.Numel)
+			for i, x := range flat.F32()[r.Offset : r.Offset+r.Numel] {
+				v[i] = float64(x)
+			}
+			out[r.Name] = v
+		}
+	}
+	return out, nil
+}
+
+// PostStep implements trainer.PostStepper: stages 1 and 2 all-gather the
+// updated shards into every rank's full parameters; stage 3 keeps only the
+// shards, which the optimizer updated in place.
+func (z *Zero) PostStep(t *trainer.Trainer, m *trainer.StepMetrics) error {
+	if z.stage == 3 {
+		return z.releaseAll()
+	}
+	ops := make([]*op, len(z.units))
+	for i, u := range z.units {
+		ops[i] = z.issue("all_gather "+u.Name, u.flat.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, u.flat) }, nil)
+	}
+	for i, o := range ops {
+		if err := o.wait(); err != nil {
+			return fmt.Errorf("zero: all-gather of the updated parameters of unit %s: %w", z.units[i].Name, err)
+		}
+	}
+	return nil
+}
+
+// check returns the first error a module hook could not return itself.
+func (z *Zero) check() error {
+	if z.err != nil {
+		return fmt.Errorf("zero: %w", z.err)
+	}
+	return nil
+}
