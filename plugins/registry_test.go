@@ -100,3 +100,20 @@ func TestZero3SavesFullWeights(t *testing.T) {
 	}
 	ptest.AssertEquivalent(t, want, got, "zero-3 saved weights")
 }
+
+// Goroutine ranks share the process's kernel threads and BLAS library;
+// their results must still not depend on how they interleave.
+func TestLocalRanksAreBitwiseReproducible(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 128, 64, 4
+	cfg.Train.Steps, cfg.Train.BatchSize = 3, 8
+	build := func(g comm.Group) ([]trainer.Plugin, error) { return Build(cfg, g) }
+	first := ptest.Parallel(t, cfg, 2, "local", build)
+	for i := 0; i < 3; i++ {
+		again := ptest.Parallel(t, cfg, 2, "local", build)
+		require.Equal(t, first[0].Losses, again[0].Losses)
+		for name, w := range first[0].Params {
+			require.Equal(t, w, again[0].Params[name], "run %d: %s", i+2, name)
+		}
+	}
+}

@@ -11,10 +11,10 @@ import (
 const attnBlock = 64
 
 // headGemm is the float32 matrix product used for the per-head products of
-// attention. It is Gemm, called from the head-parallel loop with the BLAS
+// attention. It is gemmBLAS, called from the head-parallel loop with the BLAS
 // library held single-threaded (serialBLAS); BenchmarkAttention swaps in the
 // pure-Go kernel to compare.
-var headGemm = Gemm[float32]
+var headGemm = gemmBLAS[float32]
 
 // size pairs an argument's name and length with the length it needs.
 type size struct {
@@ -54,14 +54,14 @@ func headAt[F Float](bh int, qkv, att, o []F, T, C, NH int) head[F] {
 }
 
 // gemmFor returns the per-head product for element type T: headGemm for
-// float32 (so benchmarks can swap it), Gemm otherwise.
+// float32 (so benchmarks can swap it), gemmBLAS otherwise.
 func gemmFor[T Float]() func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
 	if isF32[T]() {
 		if f, ok := any(headGemm).(func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)); ok {
 			return f
 		}
 	}
-	return Gemm[T]
+	return gemmBLAS[T]
 }
 
 // AttentionForward computes causal multi-head self-attention on a fused

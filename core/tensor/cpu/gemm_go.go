@@ -16,6 +16,12 @@ func Gemm[T Float](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b 
 	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
+// gemmBLAS is Gemm without the argument check (the name matches the
+// OpenBLAS build, where it also skips taking the BLAS mode).
+func gemmBLAS[T Float](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
+	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
 // BLASName reports which implementation Gemm uses: "go" in this build.
 func BLASName() string { return "go" }
 

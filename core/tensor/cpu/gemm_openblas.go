@@ -21,6 +21,13 @@ import "unsafe"
 // calls are large enough that the cgo transition is noise.
 func Gemm[T Float](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
 	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+	defer threadedBLAS()()
+	gemmBLAS(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// gemmBLAS is Gemm without the argument check and without taking the BLAS
+// mode (threads.go); kernels inside serialBLAS call it.
+func gemmBLAS[T Float](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
 	if m == 0 || n == 0 {
 		return
 	}

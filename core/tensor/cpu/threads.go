@@ -23,12 +23,19 @@ func init() {
 // multi-threaded calls behind a lock and pays a thread hand-off on each, so
 // heads in parallel with single-threaded products measured over ten times
 // faster than either heads in parallel with threaded products or heads in
-// turn with threaded products (see BenchmarkAttention). A large Gemm issued
-// meanwhile from another goroutine (another rank of the local backend) runs
-// single-threaded, which costs nothing when ranks already fill the cores.
+// turn with threaded products (see BenchmarkAttention).
+//
+// OpenBLAS's results depend on its thread count (it blocks the work
+// differently), so the two modes never overlap: a Gemm issued from another
+// goroutine (another rank of the local backend) while attention holds the
+// library single-threaded waits for it, and attention waits for running
+// Gemms. Every product then runs with the same thread count in every run,
+// whatever the timing, and runs stay bitwise reproducible.
 var (
-	blasMu     sync.Mutex
-	blasSerial int // number of kernels inside serialBLAS
+	blasMu       sync.Mutex
+	blasCond     = sync.NewCond(&blasMu)
+	blasSerial   int // kernels inside serialBLAS
+	blasThreaded int // Gemm calls running with Threads() BLAS threads
 )
 
 func setBLASThreads(n int) {
@@ -40,9 +47,13 @@ func setBLASThreads(n int) {
 }
 
 // serialBLAS makes BLAS calls single-threaded until the returned function
-// is called; nested and concurrent uses are counted.
+// is called; nested and concurrent uses are counted. Inside, call gemmBLAS,
+// not Gemm.
 func serialBLAS() (release func()) {
 	blasMu.Lock()
+	for blasThreaded > 0 {
+		blasCond.Wait()
+	}
 	if blasSerial == 0 {
 		blasSetThreads(1)
 	}
@@ -53,6 +64,25 @@ func serialBLAS() (release func()) {
 		blasSerial--
 		if blasSerial == 0 {
 			blasSetThreads(Threads())
+			blasCond.Broadcast()
+		}
+		blasMu.Unlock()
+	}
+}
+
+// threadedBLAS holds the library at Threads() threads for one Gemm.
+func threadedBLAS() (release func()) {
+	blasMu.Lock()
+	for blasSerial > 0 {
+		blasCond.Wait()
+	}
+	blasThreaded++
+	blasMu.Unlock()
+	return func() {
+		blasMu.Lock()
+		blasThreaded--
+		if blasThreaded == 0 {
+			blasCond.Broadcast()
 		}
 		blasMu.Unlock()
 	}
