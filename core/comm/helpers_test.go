@@ -2,13 +2,8 @@ package comm
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
-	"net"
 	"sync"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -26,41 +21,10 @@ var backendRunners = map[string]runner{
 }
 
 // runTCP starts n tcp ranks as goroutines of this process, each with its own
-// listener and store connection over loopback, like n processes would. A
-// rank whose fn fails drops its connections as a crashed process would.
+// listener and store connection over loopback, like n processes would.
 func runTCP(t *testing.T, n int, opts Options, fn func(g Group) error) error {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			env := EnvInfo{Rank: r, Size: n, MasterAddr: "127.0.0.1", MasterPort: port, Token: testToken}
-			var sl net.Listener
-			if r == 0 {
-				sl = ln
-			}
-			g, err := newTCP(env, opts, sl)
-			if err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				return
-			}
-			if err := runGuarded(g, fn); err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				_ = g.(*group).abort()
-				return
-			}
-			if err := g.Close(); err != nil {
-				errs[r] = fmt.Errorf("rank %d: close: %w", r, err)
-			}
-		}(r)
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return RunTCPLocal(n, opts, fn)
 }
 
 // syncBuffer is a log sink safe for concurrent writers.

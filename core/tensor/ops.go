@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
@@ -56,18 +57,6 @@ func checkFloat(op string, ts ...*Tensor) {
 	}
 }
 
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // addInto computes dst += src.
 func addInto(dst, src *Tensor) {
 	if dst.Numel() != src.Numel() {
@@ -83,7 +72,7 @@ func addInto(dst, src *Tensor) {
 // Add returns a + b (same shape).
 func Add(a, b *Tensor) *Tensor {
 	checkFloat("Add", a, b)
-	if !sameShape(a.shape, b.shape) {
+	if !slices.Equal(a.shape, b.shape) {
 		panic(fmt.Sprintf("tensor: Add of %v and %v", a.shape, b.shape))
 	}
 	out := like(a, a.shape...)
@@ -142,7 +131,7 @@ func Sum(x *Tensor) *Tensor {
 // Mul returns the elementwise product a·b (same shape).
 func Mul(a, b *Tensor) *Tensor {
 	checkFloat("Mul", a, b)
-	if !sameShape(a.shape, b.shape) {
+	if !slices.Equal(a.shape, b.shape) {
 		panic(fmt.Sprintf("tensor: Mul of %v and %v", a.shape, b.shape))
 	}
 	out := like(a, a.shape...)

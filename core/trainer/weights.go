@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ func LoadWeights(m *nn.GPT, path string) error {
 			continue
 		}
 		delete(byName, p.Name)
-		if !sameShape(t.Shape(), p.Shape()) {
+		if !slices.Equal(t.Shape(), p.Shape()) {
 			problems = append(problems, fmt.Sprintf("%s has shape %v in the file but %v in the model", p.Name, t.Shape(), p.Shape()))
 			continue
 		}
@@ -83,18 +84,6 @@ func LoadWeights(m *nn.GPT, path string) error {
 		return fmt.Errorf("init_from %s does not fit the model (check model.* against the file): %s", path, strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.
