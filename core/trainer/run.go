@@ -81,6 +81,7 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	}
 	evalEvery := cfg.Train.EvalEvery
 	logEvery := max(1, cfg.Train.LogEvery)
+	lineOpen := false // a live progress line waits for its newline
 	for s := 0; s < cfg.Train.Steps; s++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -99,6 +100,7 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU)
 			if t.opts.Live {
 				fmt.Fprintf(log, "\r%s\x1b[K", line)
+				lineOpen = true
 			} else {
 				fmt.Fprintln(log, line)
 			}
@@ -113,14 +115,15 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 				t.metrics.Write("eval", EvalPoint{Step: s, Loss: vl})
 			}
 			if lead {
-				if t.opts.Live {
+				if lineOpen {
 					fmt.Fprintln(log)
+					lineOpen = false
 				}
 				fmt.Fprintf(log, "eval step %d: val loss %.4f\n", s+1, vl)
 			}
 		}
 	}
-	if lead && t.opts.Live {
+	if lead && lineOpen {
 		fmt.Fprintln(log)
 	}
 	res.Duration = time.Since(start)
