@@ -28,6 +28,9 @@ type modelObj struct {
 	cfg   config.Config
 	model *nn.GPT
 	alloc *tensor.Allocator
+	// sess is the last session the model was prepared in: saving a
+	// data-parallel model goes through it.
+	sess *session
 }
 
 // optimizerObj is an optimizer bound to one model's parameters.
@@ -44,6 +47,9 @@ type loaderObj struct {
 	train  *data.Loader
 	val    *data.Loader // nil when data.val_fraction is 0
 	source string
+	// rank and size place the loader's batches in the data-parallel
+	// group of the session it was prepared in (0 and 1 until then).
+	rank, size int
 }
 
 // apiConfigNew resolves the defaults plus a YAML or JSON document; blank
@@ -159,7 +165,7 @@ func apiLoaderNew(ch int64) (int64, error) {
 		return 0, wrap(errIO, err)
 	}
 	train, val := corpus.Split(cfg.Data.ValFraction)
-	l := &loaderObj{cfg: cfg, source: corpus.Source}
+	l := &loaderObj{cfg: cfg, source: corpus.Source, size: 1}
 	T := cfg.Model.BlockSize
 	if l.train, err = data.NewLoader(train, T, cfg.Data.Order, cfg.Train.Seed); err != nil {
 		return 0, wrap(errConfig, fmt.Errorf("training split: %w", err))
@@ -190,7 +196,8 @@ func apiLoaderInfo(h int64) (B, T, A, tokens int, err error) {
 }
 
 // apiLoaderBatch fills x and y (B·T tokens each) with micro-batch micro of
-// optimizer step step: exactly the batch `tinyacc train` uses at that step.
+// optimizer step step: exactly the batch `tinyacc train` uses at that step,
+// on this rank once the loader is prepared in a data-parallel session.
 func apiLoaderBatch(h int64, step, micro int, x, y []int32) error {
 	l, err := get[loaderObj](h)
 	if err != nil {
@@ -203,7 +210,7 @@ func apiLoaderBatch(h int64, step, micro int, x, y []int32) error {
 	if len(x) != B*T || len(y) != B*T {
 		return fail(errSize, "loader batch: buffers hold %d and %d tokens but a batch is train.batch_size*model.block_size = %d*%d = %d", len(x), len(y), B, T, B*T)
 	}
-	xt, yt := l.train.Batch(step, micro, 0, 1, B, A)
+	xt, yt := l.train.Batch(step, micro, l.rank, l.size, B, A)
 	copy(x, xt.I32())
 	copy(y, yt.I32())
 	return nil

@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -55,6 +57,9 @@ func apiParamShape(h int64, name string) ([]int, error) {
 
 // float32s returns the float32 storage of a parameter (or its gradient).
 func float32s(what string, t *tensor.Tensor) ([]float32, error) {
+	if !t.HasStorage() {
+		return nil, fail(errUnsupported, "%s is sharded across the ranks (zero.stage 3) and not held by this one; save the model (on every rank) to get its full weights", what)
+	}
 	if t.DType() != tensor.Float32 {
 		return nil, fail(errUnsupported, "%s is %s; only float32 can be copied through the C ABI", what, t.DType())
 	}
@@ -122,11 +127,18 @@ func apiParamSet(h int64, name string, in []float32) error {
 }
 
 // apiModelSave writes the weights as safetensors, the file `tinyacc
-// sample` and init_from read.
+// sample` and init_from read. A model prepared in a data-parallel session
+// is one model across the ranks: every rank must call this, rank 0 writes,
+// gathering ZeRO-3's shards first.
 func apiModelSave(h int64, path string) error {
 	m, err := get[modelObj](h)
 	if err != nil {
 		return err
+	}
+	if s := m.sess; s != nil && len(s.t.Plugins) > 0 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return wrap(errIO, s.t.SaveModel(path))
 	}
 	return wrap(errIO, trainer.SaveWeights(m.model, path, m.cfg))
 }
@@ -137,25 +149,59 @@ func apiModelLoad(h int64, path string) error {
 	if err != nil {
 		return err
 	}
+	for _, p := range m.model.Params() {
+		if !p.HasStorage() {
+			return fail(errUnsupported, "load %s: parameter %s is sharded across the ranks (zero.stage 3); load the weights before prepare, or use zero.stage 0 to 2", path, p.Name)
+		}
+	}
 	return wrap(errIO, trainer.LoadWeights(m.model, path))
 }
 
+// stepPrefix names the per-parameter step counts in an optimizer file:
+// "step.<parameter>", a one-element float64 tensor (exact for any count a
+// run reaches).
+const stepPrefix = "step."
+
+// optimizerTensors is what an optimizer file holds: the optimizer's
+// buffers plus, for optimizers whose update depends on it (AdamW's bias
+// correction), each parameter's step count.
+func optimizerTensors(opt optim.Optimizer) map[string]*tensor.Tensor {
+	ts := map[string]*tensor.Tensor{}
+	for name, t := range opt.State() {
+		ts[name] = t
+	}
+	if sc, ok := opt.(optim.StepCounter); ok {
+		for name, n := range sc.Steps() {
+			ts[stepPrefix+name] = tensor.FromF64([]float64{float64(n)}, 1)
+		}
+	}
+	return ts
+}
+
 // apiOptimizerSave writes the optimizer's buffers (e.g. AdamW's moments)
-// as safetensors.
+// and step counts as safetensors. In a ZeRO session each rank holds and
+// writes only its shard.
 func apiOptimizerSave(h int64, path string) error {
 	o, err := get[optimizerObj](h)
 	if err != nil {
 		return err
 	}
+	if _, ok := o.opt.(optim.StepCounter); !ok && o.cfg.Train.Optimizer == "adamw" {
+		// Moments without step counts would resume with the bias
+		// correction of step 1: refuse rather than write such a file.
+		return fail(errUnsupported, "optimizer save: this session's AdamW (%T) does not report its step counts, so a resumed run would not continue exactly; save with zero.stage 0 or train.optimizer sgd", o.opt)
+	}
 	meta := map[string]string{"producer": "tinyacc", "kind": "optimizer", "optimizer": o.cfg.Train.Optimizer}
-	if err := ckpt.Save(path, o.opt.State(), meta); err != nil {
+	if err := ckpt.Save(path, optimizerTensors(o.opt), meta); err != nil {
 		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
 	}
 	return nil
 }
 
-// apiOptimizerLoad restores buffers written by apiOptimizerSave; every
-// buffer must be present with its shape, and nothing else.
+// apiOptimizerLoad restores what apiOptimizerSave wrote: every buffer must
+// be present with its shape, and nothing else; step counts may be absent
+// for parameters that were never updated. Nothing changes unless the whole
+// file fits.
 func apiOptimizerLoad(h int64, path string) error {
 	o, err := get[optimizerObj](h)
 	if err != nil {
@@ -166,6 +212,12 @@ func apiOptimizerLoad(h int64, path string) error {
 		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
 	}
 	state := o.opt.State()
+	params := map[string]bool{}
+	for _, p := range o.opt.Params() {
+		params[p.Name] = true
+	}
+	sc, hasSteps := o.opt.(optim.StepCounter)
+	steps := map[string]int{}
 	var problems []string
 	for name, dst := range state {
 		src, ok := ts[name]
@@ -176,9 +228,18 @@ func apiOptimizerLoad(h int64, path string) error {
 			problems = append(problems, fmt.Sprintf("%s is %s %v in the file but %s %v here", name, src.DType(), src.Shape(), dst.DType(), dst.Shape()))
 		}
 	}
-	for name := range ts {
-		if _, ok := state[name]; !ok {
+	for name, src := range ts {
+		if _, ok := state[name]; ok {
+			continue
+		}
+		param, isStep := strings.CutPrefix(name, stepPrefix)
+		switch {
+		case !isStep || !hasSteps || !params[param]:
 			problems = append(problems, "unknown buffer "+name)
+		case src.Numel() != 1 || src.DType() != tensor.Float64 || src.At(0) < 0 || src.At(0) != math.Trunc(src.At(0)):
+			problems = append(problems, fmt.Sprintf("%s is not a step count (one float64 whole number >= 0)", name))
+		default:
+			steps[param] = int(src.At(0))
 		}
 	}
 	if len(problems) > 0 {
@@ -187,6 +248,11 @@ func apiOptimizerLoad(h int64, path string) error {
 	}
 	for name, dst := range state {
 		dst.CopyFrom(ts[name])
+	}
+	if hasSteps {
+		if err := sc.SetSteps(steps); err != nil {
+			return wrap(errIO, fmt.Errorf("optimizer state %s: %w", path, err))
+		}
 	}
 	return nil
 }

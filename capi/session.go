@@ -5,9 +5,11 @@ import (
 	"sync"
 
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins"
 )
 
 // session is a prepared trainer plus the bookkeeping that lets callers
@@ -49,7 +51,12 @@ func (l *lossObj) release() {
 // apiPrepare joins a config, a model and optionally an optimizer and a data
 // loader (0 = none) into a trainer session. The config drives the step
 // (learning-rate schedule, clipping, grad_accum, batch size); the model and
-// loader must have been built for the same shapes.
+// loader must have been built for the same shapes. In a process launched as
+// one of several ranks, a session with an optimizer trains data-parallel:
+// every rank reads its slice of the global batch (train.batch_size
+// sequences per rank and micro-batch) and the gradients are averaged, so
+// all ranks step one model. Without an optimizer nothing is trained and
+// each rank runs its own forward passes.
 func apiPrepare(ch, mh, oh, lh int64) (int64, error) {
 	c, err := get[configObj](ch)
 	if err != nil {
@@ -79,26 +86,64 @@ func apiPrepare(ch, mh, oh, lh int64) (int64, error) {
 			l.cfg.Model.BlockSize, cfg.Model.BlockSize)
 	}
 	applyThreads(cfg)
-	// The trainer is assembled from the caller's objects rather than by
-	// trainer.New, which would build a model, an optimizer and data of
-	// its own.
-	t := &trainer.Trainer{Cfg: cfg, Model: m.model, Alloc: m.alloc, DataSize: 1, World: 1,
-		Sched: optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
-			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}}
+	var opt optim.Optimizer
 	if o != nil {
-		t.Opt = o.opt
+		opt = o.opt
 	}
+	var train, val *data.Loader
 	if l != nil {
-		t.Train, t.Val = l.train, l.val
+		train, val = l.train, l.val
 	}
-	for _, p := range t.Plugins {
-		if pr, ok := p.(trainer.Preparer); ok {
-			if err := pr.Prepare(t); err != nil {
-				return 0, wrap(errRuntime, fmt.Errorf("prepare %s: %w", p.Name(), err))
+	opts := trainer.Options{Alloc: m.alloc}
+	t, err := func() (*trainer.Trainer, error) {
+		// The world's lock is held while the plugins prepare, so no
+		// caller collective on another thread interleaves with their
+		// broadcasts.
+		world.Lock()
+		defer world.Unlock()
+		if o != nil {
+			if err := dataParallel(cfg, &opts); err != nil {
+				return nil, err
 			}
 		}
+		t, err := trainer.NewWith(cfg, m.model, opt, train, val, opts)
+		return t, wrap(errRuntime, err)
+	}()
+	if err != nil {
+		return 0, err
 	}
-	return register(&session{t: t, model: m, opt: o, loader: l}), nil
+	if o != nil {
+		// ZeRO swaps in an optimizer over this rank's shard; saving and
+		// loading must see that one.
+		o.opt = t.Opt
+	}
+	if l != nil {
+		// The loader now hands out this rank's slice of each batch.
+		l.rank, l.size = t.DataRank, t.DataSize
+	}
+	s := &session{t: t, model: m, opt: o, loader: l}
+	m.sess = s
+	return register(s), nil
+}
+
+// dataParallel adds to opts the plugins that make the ranks of a launched
+// job train one model together (DDP or ZeRO, as plugins.Build picks them
+// from the config), with this process's rank. A process that was not
+// launched is a world of one and gets none. The caller holds world's lock.
+func dataParallel(cfg config.Config, opts *trainer.Options) error {
+	g, err := worldGroup()
+	if err != nil {
+		return err
+	}
+	if g.Size() == 1 {
+		return nil
+	}
+	ps, err := plugins.Build(cfg, g)
+	if err != nil {
+		return fail(errConfig, "prepare: data-parallel training over %d ranks: %v", g.Size(), err)
+	}
+	opts.Plugins, opts.Rank, opts.World = ps, g.Rank(), g.Size()
+	return nil
 }
 
 // sameModel checks that the model was built with the shape the config

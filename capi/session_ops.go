@@ -99,6 +99,11 @@ func apiClipGradNorm(h int64, maxNorm float64) (float64, error) {
 	if maxNorm < 0 {
 		return 0, fail(errInvalidArg, "clip_grad_norm: max norm %g must be >= 0 (0 only measures)", maxNorm)
 	}
+	if len(s.t.Plugins) > 0 {
+		// Data-parallel gradients are averaged (or sharded) only inside
+		// the step, so before it this rank's norm is not the global one.
+		return 0, fail(errUnsupported, "clip_grad_norm: in a data-parallel session the gradients are averaged inside the step; set train.grad_clip instead, which clips the global norm there")
+	}
 	return optim.ClipGradNorm(s.t.Params(), maxNorm), nil
 }
 

@@ -100,10 +100,14 @@ int tinyacc_config_json(tinyacc_handle config, char *buf, int64_t cap, int64_t *
  * train.seed (or loaded from init_from when set). */
 int tinyacc_model_new(tinyacc_handle config, tinyacc_handle *model);
 
-/* Writes the weights as safetensors under Hugging Face GPT-2 names. */
+/* Writes the weights as safetensors under Hugging Face GPT-2 names. Once
+ * the model is prepared in a data-parallel session, every rank must call
+ * it (ZeRO-3 gathers its shards) and rank 0 writes the file. */
 int tinyacc_model_save(tinyacc_handle model, const char *path);
 
-/* Reads weights from safetensors (tinyacc or Hugging Face GPT-2 files). */
+/* Reads weights from safetensors (tinyacc or Hugging Face GPT-2 files).
+ * Under ZeRO-3 the prepared model holds only shards: load before prepare
+ * (TINYACC_ERR_UNSUPPORTED after). */
 int tinyacc_model_load(tinyacc_handle model, const char *path);
 
 /* Number of parameter tensors. */
@@ -138,7 +142,11 @@ int tinyacc_generate(tinyacc_handle model, const int32_t *prompt, int64_t n_prom
  * its hyper-parameters) over the model's parameters. */
 int tinyacc_optimizer_new(tinyacc_handle config, tinyacc_handle model, tinyacc_handle *optimizer);
 
-/* Writes / reads the optimizer's buffers (AdamW moments) as safetensors. */
+/* Writes / reads the optimizer's buffers (AdamW moments) and per-parameter
+ * step counts ("step.<name>", which AdamW's bias correction needs to
+ * resume exactly) as safetensors. After tinyacc_prepare of a ZeRO session
+ * each rank saves and loads only its own shard, so each rank needs its own
+ * file. */
 int tinyacc_optimizer_save(tinyacc_handle optimizer, const char *path);
 int tinyacc_optimizer_load(tinyacc_handle optimizer, const char *path);
 
@@ -155,7 +163,9 @@ int tinyacc_loader_info(tinyacc_handle loader, int64_t *batch, int64_t *seq, int
 
 /* Fills x (inputs) and y (next-token targets), n = B*T tokens each, with
  * micro-batch micro (0 <= micro < A) of optimizer step step: the exact
- * batch `tinyacc train` uses there. */
+ * batch `tinyacc train` uses there. Once the loader is prepared in a
+ * data-parallel session it returns this rank's slice of the global batch
+ * (B sequences of B*ranks). */
 int tinyacc_loader_batch(tinyacc_handle loader, int64_t step, int64_t micro, int32_t *x, int32_t *y, int64_t n);
 
 /* ---- Training session ------------------------------------------------- */
@@ -163,7 +173,10 @@ int tinyacc_loader_batch(tinyacc_handle loader, int64_t step, int64_t micro, int
 /* Joins a config, a model, an optimizer and a loader (both optional: 0)
  * into a session. The config drives the step: learning-rate schedule,
  * clipping (train.grad_clip), train.grad_accum, batch size; the model and
- * loader must have the config's shapes. */
+ * loader must have the config's shapes. Under a launcher (WORLD_SIZE > 1)
+ * a session with an optimizer is data-parallel over the world: DDP or ZeRO
+ * as zero.stage and ddp.mode select, train.batch_size sequences per rank,
+ * gradients averaged, every rank prepares it in the same order. */
 int tinyacc_prepare(tinyacc_handle config, tinyacc_handle model, tinyacc_handle optimizer,
                     tinyacc_handle loader, tinyacc_handle *session);
 
@@ -201,7 +214,8 @@ int tinyacc_run_step(tinyacc_handle session, double *loss);
 int tinyacc_evaluate(tinyacc_handle session, double *loss);
 
 /* Scales the accumulated gradients to global norm <= max_norm (0 only
- * measures); *norm (optional) receives the norm before. */
+ * measures); *norm (optional) receives the norm before. Not available in a
+ * data-parallel session (TINYACC_ERR_UNSUPPORTED): use train.grad_clip. */
 int tinyacc_clip_grad_norm(tinyacc_handle session, double max_norm, double *norm);
 
 /* The last optimizer step's metrics into out (n = TINYACC_NUM_METRICS). */

@@ -26,6 +26,19 @@ type Optimizer interface {
 	State() map[string]*tensor.Tensor
 }
 
+// StepCounter is an optimizer whose update depends on how many steps each
+// parameter has taken (AdamW's bias correction). The count is not a buffer
+// of State, so it is read and restored on its own when resuming: without
+// it a resumed run would correct its moments as if it were at step 1.
+type StepCounter interface {
+	// Steps returns the number of updates each parameter has had, by
+	// parameter name; parameters never updated are absent.
+	Steps() map[string]int
+	// SetSteps replaces the counts (parameters not in counts restart at
+	// 0); a name that is not one of the optimizer's parameters is an error.
+	SetSteps(counts map[string]int) error
+}
+
 // Group is a set of parameters sharing a weight-decay setting.
 type Group struct {
 	Params      []*tensor.Tensor
@@ -96,6 +109,38 @@ func (o *AdamW) State() map[string]*tensor.Tensor {
 		s["exp_avg_sq."+p.Name] = o.v[p]
 	}
 	return s
+}
+
+// Steps implements StepCounter.
+func (o *AdamW) Steps() map[string]int {
+	out := map[string]int{}
+	for p, n := range o.steps {
+		if n > 0 {
+			out[p.Name] = n
+		}
+	}
+	return out
+}
+
+// SetSteps implements StepCounter.
+func (o *AdamW) SetSteps(counts map[string]int) error {
+	byName := map[string]*tensor.Tensor{}
+	for _, p := range o.Params() {
+		byName[p.Name] = p
+	}
+	steps := map[*tensor.Tensor]int{}
+	for name, n := range counts {
+		p, ok := byName[name]
+		if !ok {
+			return fmt.Errorf("optim: AdamW has no parameter %q to set the step count of (was the state saved from another model?)", name)
+		}
+		if n < 0 {
+			return fmt.Errorf("optim: step count %d of %s must be >= 0", n, name)
+		}
+		steps[p] = n
+	}
+	o.steps = steps
+	return nil
 }
 
 // Step implements Optimizer.

@@ -87,6 +87,59 @@ type Trainer struct {
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
 func New(cfg config.Config, opts Options) (*Trainer, error) {
+	t, err := start(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Model, err = BuildModel(cfg, t.Alloc)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.loadData(); err != nil {
+		return nil, err
+	}
+	t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
+	if err := t.prepare(); err != nil {
+		return nil, err
+	}
+	if cfg.MetricsFile != "" && t.Rank == 0 {
+		t.metrics, err = NewMetricsWriter(cfg.MetricsFile)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// NewWith assembles a trainer from a model, an optimizer and data streams
+// the caller built (the C ABI keeps them as separate objects, so a script
+// can inspect and load them before training) and prepares the plugins of
+// opts exactly as New does. opts.Alloc should be the allocator the model
+// was built from, so the memory report covers it. opt may be nil for a
+// trainer that only runs forward passes, and train and val nil when the
+// caller supplies every batch. The metrics file is left to the caller:
+// New opens it for Run, which callers of NewWith do not use.
+func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *data.Loader, opts Options) (*Trainer, error) {
+	if model == nil {
+		return nil, errors.New("trainer: NewWith needs a model")
+	}
+	if opt == nil && len(opts.Plugins) > 0 {
+		return nil, fmt.Errorf("trainer: plugin %s needs an optimizer to prepare; pass one (or no plugins for forward passes only)", opts.Plugins[0].Name())
+	}
+	t, err := start(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Model, t.Opt, t.Train, t.Val = model, opt, train, val
+	if err := t.prepare(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// start validates cfg, fills in the defaults of opts and returns a trainer
+// with everything but the model, optimizer and data.
+func start(cfg config.Config, opts Options) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -105,37 +158,25 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 		cpu.SetThreads(cfg.Train.Threads)
 	}
 	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, Plugins: opts.Plugins,
-		Rank: opts.Rank, World: opts.World, Trace: opts.Trace, opts: opts}
-
+		Rank: opts.Rank, World: opts.World, Trace: opts.Trace, opts: opts,
+		Sched: optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
+			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}}
 	if err := t.checkPlugins(); err != nil {
 		return nil, err
 	}
-	var err error
-	t.Model, err = BuildModel(cfg, t.Alloc)
-	if err != nil {
-		return nil, err
-	}
-	if err := t.loadData(); err != nil {
-		return nil, err
-	}
-	t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
-	t.Sched = optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
-		Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}
+	return t, nil
+}
 
+// prepare runs the plugins' Prepare hooks, in order.
+func (t *Trainer) prepare() error {
 	for _, p := range t.Plugins {
 		if pr, ok := p.(Preparer); ok {
 			if err := pr.Prepare(t); err != nil {
-				return nil, fmt.Errorf("trainer: prepare %s: %w", p.Name(), err)
+				return fmt.Errorf("trainer: prepare %s: %w", p.Name(), err)
 			}
 		}
 	}
-	if cfg.MetricsFile != "" && t.Rank == 0 {
-		t.metrics, err = NewMetricsWriter(cfg.MetricsFile)
-		if err != nil {
-			return nil, err
-		}
-	}
-	return t, nil
+	return nil
 }
 
 func (t *Trainer) checkPlugins() error {

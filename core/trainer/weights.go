@@ -33,6 +33,12 @@ func SaveWeights(m *nn.GPT, path string, cfg config.Config) error {
 	return nil
 }
 
+// SaveModel writes the weights this trainer trains to path from rank 0, in
+// full even when a plugin shards them; then every rank must call it, as
+// gathering the shards is collective. Bindings save a prepared model
+// through it.
+func (t *Trainer) SaveModel(path string) error { return t.save(path, t.Rank == 0) }
+
 // skippedName reports names real GPT-2 files carry that are not parameters:
 // the attention mask buffers, and the output head, which is tied to wte.
 func skippedName(name string) bool {

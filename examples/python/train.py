@@ -5,10 +5,12 @@
     build/tinyacc launch --nproc 2 -- /usr/bin/python3 examples/python/train.py
 
 The config is resolved like `tinyacc train --config FILE` (defaults < file <
-TINYACC_* variables), so both print the same losses. Under `tinyacc launch`
-every rank joins the world group (barriers and reductions below are real
-collectives) but trains its own full copy of the model on the full batch:
-data-parallel training through the bindings arrives with the ddp plugin.
+TINYACC_* variables), so both print the same losses. Under `tinyacc launch
+--nproc N` the ranks train one model data-parallel (DDP, or ZeRO when
+zero.stage is set): each rank reads train.batch_size sequences of every
+micro-batch, its slice of a global batch N times as large, and the
+gradients are averaged, so the losses printed are those of one process
+with batch_size N times larger.
 """
 
 import argparse

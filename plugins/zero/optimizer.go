@@ -1,6 +1,7 @@
 package zero
 
 import (
+	"fmt"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
@@ -63,6 +64,27 @@ func (o *ShardOptimizer) Params() []*tensor.Tensor { return o.inner.Params() }
 // State implements optim.Optimizer: the state of the owned views, named
 // after them (e.g. "exp_avg.wte.weight[0:4352]").
 func (o *ShardOptimizer) State() map[string]*tensor.Tensor { return o.inner.State() }
+
+// Steps implements optim.StepCounter when the inner optimizer counts steps
+// (AdamW), so a resumed run corrects its shard's moments at the right step.
+func (o *ShardOptimizer) Steps() map[string]int {
+	if c, ok := o.inner.(optim.StepCounter); ok {
+		return c.Steps()
+	}
+	return nil
+}
+
+// SetSteps implements optim.StepCounter.
+func (o *ShardOptimizer) SetSteps(counts map[string]int) error {
+	c, ok := o.inner.(optim.StepCounter)
+	if !ok {
+		if len(counts) > 0 {
+			return fmt.Errorf("zero: the shard optimizer keeps no step counts")
+		}
+		return nil
+	}
+	return c.SetSteps(counts)
+}
 
 // Views lists the shard views with the parameter range each covers.
 func (o *ShardOptimizer) Views() []View { return o.views }

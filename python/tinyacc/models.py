@@ -139,7 +139,9 @@ class GPT:
             params[name].copy_(values)
 
     def save(self, path):
-        """Writes safetensors that `tinyacc sample --from` reads."""
+        """Writes safetensors that `tinyacc sample --from` reads. Once the
+        model is prepared data-parallel, every rank must call it (ZeRO-3
+        gathers the shards) and rank 0 writes."""
         check(lib.tinyacc_model_save(self.handle, encode(str(path))))
 
     def load(self, path):
