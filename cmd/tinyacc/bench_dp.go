@@ -69,7 +69,7 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 	psi := float64(gc.NumParams())
 	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps; tcp backend\n",
 		*nLayer, *nEmbd, *block, psi/1e6, *batch, *steps)
-	fmt.Fprintf(stdout, "%4s %-13s %9s %8s %13s %13s %9s\n", "dp", "variant", "ms/step", "hidden", "steady MiB", "formula MiB", "vs formula")
+	fmt.Fprintf(stdout, "%4s %-13s %9s %8s %12s %12s %12s %10s\n", "dp", "variant", "ms/step", "hidden", "steady MiB", "formula MiB", "+buffers MiB", "vs both")
 	for _, f := range strings.Split(*nprocs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 2 {
@@ -99,12 +99,15 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			formula := dpFormulaBytes(psi, n, v.stage)
-			fmt.Fprintf(stdout, "%4d %-13s %9.1f %7.0f%% %13.2f %13.2f %+8.1f%%\n", n, v.name, ms, 100*hidden,
-				mem/(1<<20), formula/(1<<20), 100*(mem-formula)/formula)
+			want := formula + zeroWorkingSet(gc, v.stage)
+			fmt.Fprintf(stdout, "%4d %-13s %9.1f %7.0f%% %12.2f %12.2f %12.2f %+9.1f%%\n", n, v.name, ms, 100*hidden,
+				mem/(1<<20), formula/(1<<20), want/(1<<20), 100*(mem-want)/want)
 		}
 	}
 	fmt.Fprintln(stdout, "hidden: share of rank 0's communication time that overlaps forward/backward/optimizer spans")
 	fmt.Fprintln(stdout, "steady: rank 0's params + grads + optimizer state; formula: 4Ψ + 4Ψ + 8Ψ, sharded by N per ZeRO stage")
+	fmt.Fprintln(stdout, "+buffers: the formula plus ZeRO's documented working set (plugins/zero/doc.go): the full gradients (stage 2)")
+	fmt.Fprintln(stdout, "  and gathered parameters (stage 3) of the embed unit and two blocks in flight; padding is not counted")
 	return nil
 }
 
@@ -122,6 +125,24 @@ func dpFormulaBytes(psi float64, n, stage int) float64 {
 		p /= N
 	}
 	return p + g + o
+}
+
+// zeroWorkingSet is the transient memory plugins/zero documents beside the
+// formula: stage 2 holds the full gradients of the embed unit (kept for the
+// tied head) and of two adjacent blocks (one computed, one being
+// reduce-scattered); stage 3 holds as much again of gathered parameters.
+func zeroWorkingSet(c nn.GPTConfig, stage int) float64 {
+	C := float64(c.NEmbd)
+	embed := float64(c.VocabSize+c.BlockSize) * C
+	block := 12*C*C + 13*C
+	t := 4 * (embed + 2*block)
+	switch stage {
+	case 2:
+		return t
+	case 3:
+		return 2 * t
+	}
+	return 0
 }
 
 // readDPMetrics returns the median step time (first step excluded) and rank

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
 
@@ -27,4 +28,12 @@ func TestDPFormula(t *testing.T) {
 	require.Equal(t, 4*psi+4*psi+2*psi, dpFormulaBytes(psi, 4, 1))
 	require.Equal(t, 4*psi+psi+2*psi, dpFormulaBytes(psi, 4, 2))
 	require.Equal(t, 4*psi, dpFormulaBytes(psi, 4, 3))
+}
+
+func TestZeroWorkingSet(t *testing.T) {
+	c := nn.GPTConfig{NLayer: 6, NHead: 6, NEmbd: 384, BlockSize: 128, VocabSize: 256}
+	embed, block := 384.0*384, 12*384.0*384+13*384
+	require.Equal(t, 0.0, zeroWorkingSet(c, 1))
+	require.Equal(t, 4*(embed+2*block), zeroWorkingSet(c, 2))
+	require.Equal(t, 8*(embed+2*block), zeroWorkingSet(c, 3))
 }

@@ -55,13 +55,15 @@
 // # Memory (fp32, AdamW; P = padded Ψ)
 //
 //	          params                 grads                     optimizer
-//	stage 1   4P                     4P + 4P/N                 8Ψ/N
+//	stage 1   4P                     4P                        8Ψ/N
 //	stage 2   4P                     4P/N + T                  8Ψ/N
 //	stage 3   4P/N + T               4P/N + T                  8Ψ/N
 //
-// The extra buffers beside REFERENCE.md's formulas: stage 1 keeps the
-// reduced shard gradient (4P/N) beside the full one, because a
-// reduce-scatter may not write into its own input. T = 4·(embed unit + the
+// The extra buffers beside REFERENCE.md's formulas: stage 1 borrows
+// shard-sized comm buffers for its reduce-scatters (a reduce-scatter may
+// not write into its own input) and copies each result into its range of
+// the full gradient, so only comm memory grows, by 4P/N at the step's end.
+// T = 4·(embed unit + the
 // largest two units adjacent in forward order) is the transient working
 // set of stages 2 and 3: the unit computed now and the one prefetched (or
 // still being reduce-scattered), plus the embed unit, held for the whole

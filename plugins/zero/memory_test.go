@@ -54,7 +54,7 @@ func (s sizes) maxPair() int {
 // params 4Ψ, grads 4Ψ, moments 8Ψ, each divided by N where the stage
 // shards it, within 5%, plus the buffers doc.go documents:
 //
-//	stage 1: grads + the reduced shard (4Ψ/N)
+//	stage 1: none (the reduced shard is copied back into the full gradient)
 //	stage 2: grads = shard + the embed unit + two adjacent units in flight
 //	stage 3: params and grads = shard + the embed unit + two adjacent units
 //
@@ -75,7 +75,7 @@ func TestMemoryMatchesFormulas(t *testing.T) {
 				switch stage {
 				case 1:
 					params = row{4 * psi, 4 * P}
-					grads = row{4 * psi, 4*P + 4*P/N}
+					grads = row{4 * psi, 4 * P}
 				case 2:
 					params = row{4 * psi, 4 * P}
 					grads = row{4 * psi / N, 4*P/N + transient}

@@ -24,11 +24,18 @@ func (z *Zero) PreStep(t *trainer.Trainer) error {
 	if z.stage != 1 {
 		return nil // reduced during backward, waited for in PostGrad
 	}
+	// A reduce-scatter may not write into its own input, so the averaged
+	// slice lands in a comm buffer and is copied into this rank's range of
+	// the full gradient (which is what the optimizer's views point at).
 	ops := make([]*op, len(z.units))
 	for i, u := range z.units {
+		tmp := z.t.Alloc.NewUninit(tensor.Comm, tensor.Float32, u.Shard)
 		ops[i] = z.issue("reduce_scatter "+u.Name, u.grad.Bytes(), func() comm.Handle {
-			return z.g.ReduceScatterAsync(u.grad, u.shardGrad, comm.Avg)
-		}, nil)
+			return z.g.ReduceScatterAsync(u.grad, tmp, comm.Avg)
+		}, func() {
+			copy(u.shardGrad.F32(), tmp.F32())
+			tmp.Release()
+		})
 	}
 	for i, o := range ops {
 		if err := o.wait(); err != nil {

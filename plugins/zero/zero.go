@@ -152,10 +152,15 @@ func (z *Zero) layOut(u *unitState) error {
 		}
 		flat.Release()
 	}
-	u.shardGrad = a.New(tensor.Grads, tensor.Float32, u.Shard)
 	if z.stage == 1 {
+		// The full gradient lives all step; this rank's averaged slice is
+		// written back into its own range of it (stage12.go), so stage 1
+		// holds 4Ψ of gradients, as the formula says, not 4Ψ + 4Ψ/N.
 		u.grad = a.New(tensor.Grads, tensor.Float32, u.Size)
+		u.shardGrad = tensor.FromF32(u.grad.F32()[lo:lo+u.Shard], u.Shard)
 		z.setGradViews(u)
+	} else {
+		u.shardGrad = a.New(tensor.Grads, tensor.Float32, u.Shard)
 	}
 	return nil
 }
