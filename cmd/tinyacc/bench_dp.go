@@ -41,7 +41,8 @@ var dpVariants = []dpVariant{
 func benchDP(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench dp", flag.ContinueOnError)
 	nprocs := fs.String("nproc", "2,4", "data-parallel sizes")
-	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
+	steps := fs.Int("steps", 10, "training steps per run (the first is not timed)")
+	repeats := fs.Int("repeats", 3, "interleaved runs of every variant (medians are reported)")
 	nLayer := fs.Int("n_layer", 6, "")
 	nEmbd := fs.Int("n_embd", 384, "")
 	nHead := fs.Int("n_head", 6, "")
@@ -67,37 +68,48 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 	}
 	gc := nn.GPTConfig{NLayer: *nLayer, NHead: *nHead, NEmbd: *nEmbd, BlockSize: *block, VocabSize: 256}
 	psi := float64(gc.NumParams())
-	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps; tcp backend\n",
-		*nLayer, *nEmbd, *block, psi/1e6, *batch, *steps)
+	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps x %d interleaved repeats; tcp backend\n",
+		*nLayer, *nEmbd, *block, psi/1e6, *batch, *steps, *repeats)
 	fmt.Fprintf(stdout, "%4s %-13s %9s %8s %12s %12s %12s %10s\n", "dp", "variant", "ms/step", "hidden", "steady MiB", "formula MiB", "+buffers MiB", "vs both")
 	for _, f := range strings.Split(*nprocs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 2 {
 			return fmt.Errorf("bench dp: --nproc %q: want sizes of 2 or more", *nprocs)
 		}
-		for _, v := range dpVariants {
-			tag := fmt.Sprintf("dp%d-%s", n, strings.ReplaceAll(v.name, " ", "-"))
-			metrics := filepath.Join(dir, tag+".jsonl")
-			tracePath := filepath.Join(dir, tag+".json")
-			argv := append([]string{exe, "train",
-				"--model.n_layer=" + strconv.Itoa(*nLayer), "--model.n_embd=" + strconv.Itoa(*nEmbd),
-				"--model.n_head=" + strconv.Itoa(*nHead), "--model.block_size=" + strconv.Itoa(*block),
-				"--train.batch_size=" + strconv.Itoa(*batch), "--train.steps=" + strconv.Itoa(*steps),
-				"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random",
-				"--ddp.bucket_mb=" + strconv.FormatFloat(*bucket, 'g', -1, 64),
-				"--metrics_file=" + metrics, "--trace=" + tracePath}, v.flags...)
-			fmt.Fprintf(stderr, "bench dp: %s\n", tag)
-			if err := launch.Run(context.Background(), launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-				return fmt.Errorf("bench dp %s: %w", tag, err)
+		type result struct{ ms, hidden, mem []float64 }
+		results := make([]result, len(dpVariants))
+		// Variants take turns, repeats times, so machine noise hits all alike.
+		for r := 0; r < *repeats; r++ {
+			for i, v := range dpVariants {
+				tag := fmt.Sprintf("dp%d-%s-%d", n, strings.ReplaceAll(v.name, " ", "-"), r)
+				metrics := filepath.Join(dir, tag+".jsonl")
+				tracePath := filepath.Join(dir, tag+".json")
+				argv := append([]string{exe, "train",
+					"--model.n_layer=" + strconv.Itoa(*nLayer), "--model.n_embd=" + strconv.Itoa(*nEmbd),
+					"--model.n_head=" + strconv.Itoa(*nHead), "--model.block_size=" + strconv.Itoa(*block),
+					"--train.batch_size=" + strconv.Itoa(*batch), "--train.steps=" + strconv.Itoa(*steps),
+					"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random",
+					"--ddp.bucket_mb=" + strconv.FormatFloat(*bucket, 'g', -1, 64),
+					"--metrics_file=" + metrics, "--trace=" + tracePath}, v.flags...)
+				fmt.Fprintf(stderr, "bench dp: %s\n", tag)
+				if err := launch.Run(context.Background(), launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
+					return fmt.Errorf("bench dp %s: %w", tag, err)
+				}
+				ms, mem, err := readDPMetrics(metrics)
+				if err != nil {
+					return err
+				}
+				hidden, err := hiddenCommShare(trace.RankPath(tracePath, 0))
+				if err != nil {
+					return err
+				}
+				res := &results[i]
+				res.ms, res.hidden, res.mem = append(res.ms, ms), append(res.hidden, hidden), append(res.mem, mem)
 			}
-			ms, mem, err := readDPMetrics(metrics)
-			if err != nil {
-				return err
-			}
-			hidden, err := hiddenCommShare(trace.RankPath(tracePath, 0))
-			if err != nil {
-				return err
-			}
+		}
+		for i, v := range dpVariants {
+			res := results[i]
+			ms, hidden, mem := median(res.ms), median(res.hidden), median(res.mem)
 			formula := dpFormulaBytes(psi, n, v.stage)
 			want := formula + zeroWorkingSet(gc, v.stage)
 			fmt.Fprintf(stdout, "%4d %-13s %9.1f %7.0f%% %12.2f %12.2f %12.2f %+9.1f%%\n", n, v.name, ms, 100*hidden,
