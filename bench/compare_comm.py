@@ -73,7 +73,7 @@ def format_table(rows, runs_t, runs_g):
     out = [f"{'op':<15}{'nranks':>7}{'size':>8}{'tinyacc GB/s':>14}{'gloo GB/s':>12}{'tinyacc/gloo':>14}"]
     for op, n, size, t, g, ratio in rows:
         out.append(f"{op:<15}{n:>7}{human_size(size):>8}{num(t, '.3f'):>14}{num(g, '.3f'):>12}{num(ratio, '.2f'):>14}")
-    out.append(f"busbw, median over {runs_t} tinyacc and {runs_g} gloo runs; GB = 1e9 bytes")
+    out.append(f"busbw, each row the median of its runs in {runs_t} tinyacc and {runs_g} gloo files; GB = 1e9 bytes")
     return "\n".join(out)
 
 

@@ -55,7 +55,7 @@ def test_compare_takes_medians_and_ratios(tmp_path):
     lines = table.splitlines()
     assert lines[1].split() == ["all_reduce", "4", "4K", "2.000", "2.500", "0.80"]
     assert lines[2].split() == ["all_reduce", "4", "1M", "20.000", "-", "-"]
-    assert lines[-1] == "busbw, median over 3 tinyacc and 4 gloo runs; GB = 1e9 bytes"
+    assert lines[-1] == "busbw, each row the median of its runs in 3 tinyacc and 4 gloo files; GB = 1e9 bytes"
 
 
 def test_compare_main_sorts_files_by_name(tmp_path, capsys):
