@@ -218,6 +218,14 @@ func (c *opCtx) findMissing(probe bool) ([]int, []string) {
 			} else if !probe {
 				return
 			} else if seq, err := tr.probe(wr, c.g.id, deadline); err != nil {
+				if n := box.note(wr, c.g.id); n != nil && n.Seq >= c.op.seq {
+					// It gave up this operation (and may have left)
+					// while the probe was out: it did arrive.
+					mu.Lock()
+					arrived[wr] = true
+					mu.Unlock()
+					return
+				}
 				if reason, dead := box.deadReason(wr); dead {
 					w = reason
 				} else {

@@ -94,6 +94,9 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	if err := errors.Join(acceptErr, dialErr); err != nil {
 		return fail(err)
 	}
+	if err := t.setupShm(deadline); err != nil {
+		return fail(err)
+	}
 	w, g := newWorld(t, env.Rank, env.Size, opts)
 	t.world = w
 	for _, pc := range t.peers {
@@ -110,6 +113,8 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	if err := store.waitGE("tinyacc/ready", int64(env.Size), deadline); err != nil {
 		return fail(fmt.Errorf("comm: rendezvous of %d ranks did not complete: %w", env.Size, err))
 	}
+	// Every sender has mapped its ring by now: no file needs a name.
+	t.unlinkShm()
 	// Tell rank 0 this rank has its answer, so an orderly close of the
 	// store (rank 0 finishing first) waits for it instead of cutting it off.
 	if _, err := store.add(joinedKey, 1, deadline); err != nil {
@@ -129,6 +134,8 @@ func (t *tcpTransport) closeAll() {
 			pc.conn.Close()
 		}
 	}
+	t.wg.Wait() // readers still use the rings until their connection ends
+	t.releaseShm()
 	if t.store != nil {
 		t.store.close()
 	}

@@ -35,6 +35,9 @@ type tcpTransport struct {
 	world      *world
 	store      *storeClient
 	server     *storeServer // rank 0 only
+	// shmIn and shmOut are the shared-memory rings with same-host peers
+	// (shm.go), indexed by world rank; a nil entry means TCP only.
+	shmIn, shmOut []*shmRing
 
 	mu     sync.Mutex
 	closed bool
@@ -44,35 +47,73 @@ type tcpTransport struct {
 func (t *tcpTransport) inbox() *mailbox { return t.box }
 
 // send writes header and payload with one writev; the payload is the
-// tensor's own memory, so nothing is copied in user space.
+// tensor's own memory, so nothing is copied in user space. Data payloads to
+// a same-host peer go through its shared-memory ring instead (sendShm).
 func (t *tcpTransport) send(peer int, h *header, payload []byte, deadline time.Time) error {
 	pc := t.peers[peer]
 	pc.wmu.Lock()
 	defer pc.wmu.Unlock()
+	if h.kind == kindData && t.shmOut != nil {
+		if r := t.shmOut[peer]; r != nil && r.fits(len(payload)) {
+			return t.sendShm(pc, r, h, payload, deadline)
+		}
+	}
 	h.encode(pc.hb[:])
 	_ = pc.conn.SetWriteDeadline(deadline)
 	bufs := net.Buffers{pc.hb[:], payload}
 	if _, err := bufs.WriteTo(pc.conn); err != nil {
-		if why, dead := t.box.deadReason(peer); dead {
-			return &waitError{peer: peer, why: why}
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return &waitError{peer: peer, timeout: true}
-		}
-		// A connection that breaks under a write is a dead peer, whether
-		// the reader has seen its end yet or not.
-		t.mu.Lock()
-		closed := t.closed
-		t.mu.Unlock()
-		if closed {
-			return &waitError{peer: peer, why: "this rank closed its connections"}
-		}
-		t.box.markDead(peer, "connection closed")
-		why, _ := t.box.deadReason(peer)
-		return &waitError{peer: peer, why: why}
+		return t.writeFailure(peer, err)
 	}
 	return nil
+}
+
+// writeFailure turns an error writing to peer into the error of the waiting
+// operation.
+func (t *tcpTransport) writeFailure(peer int, err error) error {
+	if why, dead := t.box.deadReason(peer); dead {
+		return &waitError{peer: peer, why: why}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &waitError{peer: peer, timeout: true}
+	}
+	// A connection that breaks under a write is a dead peer, whether
+	// the reader has seen its end yet or not.
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return &waitError{peer: peer, why: "this rank closed its connections"}
+	}
+	// But the reader may still hold what the peer sent before it closed,
+	// its abort note above all: marked dead first, the peer would be
+	// blamed for a failure it reported. Give the reader a moment to reach
+	// the end of the stream.
+	t.awaitReader(peer, 200*time.Millisecond)
+	t.box.markDead(peer, "connection closed")
+	why, _ := t.box.deadReason(peer)
+	return &waitError{peer: peer, why: why}
+}
+
+// awaitReader waits until the reader of peer's connection marked it dead or
+// gone, or d passed.
+func (t *tcpTransport) awaitReader(peer int, d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		// Take the channel before looking, so a change in between wakes us.
+		t.box.mu.Lock()
+		changed := t.box.changed
+		t.box.mu.Unlock()
+		if _, dead := t.box.deadReason(peer); dead {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return
+		}
+	}
 }
 
 func (t *tcpTransport) notify(peer int, n *abortNote, deadline time.Time) {
@@ -115,7 +156,13 @@ func (t *tcpTransport) readLoop(pc *peerConn) {
 		switch h.kind {
 		case kindData:
 			bp, data := t.box.pool.get(int(h.length))
-			if _, err := io.ReadFull(r, data); err != nil {
+			if h.flags&flagShm != 0 {
+				// The payload is waiting in the shared-memory ring.
+				if err := t.readShm(pc.rank, data); err != nil {
+					t.lost(pc, err)
+					return
+				}
+			} else if _, err := io.ReadFull(r, data); err != nil {
 				t.lost(pc, err)
 				return
 			}
@@ -199,6 +246,7 @@ func (t *tcpTransport) close(orderly bool) error {
 		t.server.close()
 	}
 	t.wg.Wait()
+	t.releaseShm()
 	return nil
 }
 

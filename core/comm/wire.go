@@ -44,6 +44,7 @@ const (
 // Header flags.
 const (
 	flagLast uint8 = 1 // the last chunk of a message
+	flagShm  uint8 = 2 // the payload is in the shared-memory ring, not on the connection
 )
 
 // header is the decoded frame header. For data frames, group/seq/op/step tag

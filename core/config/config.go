@@ -147,6 +147,7 @@ var ReservedEnv = []string{
 	"TINYACC_JOB_TOKEN",
 	"TINYACC_LOCAL_RANK",
 	"TINYACC_RESTART",
+	"TINYACC_SHM",
 }
 
 // EnvPrefix is the prefix of environment variables that carry configuration.
