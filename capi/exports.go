@@ -55,36 +55,17 @@ func tinyacc_config_json(cfg C.int64_t, buf *C.char, cap C.int64_t, need *C.int6
 
 //export tinyacc_model_new
 func tinyacc_model_new(cfg C.int64_t, out *C.int64_t) C.int {
-	return call(func() error {
-		if err := outPtr("model", out); err != nil {
-			return err
-		}
-		h, err := apiModelNew(int64(cfg))
-		*out = C.int64_t(h)
-		return err
-	})
+	return handleCall("model", out, func() (int64, error) { return apiModelNew(int64(cfg)) })
 }
 
 //export tinyacc_model_save
 func tinyacc_model_save(model C.int64_t, path *C.char) C.int {
-	return call(func() error {
-		p, err := cString("path", path, false)
-		if err != nil {
-			return err
-		}
-		return apiModelSave(int64(model), p)
-	})
+	return pathCall(path, func(p string) error { return apiModelSave(int64(model), p) })
 }
 
 //export tinyacc_model_load
 func tinyacc_model_load(model C.int64_t, path *C.char) C.int {
-	return call(func() error {
-		p, err := cString("path", path, false)
-		if err != nil {
-			return err
-		}
-		return apiModelLoad(int64(model), p)
-	})
+	return pathCall(path, func(p string) error { return apiModelLoad(int64(model), p) })
 }
 
 //export tinyacc_param_count
@@ -205,48 +186,22 @@ func tinyacc_generate(model C.int64_t, prompt *C.int32_t, nPrompt C.int64_t, nNe
 
 //export tinyacc_optimizer_new
 func tinyacc_optimizer_new(cfg C.int64_t, model C.int64_t, out *C.int64_t) C.int {
-	return call(func() error {
-		if err := outPtr("optimizer", out); err != nil {
-			return err
-		}
-		h, err := apiOptimizerNew(int64(cfg), int64(model))
-		*out = C.int64_t(h)
-		return err
-	})
+	return handleCall("optimizer", out, func() (int64, error) { return apiOptimizerNew(int64(cfg), int64(model)) })
 }
 
 //export tinyacc_optimizer_save
 func tinyacc_optimizer_save(opt C.int64_t, path *C.char) C.int {
-	return call(func() error {
-		p, err := cString("path", path, false)
-		if err != nil {
-			return err
-		}
-		return apiOptimizerSave(int64(opt), p)
-	})
+	return pathCall(path, func(p string) error { return apiOptimizerSave(int64(opt), p) })
 }
 
 //export tinyacc_optimizer_load
 func tinyacc_optimizer_load(opt C.int64_t, path *C.char) C.int {
-	return call(func() error {
-		p, err := cString("path", path, false)
-		if err != nil {
-			return err
-		}
-		return apiOptimizerLoad(int64(opt), p)
-	})
+	return pathCall(path, func(p string) error { return apiOptimizerLoad(int64(opt), p) })
 }
 
 //export tinyacc_loader_new
 func tinyacc_loader_new(cfg C.int64_t, out *C.int64_t) C.int {
-	return call(func() error {
-		if err := outPtr("loader", out); err != nil {
-			return err
-		}
-		h, err := apiLoaderNew(int64(cfg))
-		*out = C.int64_t(h)
-		return err
-	})
+	return handleCall("loader", out, func() (int64, error) { return apiLoaderNew(int64(cfg)) })
 }
 
 //export tinyacc_loader_info
@@ -280,5 +235,28 @@ func tinyacc_loader_batch(loader C.int64_t, step, micro C.int64_t, x, y *C.int32
 			return err
 		}
 		return apiLoaderBatch(int64(loader), int(step), int(micro), xs, ys)
+	})
+}
+
+// pathCall runs fn with the Go string of a required path argument.
+func pathCall(path *C.char, fn func(p string) error) C.int {
+	return call(func() error {
+		p, err := cString("path", path, false)
+		if err != nil {
+			return err
+		}
+		return fn(p)
+	})
+}
+
+// handleCall stores the handle fn creates in *out (named name in errors).
+func handleCall(name string, out *C.int64_t, fn func() (int64, error)) C.int {
+	return call(func() error {
+		if err := outPtr(name, out); err != nil {
+			return err
+		}
+		h, err := fn()
+		*out = C.int64_t(h)
+		return err
 	})
 }

@@ -11,14 +11,7 @@ import "unsafe"
 
 //export tinyacc_prepare
 func tinyacc_prepare(cfg, model, opt, loader C.int64_t, out *C.int64_t) C.int {
-	return call(func() error {
-		if err := outPtr("session", out); err != nil {
-			return err
-		}
-		h, err := apiPrepare(int64(cfg), int64(model), int64(opt), int64(loader))
-		*out = C.int64_t(h)
-		return err
-	})
+	return handleCall("session", out, func() (int64, error) { return apiPrepare(int64(cfg), int64(model), int64(opt), int64(loader)) })
 }
 
 //export tinyacc_forward
