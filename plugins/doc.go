@@ -3,11 +3,12 @@
 //
 //	ddp   data parallel: naive all-reduce and bucketed, overlapped all-reduce
 //	zero  ZeRO stages 1, 2 and 3 over the data-parallel group
-//	tp    tensor (and sequence) parallel, Megatron style
-//	pp    pipeline schedules (AFAB, 1F1B, interleaved, zero bubble)
-//	cp    context parallel (ring attention)
+//	tp    tensor (and sequence) parallel, Megatron style      (to come)
+//	pp    pipeline schedules (AFAB, 1F1B, interleaved, ZB)     (to come)
+//	cp    context parallel (ring attention)                    (to come)
 //
 // Each strategy is a trainer.Plugin implementing only the hooks it needs
 // (see core/trainer/plugin.go); the naive form of each lives beside the
-// optimized one. They are added as the communication layer lands.
+// optimized one. Build (registry.go) turns a config into the plugins of one
+// rank, and ptest holds every parallel layout to a single process.
 package plugins
