@@ -121,47 +121,17 @@ func tinyacc_param_shape(model C.int64_t, name *C.char, dims *C.int64_t, cap C.i
 
 //export tinyacc_param_get
 func tinyacc_param_get(model C.int64_t, name *C.char, out *C.float, n C.int64_t) C.int {
-	return call(func() error {
-		s, err := cString("parameter name", name, false)
-		if err != nil {
-			return err
-		}
-		buf, err := f32s("output buffer", out, n)
-		if err != nil {
-			return err
-		}
-		return apiParamGet(int64(model), s, buf, false)
-	})
+	return paramCall(name, "output buffer", out, n, func(s string, buf []float32) error { return apiParamGet(int64(model), s, buf, false) })
 }
 
 //export tinyacc_grad_get
 func tinyacc_grad_get(model C.int64_t, name *C.char, out *C.float, n C.int64_t) C.int {
-	return call(func() error {
-		s, err := cString("parameter name", name, false)
-		if err != nil {
-			return err
-		}
-		buf, err := f32s("output buffer", out, n)
-		if err != nil {
-			return err
-		}
-		return apiParamGet(int64(model), s, buf, true)
-	})
+	return paramCall(name, "output buffer", out, n, func(s string, buf []float32) error { return apiParamGet(int64(model), s, buf, true) })
 }
 
 //export tinyacc_param_set
 func tinyacc_param_set(model C.int64_t, name *C.char, in *C.float, n C.int64_t) C.int {
-	return call(func() error {
-		s, err := cString("parameter name", name, false)
-		if err != nil {
-			return err
-		}
-		buf, err := f32s("input buffer", in, n)
-		if err != nil {
-			return err
-		}
-		return apiParamSet(int64(model), s, buf)
-	})
+	return paramCall(name, "input buffer", in, n, func(s string, buf []float32) error { return apiParamSet(int64(model), s, buf) })
 }
 
 //export tinyacc_generate
@@ -258,5 +228,21 @@ func handleCall(name string, out *C.int64_t, fn func() (int64, error)) C.int {
 		h, err := fn()
 		*out = C.int64_t(h)
 		return err
+	})
+}
+
+// paramCall decodes a parameter name and a caller float32 buffer of n
+// elements (what = "input buffer" or "output buffer", for errors) for fn.
+func paramCall(name *C.char, what string, p *C.float, n C.int64_t, fn func(s string, buf []float32) error) C.int {
+	return call(func() error {
+		s, err := cString("parameter name", name, false)
+		if err != nil {
+			return err
+		}
+		buf, err := f32s(what, p, n)
+		if err != nil {
+			return err
+		}
+		return fn(s, buf)
 	})
 }
