@@ -140,7 +140,7 @@ func apiModelSave(h int64, path string) error {
 		defer s.mu.Unlock()
 		return wrap(errIO, s.t.SaveModel(path))
 	}
-	return wrap(errIO, trainer.SaveWeights(m.model, path, m.cfg))
+	return wrap(errIO, trainer.SaveWeights(m.model, path))
 }
 
 // apiModelLoad reads weights saved by tinyacc or Hugging Face GPT-2 files.
@@ -272,5 +272,6 @@ func apiGenerate(h int64, prompt []int32, n int, temperature float64, topK int, 
 			return nil, fail(errInvalidArg, "generate: prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
 		}
 	}
-	return trainer.Generate(m.model, prompt, n, temperature, topK, seed), nil
+	out, err := trainer.Generate(m.model, prompt, n, temperature, topK, seed)
+	return out, wrap(errRuntime, err)
 }

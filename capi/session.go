@@ -138,11 +138,11 @@ func dataParallel(cfg config.Config, opts *trainer.Options) error {
 	if g.Size() == 1 {
 		return nil
 	}
-	ps, err := plugins.Build(cfg, g)
+	ps, m, err := plugins.Build(cfg, g)
 	if err != nil {
 		return fail(errConfig, "prepare: data-parallel training over %d ranks: %v", g.Size(), err)
 	}
-	opts.Plugins, opts.Rank, opts.World = ps, g.Rank(), g.Size()
+	opts.Plugins, opts.Mesh, opts.Rank, opts.World = ps, m, g.Rank(), g.Size()
 	return nil
 }
 

@@ -11,41 +11,48 @@ import (
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
-// Build returns the plugins cfg selects for this rank of world (none for a
-// single process). The world is arranged as the dp × pp × cp × tp mesh;
-// parallel.dp = 0 gives data parallelism every rank the other dimensions
-// leave. zero.stage 0 picks DDP (ddp.mode naive or bucketed), 1 to 3 the
-// ZeRO stage, both over the data-parallel group.
-func Build(cfg config.Config, world comm.Group) ([]trainer.Plugin, error) {
+// Build lays the world out as the dp × pp × cp × tp mesh of cfg and
+// returns this rank's plugins, in the one order the trainer runs them
+// (see trainer.Plugin for what the order decides): model rewriters first
+// (tensor parallel, then context parallel), then the step owner (pipeline
+// parallel), then data parallel (DDP or ZeRO). parallel.dp = 0 gives data
+// parallelism every rank the other dimensions leave. zero.stage 0 picks
+// DDP (ddp.mode naive or bucketed), 1 to 3 the ZeRO stage, both over the
+// data-parallel group. A single process gets no mesh and no plugins.
+func Build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
 	if world == nil || world.Size() == 1 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	p := cfg.Parallel
 	dp := p.DP
 	if dp == 0 {
 		other := p.TP * p.CP * p.PP
 		if world.Size()%other != 0 {
-			return nil, fmt.Errorf("plugins: world size %d is not a multiple of tp %d × cp %d × pp %d", world.Size(), p.TP, p.CP, p.PP)
+			return nil, nil, fmt.Errorf("plugins: world size %d is not a multiple of tp %d × cp %d × pp %d", world.Size(), p.TP, p.CP, p.PP)
 		}
 		dp = world.Size() / other
 	}
 	m, err := mesh.New(world, p.TP, p.CP, dp, p.PP)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if dp == 1 {
-		return nil, nil
-	}
-	if cfg.Zero.Stage > 0 {
-		z, err := zero.New(m.DP(), cfg.Zero.Stage)
+	var out []trainer.Plugin
+	// Model rewriters (tp, cp) and the step owner (pp) come here, in
+	// that order, once they exist.
+	if dp > 1 {
+		d, err := dataParallel(cfg, m)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return []trainer.Plugin{z}, nil
+		out = append(out, d)
 	}
-	d, err := ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
-	if err != nil {
-		return nil, err
+	return out, m, nil
+}
+
+// dataParallel is the data-parallel plugin of cfg over m's dp group.
+func dataParallel(cfg config.Config, m *mesh.Mesh) (trainer.Plugin, error) {
+	if cfg.Zero.Stage > 0 {
+		return zero.New(m.DP(), cfg.Zero.Stage)
 	}
-	return []trainer.Plugin{d}, nil
+	return ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
 }

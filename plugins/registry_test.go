@@ -10,6 +10,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -47,7 +48,7 @@ func TestEquivalenceMatrix(t *testing.T) {
 					cfg.Train.BatchSize = 2
 					v.apply(&cfg)
 					what := fmt.Sprintf("%s, %s, N=%d, grad_accum=%d", v.name, backend, n, accum)
-					got := ptest.Parallel(t, cfg, n, backend, func(g comm.Group) ([]trainer.Plugin, error) {
+					got := ptest.Parallel(t, cfg, n, backend, func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
 						return Build(cfg, g)
 					})
 					for r := range got {
@@ -63,22 +64,24 @@ func TestEquivalenceMatrix(t *testing.T) {
 func TestBuildPicksThePlugin(t *testing.T) {
 	require.NoError(t, comm.RunLocal(2, comm.Options{}, func(g comm.Group) error {
 		cfg := config.Defaults()
-		ps, err := Build(cfg, g)
+		ps, m, err := Build(cfg, g)
 		require.NoError(t, err)
 		require.IsType(t, &ddp.DDP{}, ps[0])
+		require.Equal(t, 2, m.DP().Size())
 		cfg.Zero.Stage = 2
-		ps, err = Build(cfg, g)
+		ps, _, err = Build(cfg, g)
 		require.NoError(t, err)
 		require.IsType(t, &zero.Zero{}, ps[0])
 		require.Equal(t, 2, ps[0].(*zero.Zero).Stage())
 		cfg.Parallel.DP = 3
-		_, err = Build(cfg, g)
+		_, _, err = Build(cfg, g)
 		require.EqualError(t, err, "mesh: world size 2 != tp 1 × cp 1 × dp 3 × pp 1 = 3")
 		return nil
 	}))
-	ps, err := Build(config.Defaults(), nil)
+	ps, m, err := Build(config.Defaults(), nil)
 	require.NoError(t, err)
 	require.Empty(t, ps, "a single process needs no plugin")
+	require.Nil(t, m)
 }
 
 // ZeRO-3 holds only shards of the parameters: saving gathers them first,
@@ -91,7 +94,7 @@ func TestZero3SavesFullWeights(t *testing.T) {
 	cfg.Train.BatchSize = 2
 	cfg.Zero.Stage = 3
 	cfg.SaveTo = filepath.Join(t.TempDir(), "z3.safetensors")
-	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, error) { return Build(cfg, g) })
+	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 	ts, _, err := ckpt.Load(cfg.SaveTo)
 	require.NoError(t, err)
 	got := ptest.Result{Losses: want.Losses, GradNorms: want.GradNorms, Params: map[string][]float64{}}
@@ -107,7 +110,7 @@ func TestLocalRanksAreBitwiseReproducible(t *testing.T) {
 	cfg := ptest.Config()
 	cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 128, 64, 4
 	cfg.Train.Steps, cfg.Train.BatchSize = 3, 8
-	build := func(g comm.Group) ([]trainer.Plugin, error) { return Build(cfg, g) }
+	build := func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) }
 	first := ptest.Parallel(t, cfg, 2, "local", build)
 	for i := 0; i < 3; i++ {
 		again := ptest.Parallel(t, cfg, 2, "local", build)

@@ -50,7 +50,10 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if err := trainer.LoadWeights(m, *from); err != nil {
 		return err
 	}
-	out := trainer.Generate(m, data.Encode(*prompt), *n, *temp, *topK, *seed)
+	out, err := trainer.Generate(m, data.Encode(*prompt), *n, *temp, *topK, *seed)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(stdout, data.Decode(out))
 	return nil
 }

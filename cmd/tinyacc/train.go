@@ -74,7 +74,7 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 	if world != nil {
 		rank, size = world.Rank(), world.Size()
 	}
-	ps, err := plugins.Build(cfg, world)
+	ps, m, err := plugins.Build(cfg, world)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 	if rank != 0 {
 		log = io.Discard
 	}
-	t, err := trainer.New(cfg, trainer.Options{Plugins: ps, Log: log, Live: live, Rank: rank, World: size, Trace: rec})
+	t, err := trainer.New(cfg, trainer.Options{Plugins: ps, Mesh: m, Log: log, Live: live, Rank: rank, World: size, Trace: rec})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -28,11 +29,35 @@ const chunkElems = 1 << 18
 // never a torn checkpoint. Everything that can be checked (names, dtypes) is
 // checked before the temporary file is created.
 func Save(path string, tensors map[string]*tensor.Tensor, metadata map[string]string) error {
-	names, err := validateForSave(tensors)
+	entries := make([]Entry, 0, len(tensors))
+	for name, t := range tensors {
+		if t == nil {
+			return fmt.Errorf("ckpt: save %q: tensor %q is nil", path, name)
+		}
+		entries = append(entries, Entry{Name: name, DType: t.DType(), Shape: t.Shape()})
+	}
+	return SaveStream(path, entries, metadata, func(name string) (*tensor.Tensor, error) { return tensors[name], nil })
+}
+
+// Entry names one tensor of a file to be written by SaveStream.
+type Entry struct {
+	Name  string
+	DType tensor.DType
+	Shape []int
+}
+
+// SaveStream writes a safetensors file whose tensors are produced one at a
+// time: next(name) is called once per entry, in name order, and its tensor
+// (of the entry's dtype and shape) is written before the next is asked
+// for, so no more than one tensor need exist at once (a model gathered
+// from its shards tensor by tensor). The file is written atomically, as
+// Save's is.
+func SaveStream(path string, entries []Entry, metadata map[string]string, next func(name string) (*tensor.Tensor, error)) error {
+	entries, err := validateForSave(entries)
 	if err != nil {
 		return fmt.Errorf("ckpt: save %q: %w", path, err)
 	}
-	header, err := buildHeader(names, tensors, metadata)
+	header, err := buildHeader(entries, metadata)
 	if err != nil {
 		return fmt.Errorf("ckpt: save %q: %w", path, err)
 	}
@@ -44,8 +69,14 @@ func Save(path string, tensors map[string]*tensor.Tensor, metadata map[string]st
 		w.Write(n[:])
 		w.Write(header)
 		buf := make([]byte, 0, chunkElems*8)
-		for _, name := range names {
-			t := tensors[name]
+		for _, e := range entries {
+			t, err := next(e.Name)
+			if err != nil {
+				return err
+			}
+			if t == nil || t.DType() != e.DType || !slices.Equal(t.Shape(), e.Shape) {
+				return fmt.Errorf("tensor %q was announced as %s %v but came as %v", e.Name, e.DType, e.Shape, t)
+			}
 			for from := 0; from < t.Numel(); from += chunkElems {
 				buf = encode(buf[:0], t, from, min(from+chunkElems, t.Numel()))
 				if _, err := w.Write(buf); err != nil {
@@ -60,33 +91,34 @@ func Save(path string, tensors map[string]*tensor.Tensor, metadata map[string]st
 	return nil
 }
 
-// validateForSave checks every tensor can be written and returns the names in
-// the order they are stored.
-func validateForSave(tensors map[string]*tensor.Tensor) ([]string, error) {
-	names := make([]string, 0, len(tensors))
-	for name, t := range tensors {
+// validateForSave checks every tensor can be written and returns the
+// entries in the order they are stored (by name).
+func validateForSave(entries []Entry) ([]Entry, error) {
+	entries = slices.Clone(entries)
+	seen := map[string]bool{}
+	for _, e := range entries {
 		switch {
-		case name == "":
+		case e.Name == "":
 			return nil, fmt.Errorf("a tensor has an empty name; every tensor needs a unique, non-empty name")
-		case name == metadataKey:
-			return nil, fmt.Errorf("tensor name %q is reserved for the header's metadata; rename the tensor", name)
-		case t == nil:
-			return nil, fmt.Errorf("tensor %q is nil", name)
+		case e.Name == metadataKey:
+			return nil, fmt.Errorf("tensor name %q is reserved for the header's metadata; rename the tensor", e.Name)
+		case seen[e.Name]:
+			return nil, fmt.Errorf("tensor name %q is given twice", e.Name)
 		}
-		if _, ok := fileDTypeOf(t.DType()); !ok {
-			return nil, fmt.Errorf("tensor %q has dtype %s, which cannot be saved; convert it to float32, float64 or int32", name, t.DType())
+		seen[e.Name] = true
+		if _, ok := fileDTypeOf(e.DType); !ok {
+			return nil, fmt.Errorf("tensor %q has dtype %s, which cannot be saved; convert it to float32, float64 or int32", e.Name, e.DType)
 		}
-		names = append(names, name)
 	}
-	sort.Strings(names)
-	return names, nil
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
+	return entries, nil
 }
 
 // buildHeader renders the JSON header, padded with spaces to a multiple of 8
 // bytes so the data section that follows stays 8-byte aligned. The layout is
 // fixed (metadata first, then tensors by name, fields in a fixed order, no
 // spaces) so files are byte-for-byte reproducible.
-func buildHeader(names []string, tensors map[string]*tensor.Tensor, metadata map[string]string) ([]byte, error) {
+func buildHeader(entries []Entry, metadata map[string]string) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteByte('{')
 	first := true
@@ -109,22 +141,21 @@ func buildHeader(names []string, tensors map[string]*tensor.Tensor, metadata map
 		first = false
 	}
 	var offset int64
-	for _, name := range names {
-		t := tensors[name]
-		dt, _ := fileDTypeOf(t.DType())
+	for _, e := range entries {
+		dt, _ := fileDTypeOf(e.DType)
 		if !first {
 			b.WriteByte(',')
 		}
 		first = false
-		writeJSONString(&b, name)
+		writeJSONString(&b, e.Name)
 		b.WriteString(`:{"dtype":"` + string(dt) + `","shape":[`)
-		for i, d := range t.Shape() {
+		for i, d := range e.Shape {
 			if i > 0 {
 				b.WriteByte(',')
 			}
 			b.WriteString(strconv.Itoa(d))
 		}
-		end := offset + t.Bytes()
+		end := offset + int64(tensor.Numel(e.Shape))*int64(e.DType.Size())
 		fmt.Fprintf(&b, `],"data_offsets":[%d,%d]}`, offset, end)
 		offset = end
 	}

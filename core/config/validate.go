@@ -84,8 +84,8 @@ func (c *Config) Validate() error {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)
 	}
 	v.oneOf("ddp.mode", c.DDP.Mode, "naive", "bucketed")
-	if !(c.DDP.BucketMB > 0) || !(c.DDP.FirstBucketMB > 0) {
-		v.addf("config: ddp.bucket_mb=%s and ddp.first_bucket_mb=%s must be > 0: use sizes such as 25 and 1", ff(c.DDP.BucketMB), ff(c.DDP.FirstBucketMB))
+	if !(c.DDP.BucketMB > 0) || !(c.DDP.FirstBucketMB >= 0) {
+		v.addf("config: ddp.bucket_mb=%s must be > 0 and ddp.first_bucket_mb=%s >= 0 (0: no smaller first bucket): use sizes such as 25 and 1", ff(c.DDP.BucketMB), ff(c.DDP.FirstBucketMB))
 	}
 	if c.Zero.Stage < 0 || c.Zero.Stage > 3 {
 		v.addf("config: zero.stage=%d must be 0, 1, 2 or 3", c.Zero.Stage)

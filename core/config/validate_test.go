@@ -79,7 +79,9 @@ func TestValidateMessages(t *testing.T) {
 		{"ddp mode", func(c *Config) { c.DDP.Mode = "fast" },
 			`config: ddp.mode="fast" is not supported: use one of naive, bucketed`},
 		{"bucket", func(c *Config) { c.DDP.BucketMB = 0 },
-			"config: ddp.bucket_mb=0 and ddp.first_bucket_mb=1 must be > 0: use sizes such as 25 and 1"},
+			"config: ddp.bucket_mb=0 must be > 0 and ddp.first_bucket_mb=1 >= 0 (0: no smaller first bucket): use sizes such as 25 and 1"},
+		{"first bucket", func(c *Config) { c.DDP.FirstBucketMB = -1 },
+			"config: ddp.bucket_mb=25 must be > 0 and ddp.first_bucket_mb=-1 >= 0 (0: no smaller first bucket): use sizes such as 25 and 1"},
 		{"zero", func(c *Config) { c.Zero.Stage = 4 },
 			"config: zero.stage=4 must be 0, 1, 2 or 3"},
 		{"cuda", func(c *Config) { c.Device = "cuda" },
@@ -128,4 +130,12 @@ func TestValidateReportsAllErrors(t *testing.T) {
 		"config: data.val_fraction=-0.1 must be in [0, 1): use a value such as 0.1, or 0 for no validation split",
 		`config: device="cuda": this build has no GPU backend yet; use device=cpu`,
 	}, strings.Split(err.Error(), "\n"))
+}
+
+// TestFirstBucketZeroMeansNoSmallerBucket: the validator accepts what
+// ddp.New documents, ddp.first_bucket_mb=0 for "no separate first bucket".
+func TestFirstBucketZeroMeansNoSmallerBucket(t *testing.T) {
+	cfg := Defaults()
+	cfg.DDP.FirstBucketMB = 0
+	require.NoError(t, cfg.Validate())
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/place"
 )
 
 // Coord is a rank's position on the grid.
@@ -117,6 +118,14 @@ func (m *Mesh) Shape() Shape { return m.shape }
 
 // Coord is this rank's position.
 func (m *Mesh) Coord() Coord { return m.coord }
+
+// Place is this rank's coordinate in the terms parameter placements use.
+func (m *Mesh) Place() place.Coord {
+	return place.Coord{
+		Rank: [place.NumAxes]int{place.PP: m.coord.PP, place.DP: m.coord.DP, place.CP: m.coord.CP, place.TP: m.coord.TP},
+		Size: [place.NumAxes]int{place.PP: m.shape.PP, place.DP: m.shape.DP, place.CP: m.shape.CP, place.TP: m.shape.TP},
+	}
+}
 
 // Rank is this rank's global rank.
 func (m *Mesh) Rank() int { return m.world.Rank() }

@@ -43,49 +43,95 @@ func (c GPTConfig) FLOPsPerToken() float64 {
 // LayerNormEps is GPT-2's LayerNorm epsilon.
 const LayerNormEps = 1e-5
 
-// GPT is GPT-2: an input stage (token and position embeddings), a list of
-// transformer blocks, and an output stage (final LayerNorm and the head tied
-// to the token embedding). Parameters carry their Hugging Face GPT-2 names.
+// GPT is GPT-2, or the part of it one pipeline rank holds: an input stage
+// (token and position embeddings), one or more chunks of consecutive
+// transformer blocks, and an output stage (final LayerNorm and the head
+// tied to the token embedding). The whole model is one chunk of every
+// block with both stages. Parameters carry their Hugging Face GPT-2 names.
 type GPT struct {
 	Config GPTConfig
-	Embed  *Embed
-	Blocks []*Block
-	Head   *Head
+	Embed  *Embed   // nil unless this model holds block 0's input
+	Chunks []*Chunk // in model order
+	Head   *Head    // nil unless this model holds the last block's output
 }
 
-// Embed is the input stage: wte and wpe.
+// Chunk is a run of consecutive blocks (interleaved pipeline schedules
+// give a rank several).
+type Chunk struct {
+	Blocks []*Block
+}
+
+// First is the index of the chunk's first block.
+func (c *Chunk) First() int { return c.Blocks[0].Index }
+
+// Forward runs the chunk's blocks on x [B, T, C].
+func (c *Chunk) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	var err error
+	for _, b := range c.Blocks {
+		if x, err = b.Forward(x, p); err != nil {
+			return nil, err
+		}
+	}
+	return x, nil
+}
+
+// Embed is the input stage: wte and wpe through its embedding layer.
 type Embed struct {
 	*Module
 	Wte, Wpe *tensor.Tensor
+	Layer    Layer // TokenPosEmbedding unless a plugin replaced it
 }
 
-// Block is one transformer block, pre-LayerNorm.
+// Block is one transformer block, pre-LayerNorm. Its LayerNorms are plain
+// fields (every strategy keeps them whole); its linear layers and its
+// attention core are Layers a strategy may replace.
 type Block struct {
 	*Module
-	NHead                int
-	Ln1W, Ln1B           *tensor.Tensor
-	AttnW, AttnB         *tensor.Tensor // c_attn [C, 3C], [3C]
-	AttnProjW, AttnProjB *tensor.Tensor // attn.c_proj [C, C], [C]
-	Ln2W, Ln2B           *tensor.Tensor
-	FcW, FcB             *tensor.Tensor // mlp.c_fc [C, 4C], [4C]
-	MlpProjW, MlpProjB   *tensor.Tensor // mlp.c_proj [4C, C], [C]
+	Index                  int
+	Ln1W, Ln1B, Ln2W, Ln2B *tensor.Tensor
+	Attn                   Layer // c_attn: [B,T,C] -> fused q|k|v [B,T,3C]
+	Core                   Layer // attention core: q|k|v -> [B,T,C]
+	AttnProj               Layer // attn.c_proj
+	Fc                     Layer // mlp.c_fc
+	MlpProj                Layer // mlp.c_proj
 }
 
-// Head is the output stage: ln_f, then logits against the tied wte.
+// Head is the output stage: ln_f, then the head and loss layer.
 type Head struct {
 	*Module
 	LnW, LnB *tensor.Tensor
-	Wte      *tensor.Tensor // the same tensor as Embed.Wte
+	// Wte is the tied token embedding the logits are computed against: the
+	// same tensor as Embed.Wte when this model holds both stages, else
+	// this stage's own copy (registered as a parameter of the head).
+	Wte *tensor.Tensor
+	Out HeadLoss // TiedHead unless a plugin replaced it
 }
 
-// NewGPT builds the model with GPT-2 initialisation: weights normal(0, 0.02),
-// the residual projections scaled by 1/sqrt(2·n_layer), biases zero,
-// LayerNorm weights one. Each parameter's numbers depend only on (seed, name).
-// Parameters come from alloc (nil = tensor.Default), and so do the
-// activations computed from them.
+// NewGPT builds the whole model with GPT-2 initialisation: weights
+// normal(0, 0.02), the residual projections scaled by 1/sqrt(2·n_layer),
+// biases zero, LayerNorm weights one. Each parameter's numbers depend only
+// on (seed, name). Parameters come from alloc (nil = tensor.Default), and
+// so do the activations computed from them.
 func NewGPT(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocator) (*GPT, error) {
+	return NewStage(cfg, seed, dtype, alloc, [][2]int{{0, cfg.NLayer}})
+}
+
+// NewStage builds the part of the model made of the given block ranges
+// [lo, hi), ascending and disjoint: the embedding comes with the range
+// that starts at block 0, the final LayerNorm and head with the one that
+// ends at the last block. Its parameters equal the whole model's of the
+// same names.
+func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocator, ranges [][2]int) (*GPT, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(ranges) == 0 {
+		return nil, fmt.Errorf("nn: a stage needs at least one range of blocks")
+	}
+	for i, r := range ranges {
+		if r[0] < 0 || r[1] > cfg.NLayer || r[0] >= r[1] || (i > 0 && r[0] < ranges[i-1][1]) {
+			return nil, fmt.Errorf("nn: block ranges %v are not ascending, disjoint and inside [0, %d)", ranges, cfg.NLayer)
+		}
 	}
 	C := cfg.NEmbd
 	m := &GPT{Config: cfg}
@@ -99,51 +145,92 @@ func NewGPT(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocat
 	const std = 0.02
 	projStd := std / math.Sqrt(2*float64(cfg.NLayer))
 
-	e := &Embed{Module: NewModule("")}
-	e.Wte = newP(e.Module, "wte.weight", cfg.VocabSize, C)
-	e.Wpe = newP(e.Module, "wpe.weight", cfg.BlockSize, C)
-	FillNormal(e.Wte, seed, std)
-	FillNormal(e.Wpe, seed, std)
-	m.Embed = e
-
-	for i := 0; i < cfg.NLayer; i++ {
-		b := &Block{Module: NewModule(fmt.Sprintf("h.%d", i)), NHead: cfg.NHead}
-		b.Ln1W = newP(b.Module, "ln_1.weight", C)
-		b.Ln1B = newP(b.Module, "ln_1.bias", C)
-		b.AttnW = newP(b.Module, "attn.c_attn.weight", C, 3*C)
-		b.AttnB = newP(b.Module, "attn.c_attn.bias", 3*C)
-		b.AttnProjW = newP(b.Module, "attn.c_proj.weight", C, C)
-		b.AttnProjB = newP(b.Module, "attn.c_proj.bias", C)
-		b.Ln2W = newP(b.Module, "ln_2.weight", C)
-		b.Ln2B = newP(b.Module, "ln_2.bias", C)
-		b.FcW = newP(b.Module, "mlp.c_fc.weight", C, 4*C)
-		b.FcB = newP(b.Module, "mlp.c_fc.bias", 4*C)
-		b.MlpProjW = newP(b.Module, "mlp.c_proj.weight", 4*C, C)
-		b.MlpProjB = newP(b.Module, "mlp.c_proj.bias", C)
-		Fill(b.Ln1W, 1)
-		Fill(b.Ln2W, 1)
-		FillNormal(b.AttnW, seed, std)
-		FillNormal(b.FcW, seed, std)
-		FillNormal(b.AttnProjW, seed, projStd)
-		FillNormal(b.MlpProjW, seed, projStd)
-		m.Blocks = append(m.Blocks, b)
+	if ranges[0][0] == 0 {
+		e := &Embed{Module: NewModule("embed", "")}
+		e.Wte = newP(e.Module, "wte.weight", cfg.VocabSize, C)
+		e.Wpe = newP(e.Module, "wpe.weight", cfg.BlockSize, C)
+		FillNormal(e.Wte, seed, std)
+		FillNormal(e.Wpe, seed, std)
+		e.Layer = &TokenPosEmbedding{Wte: e.Wte, Wpe: e.Wpe}
+		m.Embed = e
 	}
-
-	h := &Head{Module: NewModule(""), Wte: e.Wte}
-	h.LnW = newP(h.Module, "ln_f.weight", C)
-	h.LnB = newP(h.Module, "ln_f.bias", C)
-	Fill(h.LnW, 1)
-	m.Head = h
+	for _, r := range ranges {
+		c := &Chunk{}
+		for i := r[0]; i < r[1]; i++ {
+			name := fmt.Sprintf("h.%d", i)
+			b := &Block{Module: NewModule(name, name), Index: i}
+			b.Ln1W = newP(b.Module, "ln_1.weight", C)
+			b.Ln1B = newP(b.Module, "ln_1.bias", C)
+			attnW := newP(b.Module, "attn.c_attn.weight", C, 3*C)
+			attnB := newP(b.Module, "attn.c_attn.bias", 3*C)
+			projW := newP(b.Module, "attn.c_proj.weight", C, C)
+			projB := newP(b.Module, "attn.c_proj.bias", C)
+			b.Ln2W = newP(b.Module, "ln_2.weight", C)
+			b.Ln2B = newP(b.Module, "ln_2.bias", C)
+			fcW := newP(b.Module, "mlp.c_fc.weight", C, 4*C)
+			fcB := newP(b.Module, "mlp.c_fc.bias", 4*C)
+			mlpW := newP(b.Module, "mlp.c_proj.weight", 4*C, C)
+			mlpB := newP(b.Module, "mlp.c_proj.bias", C)
+			Fill(b.Ln1W, 1)
+			Fill(b.Ln2W, 1)
+			FillNormal(attnW, seed, std)
+			FillNormal(fcW, seed, std)
+			FillNormal(projW, seed, projStd)
+			FillNormal(mlpW, seed, projStd)
+			b.Attn, b.AttnProj = &Dense{attnW, attnB}, &Dense{projW, projB}
+			b.Fc, b.MlpProj = &Dense{fcW, fcB}, &Dense{mlpW, mlpB}
+			b.Core = &CausalAttention{NHead: cfg.NHead}
+			c.Blocks = append(c.Blocks, b)
+		}
+		m.Chunks = append(m.Chunks, c)
+	}
+	if ranges[len(ranges)-1][1] == cfg.NLayer {
+		h := &Head{Module: NewModule("head", "")}
+		h.LnW = newP(h.Module, "ln_f.weight", C)
+		h.LnB = newP(h.Module, "ln_f.bias", C)
+		Fill(h.LnW, 1)
+		if m.Embed != nil {
+			h.Wte = m.Embed.Wte
+		} else {
+			// The last stage keeps its own copy of the tied table; it
+			// starts equal to the first stage's (same seed and name).
+			h.Wte = newP(h.Module, "wte.weight", cfg.VocabSize, C)
+			FillNormal(h.Wte, seed, std)
+		}
+		h.Out = &TiedHead{Wte: h.Wte}
+		m.Head = h
+	}
 	return m, nil
 }
 
-// Modules lists the units in forward order: embed, blocks, head.
+// Whole reports whether the model holds every block and both stages.
+func (m *GPT) Whole() bool {
+	return m.Embed != nil && m.Head != nil && len(m.Blocks()) == m.Config.NLayer
+}
+
+// Blocks lists the blocks of every chunk, in model order.
+func (m *GPT) Blocks() []*Block {
+	var out []*Block
+	for _, c := range m.Chunks {
+		out = append(out, c.Blocks...)
+	}
+	return out
+}
+
+// Modules lists the units in forward order: embed, blocks, head (those
+// this model holds).
 func (m *GPT) Modules() []*Module {
-	out := []*Module{m.Embed.Module}
-	for _, b := range m.Blocks {
+	var out []*Module
+	if m.Embed != nil {
+		out = append(out, m.Embed.Module)
+	}
+	for _, b := range m.Blocks() {
 		out = append(out, b.Module)
 	}
-	return append(out, m.Head.Module)
+	if m.Head != nil {
+		out = append(out, m.Head.Module)
+	}
+	return out
 }
 
 // Params returns every parameter once (the tied wte once), in forward order.
@@ -165,64 +252,111 @@ func (m *GPT) Param(name string) *tensor.Tensor {
 	return nil
 }
 
-// Forward of the input stage: token plus position embeddings of idx [B, T];
-// posOffset is the global position of idx's first column.
-func (e *Embed) Forward(idx *tensor.Tensor, posOffset int, info tensor.PassInfo) *tensor.Tensor {
-	for _, h := range e.Hooks.PreForward {
-		h(e.Module, info)
-	}
-	x := tensor.AddPositions(tensor.Embedding(e.Wte, idx), e.Wpe, posOffset)
-	for _, h := range e.Hooks.PostForward {
-		h(e.Module, info)
-	}
-	if len(e.Hooks.PreBackward) > 0 && x.NeedsGrad() {
-		x = tensor.Hook(x, "embed.pre_backward", func(b *tensor.Backprop) {
-			for _, h := range e.Hooks.PreBackward {
-				h(e.Module, b.Info)
-			}
-		})
-	}
-	return x
+// Forward of the input stage: embeddings of token ids idx [B, T].
+func (e *Embed) Forward(idx *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	return e.Run(idx, p.Info, func(idx *tensor.Tensor) (*tensor.Tensor, error) { return e.Layer.Forward(idx, p) })
 }
 
 // Forward of one block on x [B, T, C].
-func (b *Block) Forward(x *tensor.Tensor, info tensor.PassInfo) *tensor.Tensor {
-	return b.Run(x, info, func(x *tensor.Tensor) *tensor.Tensor {
+func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
 		h := tensor.LayerNorm(x, b.Ln1W, b.Ln1B, LayerNormEps)
-		h = tensor.Linear(h, b.AttnW, b.AttnB)
-		h = tensor.CausalSelfAttention(h, b.NHead)
-		h = tensor.Linear(h, b.AttnProjW, b.AttnProjB)
+		h, err := b.Attn.Forward(h, p)
+		if err == nil {
+			h, err = b.Core.Forward(h, p)
+		}
+		if err == nil {
+			h, err = b.AttnProj.Forward(h, p)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s attention: %w", b.Name(), err)
+		}
 		x = tensor.Add(x, h)
 		h = tensor.LayerNorm(x, b.Ln2W, b.Ln2B, LayerNormEps)
-		h = tensor.Linear(h, b.FcW, b.FcB)
-		h = tensor.Gelu(h)
-		h = tensor.Linear(h, b.MlpProjW, b.MlpProjB)
-		return tensor.Add(x, h)
+		h, err = b.Fc.Forward(h, p)
+		if err == nil {
+			h, err = b.MlpProj.Forward(tensor.Gelu(h), p)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s mlp: %w", b.Name(), err)
+		}
+		return tensor.Add(x, h), nil
 	})
 }
 
-// Forward of the output stage: logits [B, T, V].
-func (h *Head) Forward(x *tensor.Tensor, info tensor.PassInfo) *tensor.Tensor {
-	return h.Run(x, info, func(x *tensor.Tensor) *tensor.Tensor {
-		x = tensor.LayerNorm(x, h.LnW, h.LnB, LayerNormEps)
-		return tensor.MatMulT(x, h.Wte)
+// Logits of the output stage: [B, T, V] from the last block's output.
+func (h *Head) Logits(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	return h.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
+		return h.Out.Logits(tensor.LayerNorm(x, h.LnW, h.LnB, LayerNormEps), p)
 	})
+}
+
+// Loss of the output stage: mean cross-entropy of predicting targets
+// [B, T] from the last block's output.
+func (h *Head) Loss(x, targets *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	return h.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
+		return h.Out.Loss(tensor.LayerNorm(x, h.LnW, h.LnB, LayerNormEps), targets, p)
+	})
+}
+
+// body runs the embedding and every chunk on idx [B, T]; the model must be
+// whole.
+func (m *GPT) body(idx *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	if !m.Whole() {
+		return nil, fmt.Errorf("nn: this model holds part of the GPT (a pipeline stage); run its stages through the pipeline")
+	}
+	if t := idx.Dim(-1); t > m.Config.BlockSize {
+		return nil, fmt.Errorf("nn: sequence of %d tokens exceeds block_size %d", t, m.Config.BlockSize)
+	}
+	x, err := m.Embed.Forward(idx, p)
+	for _, c := range m.Chunks {
+		if err != nil {
+			return nil, err
+		}
+		x, err = c.Forward(x, p)
+	}
+	return x, err
 }
 
 // Logits runs the whole model on idx [B, T].
-func (m *GPT) Logits(idx *tensor.Tensor, info tensor.PassInfo) *tensor.Tensor {
-	if t := idx.Dim(-1); t > m.Config.BlockSize {
-		panic(fmt.Sprintf("nn: sequence of %d tokens exceeds block_size %d", t, m.Config.BlockSize))
+func (m *GPT) Logits(idx *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	x, err := m.body(idx, p)
+	if err != nil {
+		return nil, err
 	}
-	x := m.Embed.Forward(idx, 0, info)
-	for _, b := range m.Blocks {
-		x = b.Forward(x, info)
-	}
-	return m.Head.Forward(x, info)
+	return m.Head.Logits(x, p)
 }
 
-// Loss returns the mean cross-entropy of the model's predictions of targets
-// [B, T] from idx [B, T].
-func (m *GPT) Loss(idx, targets *tensor.Tensor, info tensor.PassInfo) *tensor.Tensor {
-	return tensor.CrossEntropy(m.Logits(idx, info), targets)
+// Loss returns the mean cross-entropy of the whole model's predictions of
+// targets [B, T] from idx [B, T].
+func (m *GPT) Loss(idx, targets *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	x, err := m.body(idx, p)
+	if err != nil {
+		return nil, err
+	}
+	return m.Head.Loss(x, targets, p)
+}
+
+// ParamShape is a global parameter's name and shape.
+type ParamShape struct {
+	Name  string
+	Shape []int
+}
+
+// ParamShapes lists every global parameter of the model of shape c (the
+// tied wte once), in forward order, without building it.
+func (c GPTConfig) ParamShapes() []ParamShape {
+	C := c.NEmbd
+	out := []ParamShape{{"wte.weight", []int{c.VocabSize, C}}, {"wpe.weight", []int{c.BlockSize, C}}}
+	for i := 0; i < c.NLayer; i++ {
+		p := fmt.Sprintf("h.%d.", i)
+		out = append(out,
+			ParamShape{p + "ln_1.weight", []int{C}}, ParamShape{p + "ln_1.bias", []int{C}},
+			ParamShape{p + "attn.c_attn.weight", []int{C, 3 * C}}, ParamShape{p + "attn.c_attn.bias", []int{3 * C}},
+			ParamShape{p + "attn.c_proj.weight", []int{C, C}}, ParamShape{p + "attn.c_proj.bias", []int{C}},
+			ParamShape{p + "ln_2.weight", []int{C}}, ParamShape{p + "ln_2.bias", []int{C}},
+			ParamShape{p + "mlp.c_fc.weight", []int{C, 4 * C}}, ParamShape{p + "mlp.c_fc.bias", []int{4 * C}},
+			ParamShape{p + "mlp.c_proj.weight", []int{4 * C, C}}, ParamShape{p + "mlp.c_proj.bias", []int{C}})
+	}
+	return append(out, ParamShape{"ln_f.weight", []int{C}}, ParamShape{"ln_f.bias", []int{C}})
 }

@@ -36,6 +36,11 @@ func TestGPTNamesAndShapesAreHuggingFace(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 	require.Equal(t, n, tiny().NumParams())
+	var listed []string
+	for _, ps := range tiny().ParamShapes() {
+		listed = append(listed, fmt.Sprintf("%s %v", ps.Name, ps.Shape))
+	}
+	require.Equal(t, want, listed, "ParamShapes lists what NewGPT builds")
 	require.Same(t, m.Embed.Wte, m.Head.Wte, "the head is tied to wte")
 }
 
@@ -76,10 +81,10 @@ func TestInitStatistics(t *testing.T) {
 		return math.Sqrt(s / float64(p.Numel()))
 	}
 	require.InDelta(t, 0.02, std(m.Embed.Wte), 0.001)
-	require.InDelta(t, 0.02, std(m.Blocks[0].FcW), 0.001)
-	require.InDelta(t, 0.02/math.Sqrt(4), std(m.Blocks[1].MlpProjW), 0.0005)
-	require.Equal(t, 1.0, m.Blocks[0].Ln1W.At(3))
-	require.Equal(t, 0.0, m.Blocks[0].AttnB.At(5))
+	require.InDelta(t, 0.02, std(m.Param("h.0.mlp.c_fc.weight")), 0.001)
+	require.InDelta(t, 0.02/math.Sqrt(4), std(m.Param("h.1.mlp.c_proj.weight")), 0.0005)
+	require.Equal(t, 1.0, m.Blocks()[0].Ln1W.At(3))
+	require.Equal(t, 0.0, m.Param("h.0.attn.c_attn.bias").At(5))
 }
 
 func TestModuleHooksFireInOrder(t *testing.T) {
@@ -103,7 +108,8 @@ func TestModuleHooksFireInOrder(t *testing.T) {
 	var ready []string
 	idx := tensor.FromI32([]int32{1, 2, 3, 4, 5, 6}, 1, 6)
 	tgt := tensor.FromI32([]int32{2, 3, 4, 5, 6, 7}, 1, 6)
-	loss := m.Loss(idx, tgt, tensor.PassInfo{Micro: 1})
+	loss, err := m.Loss(idx, tgt, Pass{Info: tensor.PassInfo{Micro: 1}})
+	require.NoError(t, err)
 	_, err = tensor.Backward(loss, nil, tensor.BackwardOptions{Info: tensor.PassInfo{Micro: 1, Last: true},
 		GradReady: func(p *tensor.Tensor, _ tensor.PassInfo) {
 			if p.Name == "h.1.ln_1.weight" || p.Name == "h.0.mlp.c_proj.weight" {
@@ -139,11 +145,13 @@ func TestWholeGPTGradCheck(t *testing.T) {
 	}
 	idx := tensor.FromI32([]int32{1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 1}, 2, 6)
 	tgt := tensor.FromI32([]int32{5, 3, 9, 0, 2, 8, 4, 7, 10, 6, 1, 3}, 2, 6)
-	loss := m.Loss(idx, tgt, tensor.PassInfo{})
+	loss, err := m.Loss(idx, tgt, Pass{})
+	require.NoError(t, err)
 	_, err = tensor.Backward(loss, nil, tensor.BackwardOptions{})
 	require.NoError(t, err)
 	f := func() float64 {
-		l := m.Loss(idx, tgt, tensor.PassInfo{})
+		l, err := m.Loss(idx, tgt, Pass{})
+		require.NoError(t, err)
 		v := l.Scalar()
 		tensor.FreeGraph(l)
 		return v

@@ -97,7 +97,27 @@ func TestGradEmbeddingAndPositions(t *testing.T) {
 	r := rand.New(rand.NewSource(6))
 	wte, wpe := randT(r, 1, 5, 4), randT(r, 1, 6, 4)
 	idx := FromI32([]int32{1, 3, 1, 0, 4, 1}, 2, 3) // repeated ids accumulate
-	gradCheck(t, "embedding+positions", func() *Tensor { return AddPositions(Embedding(wte, idx), wpe, 2) }, wte, wpe)
+	gradCheck(t, "embedding+positions", func() *Tensor { return AddPositions(Embedding(wte, idx), wpe, nil) }, wte, wpe)
+	// A rank's rows at scattered global positions (a zigzag split).
+	gradCheck(t, "embedding+position ids", func() *Tensor { return AddPositions(Embedding(wte, idx), wpe, []int{0, 4, 5}) }, wte, wpe)
+}
+
+func TestPositionIDs(t *testing.T) {
+	x := FromF64([]float64{1, 2, 3, 4}, 1, 2, 2)
+	wpe := FromF64([]float64{10, 20, 30, 40, 50, 60}, 3, 2)
+	require.Equal(t, []float64{51, 62, 13, 24}, AddPositions(x, wpe, []int{2, 0}).F64())
+	require.Equal(t, []float64{11, 22, 33, 44}, AddPositions(x, wpe, nil).F64())
+}
+
+func TestGradColumnsConcat(t *testing.T) {
+	r := rand.New(rand.NewSource(9))
+	x, y := randT(r, 1, 2, 3, 5), randT(r, 1, 2, 3, 2)
+	gradCheck(t, "columns+concat", func() *Tensor {
+		return Concat(Columns(x, 3, 5), y, Columns(x, 0, 2))
+	}, x, y)
+	got := Concat(Columns(FromF64([]float64{1, 2, 3, 4, 5, 6}, 2, 3), 1, 3), FromF64([]float64{7, 8}, 2, 1))
+	require.Equal(t, []float64{2, 3, 7, 5, 6, 8}, got.F64())
+	require.Equal(t, []int{2, 3}, got.Shape())
 }
 
 func TestGradCrossEntropy(t *testing.T) {
@@ -131,6 +151,6 @@ func TestOpErrors(t *testing.T) {
 	x := FromF64(make([]float64, 6), 2, 3)
 	require.PanicsWithValue(t, "tensor: Linear of input [2 3] with weight [4 2] and bias none",
 		func() { Linear(x, w, nil) })
-	require.PanicsWithValue(t, "tensor: positions 3..4 exceed the 4 positions of the table (raise model.block_size)",
-		func() { AddPositions(FromF64(make([]float64, 4), 1, 2, 2), w.Reshape(4, 2), 3) })
+	require.PanicsWithValue(t, "tensor: position 4 exceeds the 4 positions of the table (raise model.block_size)",
+		func() { AddPositions(FromF64(make([]float64, 4), 1, 2, 2), w.Reshape(4, 2), []int{3, 4}) })
 }

@@ -225,23 +225,29 @@ func embedBwd[T cpu.Float](g []T, idx []int32, gw []T, C int) {
 	})
 }
 
-// AddPositions returns x + wpe[offset+t] for x of shape [B, T, C]; offset is
-// the global position of x's first token (non-zero when the sequence is split
-// across ranks).
-func AddPositions(x, wpe *Tensor, offset int) *Tensor {
+// AddPositions returns x + wpe[pos[t]] for x of shape [B, T, C]: pos holds
+// the global position of each of x's T rows (nil means 0..T-1). A rank
+// holding a part of the sequence (context parallel, a zigzag split's two
+// chunks) passes the positions of its rows.
+func AddPositions(x, wpe *Tensor, pos []int) *Tensor {
 	checkFloat("AddPositions", x, wpe)
 	if len(x.shape) != 3 || len(wpe.shape) != 2 || wpe.shape[1] != x.shape[2] {
 		panic(fmt.Sprintf("tensor: AddPositions(%v, %v)", x.shape, wpe.shape))
 	}
 	B, T, C := x.shape[0], x.shape[1], x.shape[2]
-	if offset+T > wpe.shape[0] {
-		panic(fmt.Sprintf("tensor: positions %d..%d exceed the %d positions of the table (raise model.block_size)", offset, offset+T-1, wpe.shape[0]))
+	if pos != nil && len(pos) != T {
+		panic(fmt.Sprintf("tensor: AddPositions of %d rows with %d positions", T, len(pos)))
+	}
+	for t := 0; t < T; t++ {
+		if p := position(pos, t); p < 0 || p >= wpe.shape[0] {
+			panic(fmt.Sprintf("tensor: position %d exceeds the %d positions of the table (raise model.block_size)", p, wpe.shape[0]))
+		}
 	}
 	out := like(x, x.shape...)
 	if x.dtype == Float32 {
-		addPosFwd(x.f32, wpe.f32[offset*C:], out.f32, B, T*C)
+		addPosFwd(x.f32, wpe.f32, out.f32, pos, B, T, C)
 	} else {
-		addPosFwd(x.f64, wpe.f64[offset*C:], out.f64, B, T*C)
+		addPosFwd(x.f64, wpe.f64, out.f64, pos, B, T, C)
 	}
 	record(out, "add_positions", func(_ *Backprop, g *Tensor) []*Tensor {
 		var gx, gw *Tensor
@@ -252,9 +258,9 @@ func AddPositions(x, wpe *Tensor, offset int) *Tensor {
 		if wpe.requiresGrad {
 			gw = zerosLike(wpe, wpe.shape...)
 			if x.dtype == Float32 {
-				addPosBwd(g.f32, gw.f32[offset*C:], B, T*C)
+				addPosBwd(g.f32, gw.f32, pos, B, T, C)
 			} else {
-				addPosBwd(g.f64, gw.f64[offset*C:], B, T*C)
+				addPosBwd(g.f64, gw.f64, pos, B, T, C)
 			}
 		}
 		return []*Tensor{gx, gw}
@@ -262,15 +268,37 @@ func AddPositions(x, wpe *Tensor, offset int) *Tensor {
 	return out
 }
 
-func addPosFwd[T cpu.Float](x, p, out []T, B, n int) {
+// position is the global position of row t (pos nil: t itself).
+func position(pos []int, t int) int {
+	if pos == nil {
+		return t
+	}
+	return pos[t]
+}
+
+func addPosFwd[T cpu.Float](x, p, out []T, pos []int, B, Tn, C int) {
+	if pos == nil { // rows 0..T-1: one contiguous block of the table
+		n := Tn * C
+		for b := 0; b < B; b++ {
+			cpu.Add(x[b*n:(b+1)*n], p[:n], out[b*n:(b+1)*n])
+		}
+		return
+	}
 	for b := 0; b < B; b++ {
-		cpu.Add(x[b*n:(b+1)*n], p[:n], out[b*n:(b+1)*n])
+		for t, q := range pos {
+			r := (b*Tn + t) * C
+			cpu.Add(x[r:r+C], p[q*C:(q+1)*C], out[r:r+C])
+		}
 	}
 }
 
-func addPosBwd[T cpu.Float](g, gp []T, B, n int) {
+func addPosBwd[T cpu.Float](g, gp []T, pos []int, B, Tn, C int) {
 	for b := 0; b < B; b++ {
-		cpu.Axpy(T(1), g[b*n:(b+1)*n], gp[:n])
+		for t := 0; t < Tn; t++ {
+			q := position(pos, t)
+			r := (b*Tn + t) * C
+			cpu.Axpy(T(1), g[r:r+C], gp[q*C:(q+1)*C])
+		}
 	}
 }
 

@@ -10,6 +10,8 @@ package tensor
 import (
 	"fmt"
 	"strings"
+
+	"github.com/tinyacc/tinyacc/core/place"
 )
 
 // DType is the element type of a tensor.
@@ -49,9 +51,9 @@ func (d DType) String() string {
 	return fmt.Sprintf("dtype(%d)", int(d))
 }
 
-// Device says where a tensor's storage lives. Only the CPU exists today; the
-// ops of this package dispatch on it so a GPU device can add its kernels
-// without changing callers.
+// Device says where a tensor's storage lives. Only the CPU exists today, and
+// the ops of this package run CPU kernels (dispatching on the dtype); the
+// field is where a second device would be recorded.
 type Device interface {
 	Name() string
 }
@@ -84,6 +86,9 @@ type Tensor struct {
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
 	Name string
+	// Spec says which part of the global parameter this tensor is (nil
+	// for tensors that are not parameters).
+	Spec *place.Spec
 	// Grad holds the accumulated gradient of a leaf that requires grad.
 	Grad *Tensor
 
@@ -225,6 +230,7 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	mustMatch(t.Numel(), shape)
 	c := *t
 	c.shape = clone(shape)
+	c.Spec = nil
 	c.node = nil
 	c.requiresGrad = false
 	c.Grad = nil

@@ -13,7 +13,7 @@ import (
 // most likely tokens (0 = all), drawn from a generator seeded by seed.
 // Temperature 0 picks the most likely token. Only the last block_size
 // tokens are fed to the model.
-func Generate(m *nn.GPT, prompt []int32, n int, temperature float64, topK int, seed int64) []int32 {
+func Generate(m *nn.GPT, prompt []int32, n int, temperature float64, topK int, seed int64) ([]int32, error) {
 	out := append([]int32(nil), prompt...)
 	if len(out) == 0 {
 		out = append(out, '\n')
@@ -26,7 +26,10 @@ func Generate(m *nn.GPT, prompt []int32, n int, temperature float64, topK int, s
 			ctx = ctx[len(ctx)-m.Config.BlockSize:]
 		}
 		idx := tensor.FromI32(append([]int32(nil), ctx...), 1, len(ctx))
-		logits := m.Logits(idx, tensor.PassInfo{Last: true})
+		logits, err := m.Logits(idx, nn.Pass{Info: tensor.PassInfo{Last: true}})
+		if err != nil {
+			return nil, err
+		}
 		row := make([]float64, V)
 		base := (len(ctx) - 1) * V
 		for v := 0; v < V; v++ {
@@ -36,7 +39,7 @@ func Generate(m *nn.GPT, prompt []int32, n int, temperature float64, topK int, s
 		logits.Release()
 		out = append(out, int32(pick(row, temperature, topK, r)))
 	}
-	return out
+	return out, nil
 }
 
 func pick(logits []float64, temperature float64, topK int, r *nn.Rand) int {

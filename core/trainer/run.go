@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trace"
 )
 
 // Result summarises a finished run.
@@ -39,12 +39,6 @@ type MemoryReport struct {
 	ActPeak     int64 `json:"activations_peak_bytes"`
 	CommBytes   int64 `json:"comm_bytes"`
 	PeakBytes   int64 `json:"peak_bytes"`
-}
-
-// MemoryGatherer collects every rank's memory report on rank 0 (data
-// parallel plugins implement it; without one only this rank reports).
-type MemoryGatherer interface {
-	GatherMemory(t *Trainer, mine MemoryReport) ([]MemoryReport, error)
 }
 
 // Memory returns this rank's memory report from its allocator.
@@ -131,21 +125,14 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		res.FirstLoss, res.LastLoss = res.Steps[0].Loss, res.Steps[n-1].Loss
 	}
 	if cfg.SaveTo != "" {
-		if err := t.save(cfg.SaveTo, lead); err != nil {
+		if err := t.SaveModel(cfg.SaveTo); err != nil {
 			return res, err
 		}
 		fmt.Fprintf(log, "tinyacc: saved weights to %s\n", cfg.SaveTo)
 	}
-	mine := t.Memory()
-	res.Memory = []MemoryReport{mine}
-	for _, p := range t.Plugins {
-		if g, ok := p.(MemoryGatherer); ok {
-			all, err := g.GatherMemory(t, mine)
-			if err != nil {
-				return res, err
-			}
-			res.Memory = all
-		}
+	var err error
+	if res.Memory, err = t.GatherMemory(); err != nil {
+		return res, err
 	}
 	for _, p := range t.Plugins {
 		if f, ok := p.(Finisher); ok {
@@ -229,38 +216,38 @@ func (w *MetricsWriter) Close() error {
 	return w.err
 }
 
-// save writes the model's weights (rank 0 only). When a plugin shards the
-// parameters, every rank first takes part in gathering them.
-func (t *Trainer) save(path string, lead bool) error {
+// GatherMemory returns every rank's memory report, in rank order (one
+// all-gather over the world), amended by the MemoryGatherer plugins.
+func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
+	mine := t.Memory()
+	all := []MemoryReport{mine}
+	if w := t.world(); w != nil {
+		const fields = 7
+		in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
+			float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, fields)
+		n := w.Size()
+		out := tensor.FromF64(make([]float64, n*fields), n*fields)
+		// Byte counts travel as float64, exact up to 2^53 bytes.
+		span := t.Trace.Begin("all_gather memory", "comm", trace.Comm).With("bytes", out.Bytes())
+		err := w.AllGather(in, out)
+		span.End()
+		if err != nil {
+			return nil, fmt.Errorf("trainer: gathering memory reports over the world: %w", err)
+		}
+		all = make([]MemoryReport, n)
+		for r := range all {
+			f := out.F64()[r*fields : (r+1)*fields]
+			all[r] = MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
+				OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
+		}
+	}
 	for _, p := range t.Plugins {
-		g, ok := p.(FullParamser)
-		if !ok {
-			continue
-		}
-		full, err := g.FullParams(t)
-		if err != nil {
-			return fmt.Errorf("save_to: gathering parameters: %w", err)
-		}
-		if !lead {
-			return nil
-		}
-		m, err := nn.NewGPT(t.Model.Config, 0, tensor.Float32, nil)
-		if err != nil {
-			return err
-		}
-		for _, q := range m.Params() {
-			v, ok := full[q.Name]
-			if !ok {
-				return fmt.Errorf("save_to: %s gathered no %s", p.Name(), q.Name)
-			}
-			for i, x := range v {
-				q.Set(i, x)
+		if g, ok := p.(MemoryGatherer); ok {
+			var err error
+			if all, err = g.GatherMemory(t, all); err != nil {
+				return nil, fmt.Errorf("trainer: %s memory reports: %w", p.Name(), err)
 			}
 		}
-		return SaveWeights(m, path, t.Cfg)
 	}
-	if !lead {
-		return nil
-	}
-	return SaveWeights(t.Model, path, t.Cfg)
+	return all, nil
 }

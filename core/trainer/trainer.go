@@ -15,10 +15,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
@@ -37,6 +39,11 @@ type Options struct {
 	// Rank and World identify this process among all ranks; only rank 0
 	// writes the metrics file and logs.
 	Rank, World int
+	// Mesh is this rank's place on the dp × pp × cp × tp grid and its
+	// groups (nil for a single process). The trainer uses its world group
+	// for what involves every rank: the gradient norm, gathering a
+	// parameter through its placement, the memory reports.
+	Mesh *mesh.Mesh
 	// Alloc accounts this rank's memory (nil = tensor.Default).
 	Alloc *tensor.Allocator
 	// Train and Val override the corpus of cfg.Data (tests, bindings).
@@ -76,6 +83,8 @@ type Trainer struct {
 	Plugins []Plugin
 	Rank    int
 	World   int
+	// Mesh is the rank's grid position and groups; nil for one process.
+	Mesh *mesh.Mesh
 	// Trace is the rank's span recorder; nil when tracing is off.
 	Trace *trace.Recorder
 
@@ -157,8 +166,11 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	if cfg.Train.Threads > 0 {
 		cpu.SetThreads(cfg.Train.Threads)
 	}
+	if m := opts.Mesh; m != nil && (m.WorldGroup().Size() != opts.World || m.Rank() != opts.Rank) {
+		return nil, fmt.Errorf("trainer: the mesh is rank %d of %d but the options say rank %d of %d", m.Rank(), m.WorldGroup().Size(), opts.Rank, opts.World)
+	}
 	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, Plugins: opts.Plugins,
-		Rank: opts.Rank, World: opts.World, Trace: opts.Trace, opts: opts,
+		Rank: opts.Rank, World: opts.World, Mesh: opts.Mesh, Trace: opts.Trace, opts: opts,
 		Sched: optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
 			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}}
 	if err := t.checkPlugins(); err != nil {
@@ -211,15 +223,51 @@ func BuildModel(cfg config.Config, alloc *tensor.Allocator) (*nn.GPT, error) {
 	return m, nil
 }
 
+// SetModel replaces the model by m (a plugin's Prepare keeping only this
+// rank's pipeline stage) and rebuilds the optimizer over its parameters.
+// Parameters m shares with the old model by name and local shape take the
+// old values, so weights loaded before (init_from) survive.
+func (t *Trainer) SetModel(m *nn.GPT) error {
+	old := map[string]*tensor.Tensor{}
+	for _, p := range t.Model.Params() {
+		old[p.Name] = p
+	}
+	for _, p := range m.Params() {
+		if q := old[p.Name]; q != nil && q.HasStorage() && slices.Equal(q.Shape(), p.Shape()) {
+			p.CopyFrom(q)
+		}
+	}
+	if t.Opt != nil {
+		for _, s := range t.Opt.State() {
+			s.Release()
+		}
+		t.Opt = BuildOptimizer(t.Cfg, m.Params(), t.Alloc)
+	}
+	for _, p := range t.Model.Params() {
+		p.Release()
+		if p.Grad != nil {
+			p.Grad.Release()
+		}
+	}
+	t.Model = m
+	return nil
+}
+
 // GPTConfig extracts the model shape from a run config.
 func GPTConfig(cfg config.Config) nn.GPTConfig {
 	return nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
 		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize}
 }
 
-// BuildOptimizer creates the optimizer of cfg over params.
+// BuildOptimizer creates the optimizer of cfg over params (weight decay
+// for tensors of two or more dimensions).
 func BuildOptimizer(cfg config.Config, params []*tensor.Tensor, alloc *tensor.Allocator) optim.Optimizer {
-	groups := optim.DecayGroups(params, cfg.Train.WeightDecay)
+	return NewOptimizer(cfg, optim.DecayGroups(params, cfg.Train.WeightDecay), alloc)
+}
+
+// NewOptimizer creates the optimizer of cfg (train.optimizer and its
+// hyper-parameters) over the given parameter groups.
+func NewOptimizer(cfg config.Config, groups []optim.Group, alloc *tensor.Allocator) optim.Optimizer {
 	if cfg.Train.Optimizer == "sgd" {
 		return optim.NewSGD(cfg.Train.Momentum, groups, alloc)
 	}
@@ -293,7 +341,7 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 			}
 		}
 	}
-	sumsq, err := t.gradSumSquares()
+	sumsq, err := t.GradSumSquares()
 	if err != nil {
 		return StepMetrics{}, err
 	}
@@ -364,24 +412,56 @@ func (t *Trainer) Forward(x, y *tensor.Tensor, info tensor.PassInfo) (*tensor.Te
 	if t.stepStart.IsZero() {
 		t.stepStart = time.Now()
 	}
+	if err := t.PreForward(info); err != nil {
+		return nil, err
+	}
+	span := t.Trace.Begin("forward", "compute", trace.Compute).With("micro", info.Micro)
+	loss, err := t.Model.Loss(x, y, nn.Pass{Info: info})
+	span.End()
+	if err != nil {
+		return nil, fmt.Errorf("trainer: forward of micro-batch %d: %w", info.Micro, err)
+	}
+	return loss, nil
+}
+
+// PreForward runs the PreForward hooks; a step owner calls it before each
+// micro-batch's forward as the trainer's own loop does.
+func (t *Trainer) PreForward(info tensor.PassInfo) error {
+	if t.stepStart.IsZero() {
+		t.stepStart = time.Now()
+	}
 	for _, p := range t.Plugins {
 		if h, ok := p.(PreForwarder); ok {
 			if err := h.PreForward(t, info); err != nil {
-				return nil, fmt.Errorf("trainer: %s pre-forward: %w", p.Name(), err)
+				return fmt.Errorf("trainer: %s pre-forward: %w", p.Name(), err)
 			}
 		}
 	}
-	span := t.Trace.Begin("forward", "compute", trace.Compute).With("micro", info.Micro)
-	loss := t.Model.Loss(x, y, info)
-	span.End()
-	return loss, nil
+	return nil
 }
 
 // Backward differentiates loss scaled by scale, dispatching GradReady to
 // the plugins, releases the graph's buffers and runs the PostGrad hooks.
 func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassInfo) error {
-	g := tensor.New(loss.DType(), loss.Shape()...)
+	g := t.Alloc.New(tensor.Activations, loss.DType(), loss.Shape()...)
 	g.Set(0, scale)
+	err := t.BackwardFrom(loss, g, info)
+	g.Release()
+	if err != nil {
+		return err
+	}
+	loss.Release()
+	return t.PostGrad(info)
+}
+
+// BackwardFrom runs backward from root with output gradient gradOut (a
+// pipeline stage receiving dL/d(its output) from the next stage),
+// dispatching GradReady to the plugins exactly as Backward does, so data
+// parallel overlap works under any step owner, and releasing the graph's
+// buffers (root and gradOut stay the caller's). It does not run the
+// PostGrad hooks: a step owner calls PostGrad once a micro-batch's
+// backward is complete on this rank.
+func (t *Trainer) BackwardFrom(root, gradOut *tensor.Tensor, info tensor.PassInfo) error {
 	var readiers []GradReadier
 	for _, p := range t.Plugins {
 		if r, ok := p.(GradReadier); ok {
@@ -400,15 +480,16 @@ func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassI
 		}
 	}
 	span := t.Trace.Begin("backward", "compute", trace.Compute).With("micro", info.Micro)
-	_, err := tensor.Backward(loss, g, opts)
+	_, err := tensor.Backward(root, gradOut, opts)
 	span.End()
 	if err != nil {
 		return err
 	}
-	loss.Release()
-	if t.gradErr != nil {
-		return t.gradErr
-	}
+	return t.gradErr
+}
+
+// PostGrad runs the PostGrad hooks after a micro-batch's backward.
+func (t *Trainer) PostGrad(info tensor.PassInfo) error {
 	for _, p := range t.Plugins {
 		if h, ok := p.(PostGrader); ok {
 			if err := h.PostGrad(t, info); err != nil {
@@ -417,19 +498,6 @@ func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassI
 		}
 	}
 	return nil
-}
-
-func (t *Trainer) gradSumSquares() (float64, error) {
-	for _, p := range t.Plugins {
-		if n, ok := p.(GradNormer); ok {
-			s, err := n.GradSumSquares(t)
-			if err != nil {
-				return 0, fmt.Errorf("trainer: %s grad norm: %w", p.Name(), err)
-			}
-			return s, nil
-		}
-	}
-	return optim.GradSumSquares(t.Opt.Params()), nil
 }
 
 // ZeroGrad clears the gradients of the model and of the optimizer's
@@ -448,16 +516,29 @@ func (t *Trainer) ZeroGrad() {
 }
 
 // Evaluate returns the mean loss over cfg.Train.EvalBatches validation
-// batches (the same batches on every rank and at every evaluation).
+// batches (the same batches on every rank and at every evaluation),
+// through the step owner when there is one.
 func (t *Trainer) Evaluate() (float64, error) {
 	if t.Val == nil {
 		return math.NaN(), errors.New("trainer: no validation split (data.val_fraction is 0)")
 	}
+	owner := t.stepOwner()
 	var sum float64
 	n := t.Cfg.Train.EvalBatches
 	for k := 0; k < n; k++ {
 		x, y := t.Val.EvalBatch(k, t.Cfg.Train.BatchSize)
-		loss := t.Model.Loss(x, y, tensor.PassInfo{Last: true})
+		if owner != nil {
+			v, err := owner.EvalLoss(t, x, y)
+			if err != nil {
+				return math.NaN(), fmt.Errorf("trainer: evaluation batch %d: %w", k, err)
+			}
+			sum += v
+			continue
+		}
+		loss, err := t.Model.Loss(x, y, nn.Pass{Info: tensor.PassInfo{Last: true}})
+		if err != nil {
+			return math.NaN(), fmt.Errorf("trainer: evaluation batch %d: %w", k, err)
+		}
 		sum += loss.Scalar()
 		tensor.FreeGraph(loss)
 		loss.Release()

@@ -164,18 +164,24 @@ func (o owner) Name() string { return o.name }
 func (o owner) RunStep(t *Trainer, step int) (float64, error) {
 	return math.NaN(), nil
 }
+func (o owner) EvalLoss(t *Trainer, x, y *tensor.Tensor) (float64, error) {
+	return math.NaN(), nil
+}
 
 func TestGenerateGreedyIsDeterministic(t *testing.T) {
 	m, err := nn.NewGPT(nn.GPTConfig{NLayer: 1, NHead: 2, NEmbd: 16, BlockSize: 8, VocabSize: 256}, 1, tensor.Float32, nil)
 	require.NoError(t, err)
-	a := Generate(m, data.Encode("func"), 12, 0, 0, 1)
-	b := Generate(m, data.Encode("func"), 12, 0, 0, 2)
+	a, err := Generate(m, data.Encode("func"), 12, 0, 0, 1)
+	require.NoError(t, err)
+	b, err := Generate(m, data.Encode("func"), 12, 0, 0, 2)
+	require.NoError(t, err)
 	require.Equal(t, a, b, "temperature 0 ignores the seed")
 	require.Len(t, a, 16)
 	require.Equal(t, data.Encode("func"), a[:4])
 	// Greedy picks the argmax of the logits at the last position.
 	idx := tensor.FromI32(append([]int32(nil), a[8:15]...), 1, 7)
-	logits := m.Logits(idx, tensor.PassInfo{})
+	logits, err := m.Logits(idx, nn.Pass{})
+	require.NoError(t, err)
 	best, bestV := 0, math.Inf(-1)
 	for v := 0; v < 256; v++ {
 		if x := logits.At(6*256 + v); x > bestV {

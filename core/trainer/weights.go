@@ -8,36 +8,89 @@ import (
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
-	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
-// SaveWeights writes the model's parameters in safetensors format under
-// their Hugging Face GPT-2 names, atomically, with the model shape in the
-// metadata so `tinyacc sample` can rebuild it.
-func SaveWeights(m *nn.GPT, path string, cfg config.Config) error {
+// SaveWeights writes a whole model's parameters in safetensors format
+// under their Hugging Face GPT-2 names, atomically, with the model shape
+// in the metadata so `tinyacc sample` can rebuild it.
+func SaveWeights(m *nn.GPT, path string) error {
+	if !m.Whole() {
+		return fmt.Errorf("save_to: this model is a pipeline stage; save through the trainer, which gathers every stage")
+	}
 	ts := map[string]*tensor.Tensor{}
 	for _, p := range m.Params() {
 		ts[p.Name] = p
 	}
-	c := m.Config
-	meta := map[string]string{
-		"format": "pt", "producer": "tinyacc",
-		"n_layer": strconv.Itoa(c.NLayer), "n_head": strconv.Itoa(c.NHead), "n_embd": strconv.Itoa(c.NEmbd),
-		"block_size": strconv.Itoa(c.BlockSize), "vocab_size": strconv.Itoa(c.VocabSize),
-	}
-	if err := ckpt.Save(path, ts, meta); err != nil {
+	if err := ckpt.Save(path, ts, weightsMeta(m.Config)); err != nil {
 		return fmt.Errorf("save_to: %w", err)
 	}
 	return nil
 }
 
-// SaveModel writes the weights this trainer trains to path from rank 0, in
-// full even when a plugin shards them; then every rank must call it, as
-// gathering the shards is collective. Bindings save a prepared model
+// weightsMeta is the metadata of a weights file: the model shape, nothing
+// else, so equal weights give byte-equal files.
+func weightsMeta(c nn.GPTConfig) map[string]string {
+	return map[string]string{
+		"format": "pt", "producer": "tinyacc",
+		"n_layer": strconv.Itoa(c.NLayer), "n_head": strconv.Itoa(c.NHead), "n_embd": strconv.Itoa(c.NEmbd),
+		"block_size": strconv.Itoa(c.BlockSize), "vocab_size": strconv.Itoa(c.VocabSize),
+	}
+}
+
+// SaveModel writes the weights this trainer trains to path from rank 0,
+// whatever the layout: every global tensor is gathered through its
+// placement (GatherParam), one at a time, and streamed into the file, so
+// no rank ever holds more than one full tensor beyond its own part. It is
+// collective: every rank must call it. Bindings save a prepared model
 // through it.
-func (t *Trainer) SaveModel(path string) error { return t.save(path, t.Rank == 0) }
+func (t *Trainer) SaveModel(path string) error {
+	mc := t.Model.Config
+	shapes := mc.ParamShapes()
+	entries := make([]ckpt.Entry, len(shapes))
+	byName := map[string]nn.ParamShape{}
+	for i, ps := range shapes {
+		entries[i] = ckpt.Entry{Name: ps.Name, DType: tensor.Float32, Shape: ps.Shape}
+		byName[ps.Name] = ps
+	}
+	// Every rank gathers in the order the file is written: by name.
+	slices.SortFunc(entries, func(a, b ckpt.Entry) int { return strings.Compare(a.Name, b.Name) })
+	if t.Rank != 0 {
+		for _, e := range entries {
+			if _, err := t.GatherParam(byName[e.Name], 0); err != nil {
+				return fmt.Errorf("save_to: %w", err)
+			}
+		}
+		return nil
+	}
+	var last *tensor.Tensor
+	done := 0
+	err := ckpt.SaveStream(path, entries, weightsMeta(mc), func(name string) (*tensor.Tensor, error) {
+		if last != nil {
+			last.Release()
+		}
+		var err error
+		last, err = t.GatherParam(byName[name], 0)
+		done++
+		return last, err
+	})
+	if last != nil {
+		last.Release()
+	}
+	if err != nil {
+		// The other ranks take part in every gather whatever happened
+		// here: finish them so no rank waits for a collective that never
+		// comes.
+		for _, e := range entries[done:] {
+			if g, gerr := t.GatherParam(byName[e.Name], 0); gerr == nil {
+				g.Release()
+			}
+		}
+		return fmt.Errorf("save_to: %w", err)
+	}
+	return nil
+}
 
 // skippedName reports names real GPT-2 files carry that are not parameters:
 // the attention mask buffers, and the output head, which is tied to wte.

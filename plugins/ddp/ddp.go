@@ -20,8 +20,7 @@ const (
 const mib = 1 << 20
 
 // DDP is the data-parallel plugin of one rank. It implements
-// trainer.Preparer, GradReadier, PreStepper, LossReducer and
-// MemoryGatherer.
+// trainer.Preparer, GradReadier, PreStepper and LossReducer.
 type DDP struct {
 	g    comm.Group
 	mode string
@@ -127,38 +126,5 @@ func (d *DDP) PreStep(t *trainer.Trainer) error {
 // over equally many samples, so the average of the ranks' losses is the
 // mean over the global batch.
 func (d *DDP) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
-	buf := tensor.FromF64([]float64{loss}, 1)
-	span := t.Trace.Begin("all_reduce loss", "comm", trace.Comm).With("bytes", buf.Bytes())
-	err := d.g.AllReduce(buf, comm.Avg)
-	span.End()
-	if err != nil {
-		return 0, fmt.Errorf("ddp: all-reduce loss: %w", err)
-	}
-	return buf.F64()[0], nil
-}
-
-// memFields is the number of numbers in one MemoryReport on the wire.
-const memFields = 7
-
-// GatherMemory implements trainer.MemoryGatherer: every rank ends with the
-// reports of all ranks, in rank order. The byte counts travel as float64,
-// exact up to 2^53 bytes.
-func (d *DDP) GatherMemory(t *trainer.Trainer, mine trainer.MemoryReport) ([]trainer.MemoryReport, error) {
-	in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
-		float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, memFields)
-	n := d.g.Size()
-	out := tensor.FromF64(make([]float64, n*memFields), n*memFields)
-	span := t.Trace.Begin("all_gather memory", "comm", trace.Comm).With("bytes", out.Bytes())
-	err := d.g.AllGather(in, out)
-	span.End()
-	if err != nil {
-		return nil, fmt.Errorf("ddp: all-gather memory reports: %w", err)
-	}
-	all := make([]trainer.MemoryReport, n)
-	for r := range all {
-		f := out.F64()[r*memFields : (r+1)*memFields]
-		all[r] = trainer.MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
-			OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
-	}
-	return all, nil
+	return t.MeanOver(d.g, loss)
 }

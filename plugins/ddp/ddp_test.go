@@ -9,6 +9,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
@@ -33,7 +34,12 @@ var (
 	manyBuckets = variant{"bucketed-small", ddp.Bucketed, 0.02, 0.005}
 )
 
-func (v variant) build(g comm.Group) ([]trainer.Plugin, error) {
+// build is v's plugin factory for ptest.
+func (v variant) build(world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+	return ptest.DP(v.plugins)(world)
+}
+
+func (v variant) plugins(g comm.Group) ([]trainer.Plugin, error) {
 	d, err := ddp.New(g, v.mode, v.bucketMB, v.firstMB)
 	if err != nil {
 		return nil, err
@@ -107,20 +113,21 @@ func TestOnlyLastMicroBatchCommunicates(t *testing.T) {
 	for _, v := range []variant{naive, oneBucket, manyBuckets} {
 		t.Run(v.name, func(t *testing.T) {
 			var lead *ddp.DDP
-			rs := ptest.Parallel(t, cfg, n, "local", func(g comm.Group) ([]trainer.Plugin, error) {
-				ps, err := v.build(g)
+			rs := ptest.Parallel(t, cfg, n, "local", ptest.DP(func(g comm.Group) ([]trainer.Plugin, error) {
+				ps, err := v.plugins(g)
 				if err == nil && g.Rank() == 0 {
 					lead = ps[0].(*ddp.DDP)
 				}
 				return ps, err
-			})
+			}))
 			perStep := nParams
 			if v.mode == ddp.Bucketed {
 				perStep = len(lead.Buckets())
 			}
 			for r, res := range rs {
-				// Every all-reduce but the loss's carries gradients.
-				got := len(spans(res.Trace, "all_reduce ")) - len(spans(res.Trace, "all_reduce loss"))
+				// Every all-reduce but the loss's and the gradient norm's
+				// carries gradients.
+				got := len(spans(res.Trace, "all_reduce ")) - len(spans(res.Trace, "all_reduce loss")) - len(spans(res.Trace, "all_reduce grad_norm"))
 				require.Equal(t, perStep*cfg.Train.Steps, got, "rank %d: gradient all-reduces", r)
 				require.Len(t, spans(res.Trace, "all_reduce loss"), cfg.Train.Steps, "rank %d: loss all-reduces", r)
 				require.Len(t, spans(res.Trace, "backward"), accum*cfg.Train.Steps, "rank %d: backward passes", r)

@@ -3,7 +3,6 @@ package ddp_test
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -49,7 +48,7 @@ func TestPrepareBroadcastsRankZero(t *testing.T) {
 				run(t, backend, n, func(g comm.Group) error {
 					cfg := ptest.Config()
 					cfg.Train.Seed += int64(g.Rank()) * 7
-					ps, err := v.build(g)
+					ps, err := v.plugins(g)
 					if err != nil {
 						return err
 					}
@@ -104,38 +103,5 @@ func TestMemoryIsReplicated(t *testing.T) {
 			require.Equal(t, 8*psi, m.OptimBytes, "%s rank %d optimizer state", v.name, r)
 			require.Zero(t, m.CommBytes, "%s rank %d: all-reduces run in place", v.name, r)
 		}
-	}
-}
-
-// TestGatherMemory gives each rank a distinct report, with values past
-// 2^32 so a narrow encoding would show, and expects all of them on every
-// rank in rank order.
-func TestGatherMemory(t *testing.T) {
-	report := func(r int) trainer.MemoryReport {
-		b := int64(1)<<40 + int64(r)*1000
-		return trainer.MemoryReport{Rank: r, ParamsBytes: b + 1, GradsBytes: b + 2, OptimBytes: b + 3,
-			ActPeak: b + 4, CommBytes: b + 5, PeakBytes: b + 6}
-	}
-	for _, backend := range backends {
-		t.Run(backend, func(t *testing.T) {
-			const n = 3
-			var mu sync.Mutex
-			got := make([][]trainer.MemoryReport, n)
-			run(t, backend, n, func(g comm.Group) error {
-				d, err := ddp.New(g, ddp.Bucketed, 25, 1)
-				if err != nil {
-					return err
-				}
-				all, err := d.GatherMemory(&trainer.Trainer{}, report(g.Rank()))
-				mu.Lock()
-				got[g.Rank()] = all
-				mu.Unlock()
-				return err
-			})
-			want := []trainer.MemoryReport{report(0), report(1), report(2)}
-			for r := range got {
-				require.Equal(t, want, got[r], "rank %d", r)
-			}
-		})
 	}
 }

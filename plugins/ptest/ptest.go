@@ -1,12 +1,16 @@
 // Package ptest is the equivalence harness of the parallel plugins: it runs
-// the same training once in a single process and once on N ranks, and holds
-// the parallel run to the single one (the rule "equivalence is the law").
+// the same training once in a single process and once on N ranks laid out
+// on a mesh, and holds the parallel run to the single one (the rule
+// "equivalence is the law"). Ranks run as goroutines in this process
+// (Parallel) or as real processes (Processes: the test binary runs itself
+// once per rank).
 package ptest
 
 import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +21,8 @@ import (
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/mesh"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -24,10 +30,34 @@ import (
 // Result is what one rank of a run ends with.
 type Result struct {
 	Losses    []float64
-	GradNorms []float64            // global gradient norm of each step, before clipping
-	Params    map[string][]float64 // full parameters, by name, after the last step
-	Memory    trainer.MemoryReport
-	Trace     []trace.Event
+	GradNorms []float64 // global gradient norm of each step, before clipping
+	// Params are the global parameters after the last step, by name, each
+	// gathered through its placement (Trainer.GatherParam).
+	Params map[string][]float64
+	// Local is what this rank holds of each parameter it holds, and Specs
+	// says which part that is.
+	Local  map[string][]float64
+	Specs  map[string]*place.Spec
+	Coord  place.Coord
+	Memory trainer.MemoryReport
+	Trace  []trace.Event `json:"-"`
+}
+
+// Build makes the plugins and the mesh of one rank of a world group, as
+// plugins.Build does from a config.
+type Build func(world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error)
+
+// DP adapts a constructor of data-parallel plugins to Build: the world is
+// one data-parallel group.
+func DP(f func(dp comm.Group) ([]trainer.Plugin, error)) Build {
+	return func(world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		m, err := mesh.New(world, 1, 1, world.Size(), 1)
+		if err != nil {
+			return nil, nil, err
+		}
+		ps, err := f(m.DP())
+		return ps, m, err
+	}
 }
 
 // Config is a small GPT that trains in well under a second per step.
@@ -47,42 +77,46 @@ func Corpus() []int32 {
 }
 
 // Single trains cfg in one process; cfg.Train.BatchSize must be the global
-// micro-batch (per-rank batch × ranks).
+// micro-batch (per-rank batch × data-parallel ranks).
 func Single(t testing.TB, cfg config.Config) Result {
 	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus()})
 	require.NoError(t, err)
 	res, err := tr.Run(context.Background())
 	require.NoError(t, err)
-	return collect(tr, res, nil)
+	r, err := collect(tr, res, nil)
+	require.NoError(t, err)
+	return r
+}
+
+// runRank trains one rank of world and collects its result.
+func runRank(cfg config.Config, world comm.Group, build Build, rec *trace.Recorder) (Result, error) {
+	plugins, m, err := build(world)
+	if err != nil {
+		return Result{}, err
+	}
+	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Mesh: m,
+		Rank: world.Rank(), World: world.Size(), Trace: rec})
+	if err != nil {
+		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
+	}
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
+	}
+	return collect(tr, res, rec)
 }
 
 // Parallel trains cfg on n ranks of the given backend ("local" or "tcp",
 // the latter over loopback inside this process), each with the plugins
 // build returns for its world group, and returns every rank's result.
-func Parallel(t testing.TB, cfg config.Config, n int, backend string, build func(g comm.Group) ([]trainer.Plugin, error)) []Result {
+func Parallel(t testing.TB, cfg config.Config, n int, backend string, build Build) []Result {
 	results := make([]Result, n)
 	var mu sync.Mutex
 	run := func(g comm.Group) error {
-		plugins, err := build(g)
+		rec := trace.New(g.Rank())
+		r, err := runRank(cfg, g, build, rec)
 		if err != nil {
 			return err
-		}
-		rec := trace.New(g.Rank())
-		tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Rank: g.Rank(), World: g.Size(), Trace: rec})
-		if err != nil {
-			return fmt.Errorf("rank %d: %w", g.Rank(), err)
-		}
-		res, err := tr.Run(context.Background())
-		if err != nil {
-			return fmt.Errorf("rank %d: %w", g.Rank(), err)
-		}
-		r := collect(tr, res, rec)
-		for _, p := range plugins {
-			if f, ok := p.(trainer.FullParamser); ok {
-				if r.Params, err = f.FullParams(tr); err != nil {
-					return err
-				}
-			}
 		}
 		mu.Lock()
 		results[g.Rank()] = r
@@ -103,18 +137,34 @@ func Parallel(t testing.TB, cfg config.Config, n int, backend string, build func
 	return results
 }
 
-func collect(tr *trainer.Trainer, res *trainer.Result, rec *trace.Recorder) Result {
-	r := Result{Params: map[string][]float64{}, Memory: tr.Memory(), Trace: rec.Events()}
+// collect gathers a finished rank's result. Gathering the global
+// parameters is collective: every rank of the run calls it.
+func collect(tr *trainer.Trainer, res *trainer.Result, rec *trace.Recorder) (Result, error) {
+	r := Result{Params: map[string][]float64{}, Local: map[string][]float64{}, Specs: map[string]*place.Spec{},
+		Coord: tr.Coord(), Memory: tr.Memory(), Trace: rec.Events()}
 	for _, s := range res.Steps {
 		r.Losses = append(r.Losses, s.Loss)
 		r.GradNorms = append(r.GradNorms, s.GradNorm)
 	}
 	for _, p := range tr.Model.Params() {
-		if p.HasStorage() {
-			r.Params[p.Name] = p.Float64s()
+		h, err := tr.Holding(p)
+		if err != nil {
+			return r, err
+		}
+		if h.Value.Data != nil {
+			r.Local[p.Name] = h.Value.Data.Float64s()
+			r.Specs[p.Name] = h.Value.Spec.Clone()
 		}
 	}
-	return r
+	for _, ps := range tr.Model.Config.ParamShapes() {
+		g, err := tr.GatherParam(ps, -1)
+		if err != nil {
+			return r, err
+		}
+		r.Params[ps.Name] = g.Float64s()
+		g.Release()
+	}
+	return r, nil
 }
 
 // NormRel is ‖got − want‖ / ‖want‖.
@@ -130,7 +180,7 @@ func NormRel(got, want []float64) float64 {
 // AssertEquivalent holds a parallel rank's result to the single-process
 // one: losses and gradient norms within 1e-5 relative (the norm catches a
 // gradient scaled wrongly, which AdamW and clipping would otherwise hide),
-// every parameter within 1e-4 norm-wise (AdamW turns float noise on
+// every global parameter within 1e-4 norm-wise (AdamW turns float noise on
 // gradients that are zero in theory into full-size steps, so element-wise
 // 1e-5 is not attainable), with one exception explained at KeyBiasTol.
 func AssertEquivalent(t testing.TB, want, got Result, what string) {
@@ -179,15 +229,40 @@ func AssertEquivalent(t testing.TB, want, got Result, what string) {
 // far below the size of a real update.
 const KeyBiasTol = 1e-3
 
-// AssertReplicas checks that every rank ended with bitwise identical
-// parameters.
+// AssertReplicas checks that replicas are bitwise identical inside their
+// replication groups: two ranks that differ only along axes on which a
+// parameter is replicated hold the same part of it, so it must hold the
+// same numbers. Ranks that hold different parts (shards, stages) are not
+// compared.
 func AssertReplicas(t testing.TB, rs []Result, what string) {
 	t.Helper()
-	for r := 1; r < len(rs); r++ {
-		for name, w := range rs[0].Params {
-			require.Equal(t, w, rs[r].Params[name], "%s: rank %d's %s differs from rank 0's", what, r, name)
+	for a := range rs {
+		for b := a + 1; b < len(rs); b++ {
+			for name, va := range rs[a].Local {
+				sa := rs[a].Specs[name]
+				vb, ok := rs[b].Local[name]
+				if !ok || !replicas(sa, rs[b].Specs[name], rs[a].Coord, rs[b].Coord) {
+					continue
+				}
+				require.Equal(t, va, vb, "%s: ranks %d and %d hold the same replica of %s but differ", what, a, b, name)
+			}
 		}
 	}
+}
+
+// replicas reports whether two ranks hold the same part of a parameter:
+// equal placements, and their coordinates differ only along axes where the
+// parameter is replicated.
+func replicas(sa, sb *place.Spec, ca, cb place.Coord) bool {
+	if sa == nil || sb == nil || sa.String() != sb.String() || !slices.Equal(sa.Shape, sb.Shape) {
+		return false
+	}
+	for ax := place.Axis(0); ax < place.NumAxes; ax++ {
+		if ca.Rank[ax] != cb.Rank[ax] && sa.Along[ax].Kind != place.Replicate {
+			return false
+		}
+	}
+	return true
 }
 
 // timeout is generous for a loaded 2-core machine and still no hang.

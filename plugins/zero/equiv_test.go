@@ -15,14 +15,14 @@ import (
 )
 
 // build returns the plugin factory of a ZeRO stage for ptest.Parallel.
-func build(stage int) func(g comm.Group) ([]trainer.Plugin, error) {
-	return func(g comm.Group) ([]trainer.Plugin, error) {
+func build(stage int) ptest.Build {
+	return ptest.DP(func(g comm.Group) ([]trainer.Plugin, error) {
 		z, err := New(g, stage)
 		if err != nil {
 			return nil, err
 		}
 		return []trainer.Plugin{z}, nil
-	}
+	})
 }
 
 // parallelConfig is ptest's model with a per-rank micro-batch of 4 and
@@ -117,14 +117,14 @@ func TestPrefetchChangesNothing(t *testing.T) {
 	cfg.Train.Steps = 4
 	cfg.Train.Threads = 1
 	with := ptest.Parallel(t, cfg, 2, "local", build(3))
-	without := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, error) {
+	without := ptest.Parallel(t, cfg, 2, "local", ptest.DP(func(g comm.Group) ([]trainer.Plugin, error) {
 		z, err := New(g, 3)
 		if err != nil {
 			return nil, err
 		}
 		z.Prefetch = false
 		return []trainer.Plugin{z}, nil
-	})
+	}))
 	for r := range with {
 		require.Equal(t, with[r].Losses, without[r].Losses, "rank %d losses", r)
 		require.Equal(t, with[r].Params, without[r].Params, "rank %d parameters", r)

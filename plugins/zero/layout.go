@@ -69,12 +69,6 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 	mods := m.Modules()
 	for i, mod := range mods {
 		u := &Unit{Index: i, Module: mod, Name: mod.Name()}
-		switch {
-		case i == 0:
-			u.Name = "embed"
-		case i == len(mods)-1:
-			u.Name = "head"
-		}
 		for _, p := range mod.Params() {
 			if _, dup := l.unitOf[p]; dup {
 				return nil, fmt.Errorf("zero: parameter %s belongs to two modules", p.Name)
@@ -95,14 +89,20 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 			l.rangeOf[u.Ranges[i].Param] = &u.Ranges[i]
 		}
 	}
-	// The head computes logits against wte, which the embed unit holds.
-	head := l.Units[len(l.Units)-1]
-	if e, ok := l.unitOf[m.Head.Wte]; ok && e != head.Index {
-		head.Uses = append(head.Uses, e)
-		l.Units[e].Shared = true
+	// The head computes logits against wte, which the embed unit holds
+	// when this model has both (a pipeline's last stage has its own).
+	if m.Head != nil {
+		head := l.Units[len(l.Units)-1]
+		if e, ok := l.unitOf[m.Head.Wte]; ok && e != head.Index {
+			head.Uses = append(head.Uses, e)
+			l.Units[e].Shared = true
+		}
 	}
 	return l, nil
 }
+
+// Range returns where p lies in its unit's flat buffer, or nil.
+func (l *Layout) Range(p *tensor.Tensor) *Range { return l.rangeOf[p] }
 
 // UnitOf returns the index of the unit holding p, or -1.
 func (l *Layout) UnitOf(p *tensor.Tensor) int {

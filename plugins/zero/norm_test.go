@@ -33,12 +33,12 @@ func runRanksWith(t *testing.T, cfg config.Config, n, stage int, base trainer.Op
 	out := make([]rankRun, n)
 	var mu sync.Mutex
 	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
-		z, err := New(g, stage)
+		ps, m, err := build(stage)(g)
 		if err != nil {
 			return err
 		}
 		opts := base
-		opts.Plugins, opts.Rank, opts.World = []trainer.Plugin{z}, g.Rank(), g.Size()
+		opts.Plugins, opts.Mesh, opts.Rank, opts.World = ps, m, g.Rank(), g.Size()
 		tr, err := trainer.New(cfg, opts)
 		if err != nil {
 			return err

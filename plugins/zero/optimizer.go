@@ -2,9 +2,11 @@ package zero
 
 import (
 	"fmt"
+
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/trainer"
 )
 
 // View is one optimizer parameter: the piece of a model parameter that lies
@@ -47,11 +49,7 @@ func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc
 		}
 	}
 	groups := []optim.Group{{Params: decay, WeightDecay: cfg.Train.WeightDecay}, {Params: none, WeightDecay: 0}}
-	if cfg.Train.Optimizer == "sgd" {
-		o.inner = optim.NewSGD(cfg.Train.Momentum, groups, alloc)
-	} else {
-		o.inner = optim.NewAdamW(optim.AdamWConfig{Beta1: cfg.Train.Beta1, Beta2: cfg.Train.Beta2, Eps: cfg.Train.Eps}, groups, alloc)
-	}
+	o.inner = trainer.NewOptimizer(cfg, groups, alloc)
 	return o
 }
 

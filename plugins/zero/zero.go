@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
-	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
 
@@ -54,14 +54,13 @@ type unitState struct {
 }
 
 var (
-	_ trainer.Preparer       = (*Zero)(nil)
-	_ trainer.LossReducer    = (*Zero)(nil)
-	_ trainer.GradNormer     = (*Zero)(nil)
-	_ trainer.GradReadier    = (*Zero)(nil)
-	_ trainer.PostGrader     = (*Zero)(nil)
-	_ trainer.PreStepper     = (*Zero)(nil)
-	_ trainer.PostStepper    = (*Zero)(nil)
-	_ trainer.MemoryGatherer = (*Zero)(nil)
+	_ trainer.Preparer    = (*Zero)(nil)
+	_ trainer.LossReducer = (*Zero)(nil)
+	_ trainer.Holder      = (*Zero)(nil)
+	_ trainer.GradReadier = (*Zero)(nil)
+	_ trainer.PostGrader  = (*Zero)(nil)
+	_ trainer.PreStepper  = (*Zero)(nil)
+	_ trainer.PostStepper = (*Zero)(nil)
 )
 
 // New returns the ZeRO plugin of the given stage (1, 2 or 3) over the
@@ -181,71 +180,36 @@ func (z *Zero) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
 	if err := z.check(); err != nil {
 		return 0, err
 	}
-	buf := tensor.FromF64([]float64{loss}, 1)
-	if err := z.run("all_reduce loss", buf.Bytes(), func() comm.Handle { return z.g.AllReduceAsync(buf, comm.Avg) }); err != nil {
-		return 0, fmt.Errorf("zero: averaging the loss over group %s: %w", z.g.Name(), err)
-	}
-	return buf.F64()[0], nil
+	return t.MeanOver(z.g, loss)
 }
 
-// GradSumSquares implements trainer.GradNormer: every rank holds a
-// disjoint shard of the averaged gradient (padding is zero), so the global
-// sum of squares is the sum over ranks of the shards' sums.
-func (z *Zero) GradSumSquares(t *trainer.Trainer) (float64, error) {
-	var s float64
-	for _, u := range z.units {
-		s += cpu.SumSquares(u.shardGrad.F32())
+// Hold implements trainer.Holder. This rank owns the elements of p that
+// fall in its shard of p's unit: their averaged gradient lives in the
+// shard gradient (every stage), and in stage 3 their value lives only in
+// the parameter shard. Both are described as a Flat range of p along the
+// data-parallel axis; in stages 1 and 2 the value stays the whole tensor,
+// replicated over the group.
+func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool) {
+	u := z.owner[p]
+	if u == nil {
+		return trainer.Holding{}, false
 	}
-	buf := tensor.FromF64([]float64{s}, 1)
-	if err := z.run("all_reduce grad_norm", buf.Bytes(), func() comm.Handle { return z.g.AllReduceAsync(buf, comm.Sum) }); err != nil {
-		return 0, fmt.Errorf("zero: summing the gradient norm over group %s: %w", z.g.Name(), err)
+	r := z.lay.Range(p)
+	lo := z.lay.Lo(u.Unit)
+	a, b := max(lo, r.Offset), min(lo+u.Shard, r.Offset+r.Numel)
+	flat := p.Spec.Clone()
+	flat.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: max(0, a-r.Offset), Length: max(0, b-a)}
+	h := trainer.Holding{Value: trainer.Part{Spec: p.Spec, Data: p}, Grad: trainer.Part{Spec: flat}}
+	if a < b {
+		h.Grad.Data = tensor.FromF32(u.shardGrad.F32()[a-lo:b-lo], b-a)
 	}
-	return buf.F64()[0], nil
-}
-
-// GatherMemory implements trainer.MemoryGatherer with one all-gather of
-// every rank's report (float64 holds byte counts exactly up to 2^53).
-func (z *Zero) GatherMemory(t *trainer.Trainer, mine trainer.MemoryReport) ([]trainer.MemoryReport, error) {
-	const fields = 7
-	in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
-		float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, fields)
-	n := z.g.Size()
-	out := tensor.FromF64(make([]float64, fields*n), fields*n)
-	if err := z.run("all_gather memory", out.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(in, out) }); err != nil {
-		return nil, fmt.Errorf("zero: gathering memory reports over group %s: %w", z.g.Name(), err)
-	}
-	all := make([]trainer.MemoryReport, n)
-	for r := range all {
-		f := out.F64()[r*fields : (r+1)*fields]
-		all[r] = trainer.MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
-			OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
-	}
-	return all, nil
-}
-
-// FullParams returns every parameter in full (for the equivalence check
-// and exports). In stage 3 it is a collective: every rank must call it.
-func (z *Zero) FullParams(t *trainer.Trainer) (map[string][]float64, error) {
-	out := map[string][]float64{}
-	for _, u := range z.units {
-		flat := u.flat
-		if flat == nil {
-			tmp := t.Alloc.New(tensor.Comm, tensor.Float32, u.Size)
-			defer tmp.Release()
-			if err := z.run("all_gather "+u.Name, tmp.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, tmp) }); err != nil {
-				return nil, fmt.Errorf("zero: gathering the parameters of unit %s: %w", u.Name, err)
-			}
-			flat = tmp
-		}
-		for _, r := range u.Ranges {
-			v := make([]float64, r.Numel)
-			for i, x := range flat.F32()[r.Offset : r.Offset+r.Numel] {
-				v[i] = float64(x)
-			}
-			out[r.Name] = v
+	if z.stage == 3 {
+		h.Value = trainer.Part{Spec: flat}
+		if a < b {
+			h.Value.Data = tensor.FromF32(u.shard.F32()[a-lo:b-lo], b-a)
 		}
 	}
-	return out, nil
+	return h, true
 }
 
 // PostStep implements trainer.PostStepper: stages 1 and 2 all-gather the

@@ -47,14 +47,7 @@ func (p *LayerNorms) PostGrad(t *trainer.Trainer, info tensor.PassInfo) error {
 		for _, prm := range m.Params() {
 			ss += cpu.SumSquares(prm.Grad.F32())
 		}
-		name := m.Name()
-		if name == "" {
-			name = "embed/head"
-			if len(names) > 0 {
-				name = "ln_f"
-			}
-		}
-		names = append(names, name)
+		names = append(names, m.Name())
 		row = append(row, math.Sqrt(ss))
 	}
 	p.Groups = names

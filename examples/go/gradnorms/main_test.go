@@ -15,7 +15,7 @@ func TestLayerNormsAddUpToGlobalNorm(t *testing.T) {
 	probe, res, err := run([]string{"--train.steps=3", "--data.max_bytes=200000"}, &out)
 	require.NoError(t, err)
 	require.Len(t, probe.Norms, 3)
-	require.Equal(t, []string{"embed/head", "h.0", "h.1", "ln_f"}, probe.Groups)
+	require.Equal(t, []string{"embed", "h.0", "h.1", "head"}, probe.Groups)
 	for s, row := range probe.Norms {
 		var ss float64
 		for _, v := range row {
@@ -24,5 +24,5 @@ func TestLayerNormsAddUpToGlobalNorm(t *testing.T) {
 		}
 		require.InEpsilon(t, res.Steps[s].GradNorm, math.Sqrt(ss), 1e-5, "step %d", s)
 	}
-	require.Contains(t, out.String(), "embed/head")
+	require.Contains(t, out.String(), "embed  h.0  h.1  head")
 }
