@@ -120,3 +120,26 @@ func TestLocalRanksAreBitwiseReproducible(t *testing.T) {
 		}
 	}
 }
+
+// TestEquivalenceProcesses runs layouts of the matrix as real processes
+// (this test binary, once per rank, over tcp), built by Build from the
+// config as `tinyacc train --nproc` does.
+func TestEquivalenceProcesses(t *testing.T) {
+	single := ptest.Config()
+	single.Train.Steps = 4
+	want := ptest.Single(t, single)
+	for _, v := range []variant{variants[1], variants[4]} {
+		cfg := ptest.Config()
+		cfg.Train.Steps = 4
+		cfg.Train.BatchSize = 2
+		v.apply(&cfg)
+		got := ptest.Processes(t, v.name, cfg, 2, func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+		if got == nil {
+			continue // this process is a rank of another layout's run
+		}
+		for r := range got {
+			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, processes, rank %d", v.name, r))
+		}
+		ptest.AssertReplicas(t, got, v.name+", processes")
+	}
+}

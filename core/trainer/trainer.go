@@ -472,6 +472,9 @@ func (t *Trainer) BackwardFrom(root, gradOut *tensor.Tensor, info tensor.PassInf
 	opts := tensor.BackwardOptions{Info: info, Release: true, Alloc: t.Alloc}
 	if len(readiers) > 0 {
 		opts.GradReady = func(p *tensor.Tensor, info tensor.PassInfo) {
+			if p.Spec == nil {
+				return // not a parameter: a stage's received activation
+			}
 			for _, r := range readiers {
 				if err := r.GradReady(t, p, info); err != nil && t.gradErr == nil {
 					t.gradErr = fmt.Errorf("trainer: grad-ready for %s: %w", p.Name, err)

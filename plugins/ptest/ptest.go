@@ -76,10 +76,19 @@ func Corpus() []int32 {
 	return data.Encode(strings.Repeat("func main() { fmt.Println(\"hello, tinyacc\") }\n// a comment\n", 80))
 }
 
+// split cuts Corpus into the training and validation streams of cfg
+// (the last data.val_fraction is held out, as for a corpus read from disk).
+func split(cfg config.Config) (train, val []int32) {
+	c := Corpus()
+	cut := len(c) - int(math.Floor(float64(len(c))*cfg.Data.ValFraction))
+	return c[:cut:cut], c[cut:]
+}
+
 // Single trains cfg in one process; cfg.Train.BatchSize must be the global
 // micro-batch (per-rank batch × data-parallel ranks).
 func Single(t testing.TB, cfg config.Config) Result {
-	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus()})
+	train, val := split(cfg)
+	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val})
 	require.NoError(t, err)
 	res, err := tr.Run(context.Background())
 	require.NoError(t, err)
@@ -94,7 +103,8 @@ func runRank(cfg config.Config, world comm.Group, build Build, rec *trace.Record
 	if err != nil {
 		return Result{}, err
 	}
-	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Mesh: m,
+	train, val := split(cfg)
+	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, Plugins: plugins, Mesh: m,
 		Rank: world.Rank(), World: world.Size(), Trace: rec})
 	if err != nil {
 		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
