@@ -11,9 +11,10 @@ import (
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
-// Build lays the world out as the dp × pp × cp × tp mesh of cfg and
-// returns this rank's plugins, in the one order the trainer runs them
-// (see trainer.Plugin for what the order decides): model rewriters first
+// Build lays the world out as the mesh of cfg (pp outermost, then dp, cp,
+// and tp innermost; see core/mesh) and returns this rank's plugins, in
+// the one order the trainer runs them (see trainer.Plugin for what the
+// order decides): model rewriters first
 // (tensor parallel, then context parallel), then the step owner (pipeline
 // parallel), then data parallel (DDP or ZeRO). parallel.dp = 0 gives data
 // parallelism every rank the other dimensions leave. zero.stage 0 picks

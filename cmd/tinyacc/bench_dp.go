@@ -36,8 +36,8 @@ var dpVariants = []dpVariant{
 // benchDP trains the same GPT with every data-parallel variant on N tcp
 // processes and prints ms/step, the share of communication hidden behind
 // compute (from rank 0's trace) and rank 0's steady memory beside the
-// formula of REFERENCE.md (fp32 AdamW: params 4Ψ, grads 4Ψ, moments 8Ψ,
-// divided by N where the stage shards them).
+// fp32 AdamW formula (params 4Ψ, grads 4Ψ, moments 8Ψ, divided by N where
+// the stage shards them; docs/formulas.md).
 func benchDP(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench dp", flag.ContinueOnError)
 	nprocs := fs.String("nproc", "2,4", "data-parallel sizes")

@@ -39,8 +39,9 @@ type Options struct {
 	// Rank and World identify this process among all ranks; only rank 0
 	// writes the metrics file and logs.
 	Rank, World int
-	// Mesh is this rank's place on the dp × pp × cp × tp grid and its
-	// groups (nil for a single process). The trainer uses its world group
+	// Mesh is this rank's place on the pp × dp × cp × tp grid (pp
+	// outermost, tp innermost, as core/mesh lays ranks out) and its groups
+	// (nil for a single process). The trainer uses its world group
 	// for what involves every rank: the gradient norm, gathering a
 	// parameter through its placement, the memory reports.
 	Mesh *mesh.Mesh

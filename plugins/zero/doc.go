@@ -59,10 +59,11 @@
 //	stage 2   4P                     4P/N + T                  8Ψ/N
 //	stage 3   4P/N + T               4P/N + T                  8Ψ/N
 //
-// The extra buffers beside REFERENCE.md's formulas: stage 1 borrows
-// shard-sized comm buffers for its reduce-scatters (a reduce-scatter may
-// not write into its own input) and copies each result into its range of
-// the full gradient, so only comm memory grows, by 4P/N at the step's end.
+// The extra buffers beside the textbook formulas (docs/formulas.md):
+// stage 1 borrows shard-sized comm buffers for its reduce-scatters (a
+// reduce-scatter may not write into its own input) and copies each result
+// into its range of the full gradient, so only comm memory grows, by 4P/N
+// at the step's end.
 // T = 4·(embed unit + the
 // largest two units adjacent in forward order) is the transient working
 // set of stages 2 and 3: the unit computed now and the one prefetched (or
@@ -83,6 +84,8 @@
 // PostGrad, the loss reduction, PreStep, the next PreForward).
 //
 // Stage 3 leaves the model's tensors without storage between uses, so
-// anything reading the weights outside the training step (saving weights,
-// generation) must gather them first: FullParams does, collectively.
+// anything reading the weights outside the training step finds them
+// through the trainer (Trainer.Holding, GatherParam): Zero is a
+// trainer.Holder, saying which flat range of each parameter, and of its
+// averaged gradient, this rank keeps.
 package zero

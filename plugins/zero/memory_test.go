@@ -50,7 +50,7 @@ func (s sizes) maxPair() int {
 }
 
 // TestMemoryMatchesFormulas holds each rank's steady memory (the
-// allocator's peaks after Prepare) to REFERENCE.md's fp32 AdamW formulas:
+// allocator's peaks after Prepare) to the fp32 AdamW formulas:
 // params 4Ψ, grads 4Ψ, moments 8Ψ, each divided by N where the stage
 // shards it, within 5%, plus the buffers doc.go documents:
 //
@@ -68,7 +68,7 @@ func TestMemoryMatchesFormulas(t *testing.T) {
 				s := unitSizes(cfg, n)
 				psi, P, N := float64(s.psi), float64(s.padded), float64(n)
 				transient := 4 * float64(s.embed+s.maxPair())
-				// formula: REFERENCE.md; want: formula + padding + buffers.
+				// formula: docs/formulas.md; want: formula + padding + buffers.
 				type row struct{ formula, want float64 }
 				var params, grads row
 				optim := row{8 * psi / N, 8 * psi / N}
@@ -116,7 +116,7 @@ func TestMemoryMatchesFormulas(t *testing.T) {
 }
 
 // TestTraceCommunication checks that every collective is traced on the
-// comm track with its size, and that the traffic is REFERENCE.md's: per
+// comm track with its size, and that the traffic is the formulas': per
 // micro-batch stage 3 gathers the parameters twice (forward, and backward
 // but for the embed unit, kept from forward, and the head, whose backward
 // follows its forward) and reduce-scatters the gradients once, about 3Ψ;
