@@ -294,3 +294,86 @@ func checkTiling(entries []entry, dataLen int64) error {
 	}
 	return nil
 }
+
+// Reader reads single tensors of a safetensors file on demand: the header
+// is validated once at Open, and each Read touches only that tensor's
+// bytes, so a rank loads the few pieces it needs from a large file.
+type Reader struct {
+	path      string
+	f         *os.File
+	entries   map[string]entry
+	dataStart int64
+}
+
+// Open opens path and validates its header.
+func Open(path string) (*Reader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("ckpt: open %q: %w", path, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ckpt: open %q: %w", path, err)
+	}
+	entries, _, dataStart, err := readHeader(f, info.Size())
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ckpt: open %q: %w", path, err)
+	}
+	r := &Reader{path: path, f: f, entries: map[string]entry{}, dataStart: dataStart}
+	for _, e := range entries {
+		r.entries[e.name] = e
+	}
+	return r, nil
+}
+
+// Close closes the file.
+func (r *Reader) Close() error { return r.f.Close() }
+
+// Numel is the element count of tensor name, or -1 when the file lacks it.
+func (r *Reader) Numel(name string) int {
+	e, ok := r.entries[name]
+	if !ok {
+		return -1
+	}
+	return e.numel
+}
+
+// Read fills dst (float32 or float64, as many elements as the stored
+// tensor, any shape) with tensor name, converting from the stored dtype.
+func (r *Reader) Read(name string, dst *tensor.Tensor) error {
+	e, ok := r.entries[name]
+	if !ok {
+		return fmt.Errorf("ckpt: %s holds no tensor %q", r.path, name)
+	}
+	if e.numel != dst.Numel() {
+		return fmt.Errorf("ckpt: tensor %q of %s has %d elements, not the %d expected", name, r.path, e.numel, dst.Numel())
+	}
+	var store any
+	switch dst.DType() {
+	case tensor.Float32:
+		if e.dt == dtF64 || e.dt == dtI32 {
+			return fmt.Errorf("ckpt: tensor %q of %s is %s, not float32", name, r.path, e.dt)
+		}
+		store = dst.F32()
+	case tensor.Float64:
+		if e.dt != dtF64 {
+			return fmt.Errorf("ckpt: tensor %q of %s is %s, not float64", name, r.path, e.dt)
+		}
+		store = dst.F64()
+	default:
+		return fmt.Errorf("ckpt: cannot read into %s", dst)
+	}
+	es := int64(e.dt.size())
+	raw := make([]byte, min(int64(e.numel), chunkElems)*es)
+	for at := int64(0); at < int64(e.numel); at += chunkElems {
+		n := min(int64(e.numel)-at, chunkElems)
+		buf := raw[:n*es]
+		if _, err := r.f.ReadAt(buf, r.dataStart+e.begin+at*es); err != nil {
+			return fmt.Errorf("ckpt: tensor %q of %s: reading data: %w", name, r.path, err)
+		}
+		decode(e.dt, buf, store, int(at))
+	}
+	return nil
+}

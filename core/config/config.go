@@ -81,11 +81,18 @@ type Config struct {
 	Zero struct {
 		Stage int `koanf:"stage"` // 0 = plain data parallel, 1/2/3 = ZeRO stage
 	} `koanf:"zero"`
-	Device      string `koanf:"device"`       // "cpu"; GPU devices are rejected until a backend exists
-	InitFrom    string `koanf:"init_from"`    // safetensors file to start from; "" = fresh init
-	SaveTo      string `koanf:"save_to"`      // safetensors file to write; "" = don't save
-	MetricsFile string `koanf:"metrics_file"` // JSON-lines metrics; "" = none
-	Trace       string `koanf:"trace"`        // Chrome trace file per rank (rank in the name); "" = off
+	Checkpoint struct {
+		Dir      string `koanf:"dir"`       // where step-NNNNNNN/ checkpoints go; "" = none
+		Every    int    `koanf:"every"`     // steps between checkpoints; 0 = only at the end
+		KeepLast int    `koanf:"keep_last"` // keep the N newest; 0 = keep all
+	} `koanf:"checkpoint"`
+	Resume               string `koanf:"resume"`                 // checkpoint (or root of checkpoints) to continue; "auto" = the latest in checkpoint.dir if any
+	ResumeAllowNonfinite bool   `koanf:"resume_allow_nonfinite"` // accept NaN or Inf weights when resuming
+	Device               string `koanf:"device"`                 // "cpu"; GPU devices are rejected until a backend exists
+	InitFrom             string `koanf:"init_from"`              // safetensors file to start from; "" = fresh init
+	SaveTo               string `koanf:"save_to"`                // safetensors file to write; "" = don't save
+	MetricsFile          string `koanf:"metrics_file"`           // JSON-lines metrics; "" = none
+	Trace                string `koanf:"trace"`                  // Chrome trace file per rank (rank in the name); "" = off
 }
 
 // Defaults returns the built-in configuration: a small GPT that trains in

@@ -33,13 +33,14 @@ func TestDefaultsMatchDocumentedValues(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	want := []string{
+		"checkpoint.dir", "checkpoint.every", "checkpoint.keep_last",
 		"comm.backend", "comm.timeout",
 		"data.max_bytes", "data.order", "data.path", "data.val_fraction",
 		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode",
 		"device", "init_from", "metrics_file",
 		"model.block_size", "model.n_embd", "model.n_head", "model.n_layer", "model.vocab_size",
 		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp",
-		"save_to", "trace",
+		"resume", "resume_allow_nonfinite", "save_to", "trace",
 		"train.batch_size", "train.beta1", "train.beta2", "train.eps", "train.eval_batches",
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
 		"train.min_lr", "train.momentum", "train.optimizer", "train.peak_flops", "train.schedule",

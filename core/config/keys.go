@@ -315,3 +315,15 @@ func defaultConfig() *Config {
 func fieldOf(c *Config, f *field) reflect.Value {
 	return reflect.ValueOf(c).Elem().FieldByIndex(f.index)
 }
+
+// Values returns every key of c with its value as `config show` prints it,
+// so two configurations can be compared key by key (a checkpoint records
+// its run's values; a resumed run names the keys that differ).
+func Values(c Config) map[string]string {
+	out := make(map[string]string, len(fields))
+	for i := range fields {
+		f := &fields[i]
+		out[f.key] = formatValue(fieldOf(&c, f))
+	}
+	return out
+}

@@ -99,6 +99,12 @@ func (c *Config) Validate() error {
 		v.addf("config: device=%q is not a known device: use device=cpu", c.Device)
 	}
 
+	v.nonNegative("checkpoint.every", int64(c.Checkpoint.Every))
+	v.nonNegative("checkpoint.keep_last", int64(c.Checkpoint.KeepLast))
+	if c.Resume == "auto" && c.Checkpoint.Dir == "" {
+		v.addf("config: resume=auto looks for the latest checkpoint in checkpoint.dir, which is empty: set checkpoint.dir")
+	}
+
 	return errors.Join(v.errs...)
 }
 

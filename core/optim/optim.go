@@ -39,6 +39,23 @@ type StepCounter interface {
 	SetSteps(counts map[string]int) error
 }
 
+// PerParam is an optimizer whose state can be read and written one
+// parameter at a time, which is how checkpoints store it: by the
+// parameter's global name, whatever the layout.
+type PerParam interface {
+	// StateOf returns p's buffers by kind ("exp_avg", "exp_avg_sq",
+	// "momentum_buffer"), those that exist, and p's step count.
+	StateOf(p *tensor.Tensor) (bufs map[string]*tensor.Tensor, steps int)
+	// EnsureState returns p's buffer of the given kind, creating it
+	// zeroed if the optimizer makes it lazily, to be filled from a
+	// checkpoint.
+	EnsureState(p *tensor.Tensor, kind string) (*tensor.Tensor, error)
+	// SetStepsOf sets p's step count.
+	SetStepsOf(p *tensor.Tensor, n int)
+	// DecayOf is p's weight decay.
+	DecayOf(p *tensor.Tensor) float64
+}
+
 // Group is a set of parameters sharing a weight-decay setting.
 type Group struct {
 	Params      []*tensor.Tensor
@@ -143,6 +160,41 @@ func (o *AdamW) SetSteps(counts map[string]int) error {
 	return nil
 }
 
+// StateOf implements PerParam.
+func (o *AdamW) StateOf(p *tensor.Tensor) (map[string]*tensor.Tensor, int) {
+	m, ok := o.m[p]
+	if !ok {
+		return nil, 0
+	}
+	return map[string]*tensor.Tensor{"exp_avg": m, "exp_avg_sq": o.v[p]}, o.steps[p]
+}
+
+// EnsureState implements PerParam.
+func (o *AdamW) EnsureState(p *tensor.Tensor, kind string) (*tensor.Tensor, error) {
+	bufs, _ := o.StateOf(p)
+	if b, ok := bufs[kind]; ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("optim: AdamW keeps no %q for %s", kind, p.Name)
+}
+
+// SetStepsOf implements PerParam.
+func (o *AdamW) SetStepsOf(p *tensor.Tensor, n int) { o.steps[p] = n }
+
+// DecayOf implements PerParam.
+func (o *AdamW) DecayOf(p *tensor.Tensor) float64 { return decayOf(o.groups, p) }
+
+func decayOf(groups []Group, p *tensor.Tensor) float64 {
+	for _, g := range groups {
+		for _, q := range g.Params {
+			if q == p {
+				return g.WeightDecay
+			}
+		}
+	}
+	return 0
+}
+
 // Step implements Optimizer.
 func (o *AdamW) Step(lr float64) error {
 	for _, g := range o.groups {
@@ -200,6 +252,33 @@ func (o *SGD) State() map[string]*tensor.Tensor {
 	}
 	return s
 }
+
+// StateOf implements PerParam (SGD counts no steps).
+func (o *SGD) StateOf(p *tensor.Tensor) (map[string]*tensor.Tensor, int) {
+	if b, ok := o.buf[p]; ok {
+		return map[string]*tensor.Tensor{"momentum_buffer": b}, 0
+	}
+	return nil, 0
+}
+
+// EnsureState implements PerParam.
+func (o *SGD) EnsureState(p *tensor.Tensor, kind string) (*tensor.Tensor, error) {
+	if kind != "momentum_buffer" || o.Momentum == 0 {
+		return nil, fmt.Errorf("optim: SGD (momentum %v) keeps no %q for %s", o.Momentum, kind, p.Name)
+	}
+	b, ok := o.buf[p]
+	if !ok {
+		b = o.alloc.New(tensor.OptimState, p.DType(), p.Shape()...)
+		o.buf[p] = b
+	}
+	return b, nil
+}
+
+// SetStepsOf implements PerParam: SGD's update does not depend on it.
+func (o *SGD) SetStepsOf(p *tensor.Tensor, n int) {}
+
+// DecayOf implements PerParam.
+func (o *SGD) DecayOf(p *tensor.Tensor) float64 { return decayOf(o.groups, p) }
 
 // Step implements Optimizer: d = g + wd·p; buf = μ·buf + d (buf = d at the
 // first step); p -= lr·buf.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
@@ -54,6 +55,9 @@ func (t *Trainer) Holding(p *tensor.Tensor) (Holding, error) {
 		h = Holding{Value: Part{Spec: p.Spec}, Grad: Part{Spec: p.Spec, Data: p.Grad}}
 		if p.HasStorage() {
 			h.Value.Data = p
+		}
+		if pp, ok := t.Opt.(optim.PerParam); ok && slices.Contains(t.Opt.Params(), p) {
+			h.Opt, h.OptParam = pp, p
 		}
 	case 1:
 	default:

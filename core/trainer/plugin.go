@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -119,10 +120,16 @@ type Holder interface {
 	Hold(t *Trainer, p *tensor.Tensor) (Holding, bool)
 }
 
-// Holding is where this rank keeps its part of a parameter: its value and
-// its gradient (after PreStep: reduced as the optimizer will use it).
+// Holding is where this rank keeps its part of a parameter: its value,
+// its gradient (after PreStep: reduced as the optimizer will use it), and
+// the optimizer's state of it, laid out like the gradient part.
 type Holding struct {
 	Value, Grad Part
+	// Opt and OptParam give the optimizer's state of this part:
+	// Opt.StateOf(OptParam). OptParam is nil when the optimizer updates
+	// none of the parameter on this rank.
+	Opt      optim.PerParam
+	OptParam *tensor.Tensor
 }
 
 // Part is some elements of a global tensor: Spec says which, and Data

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
@@ -73,10 +74,19 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		fmt.Fprintf(log, "tinyacc: %d steps of %d sequences (%d tokens); ranks %d\n",
 			cfg.Train.Steps, global, global*cfg.Model.BlockSize, t.World)
 	}
+	if cfg.InitFrom != "" {
+		fmt.Fprintf(log, "tinyacc: init_from %s: loaded all %d tensors (weights only: a fresh schedule, optimizer and data position)\n",
+			cfg.InitFrom, len(GPTConfig(cfg).ParamShapes()))
+	}
+	first, err := t.resume(log)
+	if err != nil {
+		return res, err
+	}
 	evalEvery := cfg.Train.EvalEvery
 	logEvery := max(1, cfg.Train.LogEvery)
 	lineOpen := false // a live progress line waits for its newline
-	for s := 0; s < cfg.Train.Steps; s++ {
+	saved := -1       // the step of the last checkpoint written
+	for s := first; s < cfg.Train.Steps; s++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
@@ -98,6 +108,12 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			} else {
 				fmt.Fprintln(log, line)
 			}
+		}
+		if every := cfg.Checkpoint.Every; cfg.Checkpoint.Dir != "" && every > 0 && (s+1)%every == 0 {
+			if err := t.checkpoint(log, s+1, &lineOpen); err != nil {
+				return res, err
+			}
+			saved = s + 1
 		}
 		if t.Val != nil && ((evalEvery > 0 && (s+1)%evalEvery == 0) || last) {
 			vl, err := t.Evaluate()
@@ -124,13 +140,17 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	if n := len(res.Steps); n > 0 {
 		res.FirstLoss, res.LastLoss = res.Steps[0].Loss, res.Steps[n-1].Loss
 	}
+	if cfg.Checkpoint.Dir != "" && saved != cfg.Train.Steps && first < cfg.Train.Steps {
+		if err := t.checkpoint(log, cfg.Train.Steps, &lineOpen); err != nil {
+			return res, err
+		}
+	}
 	if cfg.SaveTo != "" {
 		if err := t.SaveModel(cfg.SaveTo); err != nil {
 			return res, err
 		}
 		fmt.Fprintf(log, "tinyacc: saved weights to %s\n", cfg.SaveTo)
 	}
-	var err error
 	if res.Memory, err = t.GatherMemory(); err != nil {
 		return res, err
 	}
@@ -155,6 +175,52 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// resume loads the checkpoint cfg.Resume names, if any, and returns the
+// first step to run.
+func (t *Trainer) resume(log io.Writer) (int, error) {
+	cfg := t.Cfg
+	path := cfg.Resume
+	if path == "" {
+		return 0, nil
+	}
+	if path == "auto" {
+		dir, err := ckpt.Resolve(cfg.Checkpoint.Dir)
+		if err != nil {
+			fmt.Fprintf(log, "tinyacc: resume=auto: no checkpoint in %s yet; starting fresh\n", cfg.Checkpoint.Dir)
+			return 0, nil
+		}
+		path = dir
+	}
+	dir, err := ckpt.Resolve(path)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
+	}
+	step, err := t.LoadCheckpoint(dir)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
+	}
+	if step > cfg.Train.Steps {
+		return 0, fmt.Errorf("resume: %s completed %d steps, more than train.steps=%d (train.steps is the run's total)", dir, step, cfg.Train.Steps)
+	}
+	fmt.Fprintf(log, "tinyacc: resumed from %s: %d of %d steps done\n", dir, step, cfg.Train.Steps)
+	return step, nil
+}
+
+// checkpoint writes the state after step steps and says where.
+func (t *Trainer) checkpoint(log io.Writer, step int, lineOpen *bool) error {
+	start := time.Now()
+	dir, err := t.SaveCheckpoint(t.Cfg.Checkpoint.Dir, step)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if *lineOpen {
+		fmt.Fprintln(log)
+		*lineOpen = false
+	}
+	fmt.Fprintf(log, "tinyacc: checkpoint %s written in %.2fs\n", dir, time.Since(start).Seconds())
+	return nil
 }
 
 func valLen(t *Trainer) int {

@@ -22,8 +22,9 @@ type View struct {
 // Its Params are the views, whose Grad are views of the shard gradients:
 // the trainer's clipping scales exactly the numbers the step uses.
 type ShardOptimizer struct {
-	inner optim.Optimizer
-	views []View
+	inner  optim.Optimizer
+	views  []View
+	viewOf map[*tensor.Tensor]*tensor.Tensor // model parameter -> its view
 }
 
 // newShardOptimizer builds the optimizer of cfg over per-parameter views of
@@ -31,7 +32,7 @@ type ShardOptimizer struct {
 // it belongs to (decay for tensors of two or more dimensions), so the
 // update matches the unsharded optimizer element for element.
 func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc *tensor.Allocator) *ShardOptimizer {
-	o := &ShardOptimizer{}
+	o := &ShardOptimizer{viewOf: map[*tensor.Tensor]*tensor.Tensor{}}
 	var decay, none []*tensor.Tensor
 	for _, u := range units {
 		for _, pc := range lay.Pieces(u.Unit) {
@@ -41,6 +42,7 @@ func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc
 			p.Grad = tensor.FromF32(u.shardGrad.F32()[pc.At:pc.At+n], n)
 			p.Grad.Name = p.Name
 			o.views = append(o.views, View{Param: p, Piece: pc, Unit: u.Name})
+			o.viewOf[pc.Range.Param] = p
 			if pc.Range.Decay {
 				decay = append(decay, p)
 			} else {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
@@ -202,6 +203,8 @@ func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool
 	h := trainer.Holding{Value: trainer.Part{Spec: p.Spec, Data: p}, Grad: trainer.Part{Spec: flat}}
 	if a < b {
 		h.Grad.Data = tensor.FromF32(u.shardGrad.F32()[a-lo:b-lo], b-a)
+		h.Opt, _ = z.opt.inner.(optim.PerParam)
+		h.OptParam = z.opt.viewOf[p]
 	}
 	if z.stage == 3 {
 		h.Value = trainer.Part{Spec: flat}

@@ -1,0 +1,277 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// freeKeys may differ between a checkpoint's run and the run resuming it:
+// the layout (as long as the global batch stays equal) and what only
+// controls the run, not the numbers it computes.
+var freeKeys = []string{
+	"parallel.", "zero.", "ddp.", "comm.", "checkpoint.",
+	"train.batch_size", "train.grad_accum", "train.steps", "train.threads", "train.log_every",
+	"train.eval_every", "train.eval_batches", "train.peak_flops",
+	"resume", "resume_allow_nonfinite", "save_to", "metrics_file", "trace", "init_from", "device",
+}
+
+func freeKey(k string) bool {
+	for _, f := range freeKeys {
+		if k == f || (strings.HasSuffix(f, ".") && strings.HasPrefix(k, f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckResume reports why the checkpoint of index ix cannot continue a
+// run of cfg whose global batch is global: a key that differs beyond the
+// layout, a different global batch.
+func CheckResume(ix *ckpt.Index, cfg config.Config, global int) error {
+	var diffs []string
+	for k, v := range config.Values(cfg) {
+		if freeKey(k) {
+			continue
+		}
+		if was, ok := ix.Config[k]; ok && fmt.Sprint(was) != v {
+			diffs = append(diffs, fmt.Sprintf("%s is %s here but %v in the checkpoint", k, v, was))
+		}
+	}
+	sort.Strings(diffs)
+	if g := ix.Trainer.GlobalBatch; g != global {
+		diffs = append(diffs, fmt.Sprintf("the global batch (train.batch_size × train.grad_accum × data-parallel ranks) is %d here but %d in the checkpoint", global, g))
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("the checkpoint cannot continue this run: %s", strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// LoadCheckpoint restores the checkpoint at dir (a step-NNNNNNN directory)
+// into this rank's layout, whatever layout wrote it, and returns the
+// number of steps it completed. It is collective. Rank 0 first checks the
+// whole checkpoint (digests, every tensor present and whole, the config);
+// only then does any rank change its state, so a checkpoint that cannot
+// serve the run is refused before anything is half-loaded.
+func (t *Trainer) LoadCheckpoint(dir string) (int, error) {
+	ix, err := ckpt.ReadIndex(dir)
+	if err == nil && t.Rank == 0 {
+		err = t.checkCheckpoint(dir, ix)
+	}
+	if err := t.agree("checking checkpoint "+dir, err); err != nil {
+		return 0, err
+	}
+	err = t.loadState(dir, ix)
+	if err := t.agree("loading checkpoint "+dir, err); err != nil {
+		return 0, err
+	}
+	return ix.Step, nil
+}
+
+// checkCheckpoint is rank 0's look at the whole checkpoint before anyone
+// loads: the digests, every parameter present with the model's shape and
+// covered exactly, each piece readable, and finite unless allowed.
+func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
+	if err := ix.Verify(dir); err != nil {
+		return err
+	}
+	global := t.Cfg.Train.BatchSize * t.Cfg.Train.GradAccum * t.DataSize
+	if err := CheckResume(ix, t.Cfg, global); err != nil {
+		return err
+	}
+	readers := map[string]*ckpt.Reader{}
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	for _, ps := range t.Model.Config.ParamShapes() {
+		ti := ix.Tensors[ps.Name]
+		if ti == nil {
+			return fmt.Errorf("the checkpoint holds no tensor %s", ps.Name)
+		}
+		if fmt.Sprint(ti.Shape) != fmt.Sprint(ps.Shape) {
+			return fmt.Errorf("tensor %s is %v in the checkpoint but %v in the model (check model.*)", ps.Name, ti.Shape, ps.Shape)
+		}
+		if ti.DType != tensor.Float32.String() {
+			return fmt.Errorf("tensor %s is %s in the checkpoint; the model is float32", ps.Name, ti.DType)
+		}
+		kinds := []string{""}
+		for k := range ti.State {
+			kinds = append(kinds, k)
+		}
+		for _, kind := range kinds {
+			parts := ti.Parts
+			if kind != "" {
+				parts = ti.State[kind]
+			}
+			covered := 0
+			for _, p := range parts {
+				if fmt.Sprint(p.Spec.Shape) != fmt.Sprint(ps.Shape) {
+					return fmt.Errorf("a part of %s in %s has shape %v, not %v", ps.Name, p.File, p.Spec.Shape, ps.Shape)
+				}
+				r, err := t.reader(readers, dir, p.File)
+				if err != nil {
+					return err
+				}
+				n := p.Spec.HeldElements(p.Coord)
+				if got := r.Numel(p.Key); got != n {
+					return fmt.Errorf("%s: tensor %s holds %d elements of %s; its placement says %d", filepath.Join(dir, p.File), p.Key, got, ps.Name, n)
+				}
+				covered += n
+				if kind != "" || t.Cfg.ResumeAllowNonfinite {
+					continue
+				}
+				buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, n)
+				err = r.Read(p.Key, buf)
+				if err == nil {
+					err = finite(buf)
+				}
+				buf.Release()
+				if err != nil {
+					return fmt.Errorf("%s: %s: %w (set resume_allow_nonfinite to load it anyway)", filepath.Join(dir, p.File), p.Key, err)
+				}
+			}
+			if covered != tensor.Numel(ps.Shape) {
+				what := ps.Name
+				if kind != "" {
+					what = kind + " of " + ps.Name
+				}
+				return fmt.Errorf("the parts of %s in the checkpoint hold %d of its %d elements (a missing file?)", what, covered, tensor.Numel(ps.Shape))
+			}
+		}
+	}
+	return nil
+}
+
+func finite(t *tensor.Tensor) error {
+	for i, v := range t.F32() {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("element %d is %v", i, v)
+		}
+	}
+	return nil
+}
+
+func (t *Trainer) reader(readers map[string]*ckpt.Reader, dir, file string) (*ckpt.Reader, error) {
+	if r := readers[file]; r != nil {
+		return r, nil
+	}
+	r, err := ckpt.Open(filepath.Join(dir, file))
+	if err != nil {
+		return nil, err
+	}
+	readers[file] = r
+	return r, nil
+}
+
+// loadState fills every part this rank holds from the checkpoint.
+func (t *Trainer) loadState(dir string, ix *ckpt.Index) error {
+	readers := map[string]*ckpt.Reader{}
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	c := t.Coord()
+	for _, p := range t.Model.Params() {
+		ti := ix.Tensors[p.Name]
+		if ti == nil {
+			return fmt.Errorf("the checkpoint holds no tensor %s", p.Name)
+		}
+		h, err := t.Holding(p)
+		if err != nil {
+			return err
+		}
+		if h.Value.Data != nil {
+			if err := t.fill(readers, dir, p.Name, h.Value.Data, h.Value.Spec, c, ti.Parts); err != nil {
+				return err
+			}
+		}
+		if h.Opt == nil || h.OptParam == nil {
+			continue
+		}
+		for kind, parts := range ti.State {
+			dst, err := h.Opt.EnsureState(h.OptParam, kind)
+			if err != nil {
+				return fmt.Errorf("optimizer state %s of %s: %w (was the checkpoint written with another train.optimizer?)", kind, p.Name, err)
+			}
+			if err := t.fill(readers, dir, kind+" of "+p.Name, dst, h.Grad.Spec, c, parts); err != nil {
+				return err
+			}
+		}
+		h.Opt.SetStepsOf(h.OptParam, ti.Steps)
+	}
+	return nil
+}
+
+// run is n consecutive elements at global index g, at index l of its data.
+type run struct{ g, l, n int }
+
+func runsOf(s *place.Spec, c place.Coord) []run {
+	var out []run
+	s.Runs(c, func(g, l, n int) { out = append(out, run{g, l, n}) })
+	sort.Slice(out, func(i, j int) bool { return out[i].g < out[j].g })
+	return out
+}
+
+// fill writes into dst (laid out as spec says for this rank) every element
+// it holds, reading only the stored pieces that overlap it, one at a
+// time, through an allocator buffer of that piece's size.
+func (t *Trainer) fill(readers map[string]*ckpt.Reader, dir, what string, dst *tensor.Tensor, spec *place.Spec, c place.Coord, parts []ckpt.Part) error {
+	want := runsOf(spec, c)
+	need := 0
+	for _, r := range want {
+		need += r.n
+	}
+	got := 0
+	for _, p := range parts {
+		have := runsOf(p.Spec, p.Coord)
+		var pairs [][2]run // overlapping (dst, src) runs, clipped
+		i, j := 0, 0
+		for i < len(want) && j < len(have) {
+			a, b := want[i], have[j]
+			lo, hi := max(a.g, b.g), min(a.g+a.n, b.g+b.n)
+			if lo < hi {
+				pairs = append(pairs, [2]run{{lo, a.l + lo - a.g, hi - lo}, {lo, b.l + lo - b.g, hi - lo}})
+			}
+			if a.g+a.n < b.g+b.n {
+				i++
+			} else {
+				j++
+			}
+		}
+		if len(pairs) == 0 {
+			continue
+		}
+		r, err := t.reader(readers, dir, p.File)
+		if err != nil {
+			return err
+		}
+		buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, max(0, r.Numel(p.Key)))
+		if err := r.Read(p.Key, buf); err != nil {
+			buf.Release()
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		src := buf.F32()
+		for _, pr := range pairs {
+			d, s := pr[0], pr[1]
+			copy(dst.F32()[d.l:d.l+d.n], src[s.l:s.l+s.n])
+			got += d.n
+		}
+		buf.Release()
+	}
+	if got != need {
+		return errors.New(what + fmt.Sprintf(": the checkpoint covers %d of the %d elements this rank holds", got, need))
+	}
+	return nil
+}
