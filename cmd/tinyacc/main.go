@@ -3,6 +3,8 @@
 //	tinyacc train [--config FILE] [--key=value ...]   train (see `tinyacc config show`)
 //	tinyacc sample --from FILE.safetensors [--prompt S] [--tokens N]
 //	tinyacc config show [--config FILE] [--key=value ...]
+//	tinyacc export --from CHECKPOINT --to FILE.safetensors
+//	tinyacc ckpt inspect CHECKPOINT
 //	tinyacc bench step                                  tinyacc vs PyTorch, ms/step
 //	tinyacc launch --nproc N -- PROGRAM ARGS...         start N ranks
 //	tinyacc version
@@ -39,6 +41,10 @@ Usage:
       Generate text from trained weights.
   tinyacc config show [--config FILE] [--key=value ...]
       Print the resolved config and where each value came from.
+  tinyacc export --from CHECKPOINT --to FILE.safetensors
+      Write a checkpoint's weights as one GPT-2 safetensors file.
+  tinyacc ckpt inspect CHECKPOINT
+      List a checkpoint's tensors, shapes, layout and step; verify every digest.
   tinyacc bench step [--steps N] [--repeats R] [--threads 1,2] [--json]
       Time a training step of the same GPT in tinyacc and in PyTorch.
   tinyacc bench comm [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
@@ -76,6 +82,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	case "bench":
 		err = cmdBench(args[1:], stdout, stderr)
+	case "export":
+		err = cmdExport(args[1:], stdout)
+	case "ckpt":
+		err = cmdCkpt(args[1:], stdout)
 	case "launch":
 		return launch.Main(args[1:], stdout, stderr)
 	case "version", "--version":

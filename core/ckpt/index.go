@@ -182,12 +182,33 @@ func (ix *Index) Verify(dir string) error {
 	for _, n := range names {
 		got, err := Digest(filepath.Join(dir, n))
 		if err != nil {
-			return fmt.Errorf("ckpt: %s: %w", filepath.Join(dir, n), err)
+			return fmt.Errorf("ckpt: %s (%s): %w", filepath.Join(dir, n), ix.holders(n), err)
 		}
 		if want := ix.Files[n]; got != want {
-			return fmt.Errorf("ckpt: %s does not match its digest in %s (%d bytes, sha256 %s; the index says %d bytes, %s): the file is damaged",
-				filepath.Join(dir, n), IndexFile, got.Bytes, got.SHA256[:12], want.Bytes, want.SHA256[:12])
+			return fmt.Errorf("ckpt: %s (%s) does not match its digest in %s (%d bytes, sha256 %s; the index says %d bytes, %s): the file is damaged",
+				filepath.Join(dir, n), ix.holders(n), IndexFile, got.Bytes, got.SHA256[:12], want.Bytes, want.SHA256[:12])
 		}
 	}
 	return nil
+}
+
+// holders names the tensors with a piece in file, for error messages.
+func (ix *Index) holders(file string) string {
+	var names []string
+	for name, ti := range ix.Tensors {
+		for _, p := range append(append([]Part(nil), ti.Parts...), flatten(ti.State)...) {
+			if p.File == file {
+				names = append(names, name)
+				break
+			}
+		}
+	}
+	sort.Strings(names)
+	switch {
+	case len(names) == 0:
+		return "no tensor"
+	case len(names) > 3:
+		return fmt.Sprintf("pieces of %s and %d more tensors", strings.Join(names[:3], ", "), len(names)-3)
+	}
+	return "pieces of " + strings.Join(names, ", ")
 }

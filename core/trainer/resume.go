@@ -124,7 +124,9 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 					return err
 				}
 				n := p.Spec.HeldElements(p.Coord)
-				if got := r.Numel(p.Key); got != n {
+				if got := r.Numel(p.Key); got < 0 {
+					return fmt.Errorf("%s holds no tensor %s, which the index names as a piece of %s", filepath.Join(dir, p.File), p.Key, ps.Name)
+				} else if got != n {
 					return fmt.Errorf("%s: tensor %s holds %d elements of %s; its placement says %d", filepath.Join(dir, p.File), p.Key, got, ps.Name, n)
 				}
 				covered += n

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// cmdExport writes a checkpoint's weights as one GPT-2 safetensors file.
+func cmdExport(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("export", flag.ContinueOnError)
+	from := fs.String("from", "", "checkpoint directory (step-NNNNNNN, or a checkpoint root for its latest)")
+	to := fs.String("to", "", "safetensors file to write")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *from == "" || *to == "" {
+		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors")
+	}
+	dir, err := ckpt.Resolve(*from)
+	if err != nil {
+		return err
+	}
+	if err := trainer.ExportCheckpoint(dir, *to); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "tinyacc: exported %s to %s\n", dir, *to)
+	return nil
+}
+
+// cmdCkpt is `tinyacc ckpt inspect CHECKPOINT`.
+func cmdCkpt(args []string, stdout io.Writer) error {
+	if len(args) != 2 || args[0] != "inspect" {
+		return errors.New("usage: tinyacc ckpt inspect CHECKPOINT")
+	}
+	dir, err := ckpt.Resolve(args[1])
+	if err != nil {
+		return err
+	}
+	ix, err := ckpt.ReadIndex(dir)
+	if err != nil {
+		return err
+	}
+	st := ix.Trainer
+	fmt.Fprintf(stdout, "checkpoint %s\nstep %d; global batch %d; layout", dir, ix.Step, st.GlobalBatch)
+	keys := make([]string, 0, len(st.Layout))
+	for k := range st.Layout {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(stdout, " %s=%d", k, st.Layout[k])
+	}
+	fmt.Fprintln(stdout)
+	names := make([]string, 0, len(ix.Tensors))
+	for n := range ix.Tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(stdout, "%-28s %-12s %-8s %6s  %s\n", "tensor", "shape", "dtype", "pieces", "optimizer state")
+	for _, n := range names {
+		ti := ix.Tensors[n]
+		var kinds []string
+		for k := range ti.State {
+			kinds = append(kinds, fmt.Sprintf("%s (%d)", k, len(ti.State[k])))
+		}
+		sort.Strings(kinds)
+		shape := strings.Trim(strings.ReplaceAll(fmt.Sprint(ti.Shape), " ", "x"), "[]")
+		fmt.Fprintf(stdout, "%-28s %-12s %-8s %6d  %s, step %d\n", n, shape, ti.DType, len(ti.Parts), strings.Join(kinds, ", "), ti.Steps)
+	}
+	var bytes int64
+	for _, f := range ix.Files {
+		bytes += f.Bytes
+	}
+	fmt.Fprintf(stdout, "%d files, %d bytes; ", len(ix.Files), bytes)
+	if err := ix.Verify(dir); err != nil {
+		fmt.Fprintln(stdout, "digests: FAILED")
+		return err
+	}
+	fmt.Fprintln(stdout, "digests: all verified")
+	return nil
+}

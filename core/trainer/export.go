@@ -1,0 +1,103 @@
+package trainer
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// CheckpointModel returns the model shape a checkpoint's index records.
+func CheckpointModel(ix *ckpt.Index) (nn.GPTConfig, error) {
+	get := func(key string) (int, error) {
+		v, ok := ix.Config[key]
+		if !ok {
+			return 0, fmt.Errorf("ckpt: the index records no %s", key)
+		}
+		n, err := strconv.Atoi(fmt.Sprint(v))
+		if err != nil {
+			return 0, fmt.Errorf("ckpt: the index records %s=%v, not a whole number", key, v)
+		}
+		return n, nil
+	}
+	var c nn.GPTConfig
+	var err error
+	for _, f := range []struct {
+		key string
+		dst *int
+	}{{"model.n_layer", &c.NLayer}, {"model.n_head", &c.NHead}, {"model.n_embd", &c.NEmbd},
+		{"model.block_size", &c.BlockSize}, {"model.vocab_size", &c.VocabSize}} {
+		if *f.dst, err = get(f.key); err != nil {
+			return c, err
+		}
+	}
+	return c, c.Validate()
+}
+
+// ExportCheckpoint writes the weights of checkpoint dir as one GPT-2
+// safetensors file, the one `save_to` writes at the same step: Hugging
+// Face names, Conv1D layout, the tied head not duplicated, the model shape
+// as metadata. It assembles one global tensor at a time from its stored
+// pieces, after verifying every file's digest.
+func ExportCheckpoint(dir, to string) error {
+	ix, err := ckpt.ReadIndex(dir)
+	if err != nil {
+		return err
+	}
+	if err := ix.Verify(dir); err != nil {
+		return err
+	}
+	mc, err := CheckpointModel(ix)
+	if err != nil {
+		return err
+	}
+	shapes := mc.ParamShapes()
+	entries := make([]ckpt.Entry, len(shapes))
+	for i, ps := range shapes {
+		entries[i] = ckpt.Entry{Name: ps.Name, DType: tensor.Float32, Shape: ps.Shape}
+		if ix.Tensors[ps.Name] == nil {
+			return fmt.Errorf("ckpt: %s holds no tensor %s", dir, ps.Name)
+		}
+	}
+	slices.SortFunc(entries, func(a, b ckpt.Entry) int { return strings.Compare(a.Name, b.Name) })
+	readers := map[string]*ckpt.Reader{}
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	var last *tensor.Tensor
+	err = ckpt.SaveStream(to, entries, weightsMeta(mc), func(name string) (*tensor.Tensor, error) {
+		ti := ix.Tensors[name]
+		if last == nil || !slices.Equal(last.Shape(), ti.Shape) {
+			last = tensor.New(tensor.Float32, ti.Shape...)
+		}
+		n := 0
+		for _, p := range ti.Parts {
+			r := readers[p.File]
+			if r == nil {
+				if r, err = ckpt.Open(filepath.Join(dir, p.File)); err != nil {
+					return nil, err
+				}
+				readers[p.File] = r
+			}
+			buf := tensor.New(tensor.Float32, max(0, r.Numel(p.Key)))
+			if err := r.Read(p.Key, buf); err != nil {
+				return nil, err
+			}
+			place.Gather(p.Spec, p.Coord, buf.F32(), last.F32())
+			n += buf.Numel()
+		}
+		if n != last.Numel() {
+			return nil, fmt.Errorf("ckpt: the parts of %s hold %d of its %d elements", name, n, last.Numel())
+		}
+		return last, nil
+	})
+	return err
+}
