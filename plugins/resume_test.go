@@ -88,3 +88,35 @@ func TestResumeMatrix(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointMemoryIsBounded: under ZeRO-3 at dp 4, saving and loading
+// a checkpoint add at most this rank's own shard plus the largest single
+// tensor to what the rank holds (measured through the allocator).
+func TestCheckpointMemoryIsBounded(t *testing.T) {
+	z3 := layouts[8]
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	cfg := z3.config(2)
+	cfg.Checkpoint.Dir = dir
+	build := func(cfg config.Config) ptest.Build {
+		return func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) }
+	}
+	saved := ptest.Parallel(t, cfg, z3.ranks, "local", build(cfg))
+	cfg = z3.config(3)
+	cfg.Resume = dir
+	loaded := ptest.Parallel(t, cfg, z3.ranks, "local", build(cfg))
+	var largest int64
+	for _, ps := range trainer.GPTConfig(cfg).ParamShapes() {
+		largest = max(largest, 4*int64(len(saved[0].Params[ps.Name])))
+	}
+	for r := range saved {
+		var shard int64
+		for _, v := range saved[r].Local {
+			shard += 4 * int64(len(v))
+		}
+		bound := shard + largest
+		require.Positive(t, shard)
+		require.LessOrEqual(t, saved[r].Memory.SavePeakBytes, bound, "rank %d: extra bytes while saving", r)
+		require.Positive(t, loaded[r].Memory.LoadPeakBytes, "rank %d: loading reads its pieces through the allocator", r)
+		require.LessOrEqual(t, loaded[r].Memory.LoadPeakBytes, bound, "rank %d: extra bytes while loading", r)
+	}
+}

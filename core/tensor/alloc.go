@@ -38,6 +38,7 @@ type Allocator struct {
 	peak   [numCategories]int64
 	total  int64
 	tpeak  int64
+	wpeak  int64 // the most bytes in use since StartWindow
 	free   map[poolKey][]any
 	noPool bool
 }
@@ -82,6 +83,7 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	if a.total > a.tpeak {
 		a.tpeak = a.total
 	}
+	a.wpeak = max(a.wpeak, a.total)
 	a.mu.Unlock()
 	switch dtype {
 	case Float32:
@@ -174,6 +176,23 @@ func (a *Allocator) ResetPeak() {
 	a.peak = a.cur
 	a.tpeak = a.total
 	a.mu.Unlock()
+}
+
+// StartWindow starts measuring the peak of a phase (a checkpoint save or
+// load) and returns the bytes in use now; WindowPeak minus it is the most
+// the phase added at once.
+func (a *Allocator) StartWindow() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.wpeak = a.total
+	return a.total
+}
+
+// WindowPeak is the most bytes in use at once since StartWindow.
+func (a *Allocator) WindowPeak() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.wpeak
 }
 
 // DropPool frees the cached buffers to the garbage collector.

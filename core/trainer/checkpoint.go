@@ -22,6 +22,11 @@ import (
 // pointer. Only the tensors a rank already holds are written, one at a
 // time: no rank gathers the model.
 
+// checkpointHook, when set (tests only), runs once every rank has written
+// its files and before rank 0 completes the checkpoint: where a kill
+// mid-save is most harmful.
+var checkpointHook func(step int)
+
 // rankFiles names the files rank r writes into a checkpoint.
 func rankFiles(r int) (model, optim, parts string) {
 	return fmt.Sprintf("model-r%05d.safetensors", r), fmt.Sprintf("optim-r%05d.safetensors", r), fmt.Sprintf("parts-r%05d.json", r)
@@ -36,6 +41,8 @@ type rankParts map[string]*ckpt.TensorInfo
 // rank calls it. A failure on any rank fails it on every rank, and leaves
 // the previous checkpoints and the latest pointer as they were.
 func (t *Trainer) SaveCheckpoint(root string, step int) (string, error) {
+	base := t.Alloc.StartWindow()
+	defer func() { t.savePeak = max(t.savePeak, t.Alloc.WindowPeak()-base) }()
 	final := filepath.Join(root, ckpt.StepDir(step))
 	tmp := filepath.Join(root, "."+ckpt.StepDir(step)+".tmp")
 	var err error
@@ -54,6 +61,9 @@ func (t *Trainer) SaveCheckpoint(root string, step int) (string, error) {
 	err = t.writeRankFiles(tmp)
 	if err := t.agree("writing checkpoint files into "+tmp, err); err != nil {
 		return "", err
+	}
+	if checkpointHook != nil {
+		checkpointHook(step)
 	}
 	if t.Rank == 0 {
 		err = t.finishCheckpoint(root, tmp, final, step)

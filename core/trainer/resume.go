@@ -63,6 +63,8 @@ func CheckResume(ix *ckpt.Index, cfg config.Config, global int) error {
 // only then does any rank change its state, so a checkpoint that cannot
 // serve the run is refused before anything is half-loaded.
 func (t *Trainer) LoadCheckpoint(dir string) (int, error) {
+	base := t.Alloc.StartWindow()
+	defer func() { t.loadPeak = max(t.loadPeak, t.Alloc.WindowPeak()-base) }()
 	ix, err := ckpt.ReadIndex(dir)
 	if err == nil && t.Rank == 0 {
 		err = t.checkCheckpoint(dir, ix)

@@ -40,6 +40,10 @@ type MemoryReport struct {
 	ActPeak     int64 `json:"activations_peak_bytes"`
 	CommBytes   int64 `json:"comm_bytes"`
 	PeakBytes   int64 `json:"peak_bytes"`
+	// The most bytes a checkpoint save and a checkpoint load added at once
+	// (0 when there was none).
+	SavePeakBytes int64 `json:"checkpoint_save_peak_bytes"`
+	LoadPeakBytes int64 `json:"checkpoint_load_peak_bytes"`
 }
 
 // Memory returns this rank's memory report from its allocator.
@@ -48,7 +52,7 @@ func (t *Trainer) Memory() MemoryReport {
 	return MemoryReport{Rank: t.Rank,
 		ParamsBytes: u.Peak[tensor.Params], GradsBytes: u.Peak[tensor.Grads],
 		OptimBytes: u.Peak[tensor.OptimState], ActPeak: u.Peak[tensor.Activations],
-		CommBytes: u.Peak[tensor.Comm], PeakBytes: u.TotalPeak}
+		CommBytes: u.Peak[tensor.Comm], PeakBytes: u.TotalPeak, SavePeakBytes: t.savePeak, LoadPeakBytes: t.loadPeak}
 }
 
 // Run trains for cfg.Train.Steps steps with periodic evaluation, then saves
@@ -233,10 +237,22 @@ func valLen(t *Trainer) int {
 // WriteMemoryTable prints the per-rank memory table that ends a run.
 func WriteMemoryTable(w io.Writer, rs []MemoryReport) {
 	mib := func(b int64) string { return fmt.Sprintf("%.2f", float64(b)/(1<<20)) }
-	fmt.Fprintf(w, "memory (MiB)  %6s %10s %10s %10s %12s %10s %10s\n", "rank", "params", "grads", "optim", "activations", "comm", "peak")
+	ckpt := false
 	for _, r := range rs {
-		fmt.Fprintf(w, "              %6d %10s %10s %10s %12s %10s %10s\n", r.Rank, mib(r.ParamsBytes), mib(r.GradsBytes),
+		ckpt = ckpt || r.SavePeakBytes > 0 || r.LoadPeakBytes > 0
+	}
+	head := fmt.Sprintf("memory (MiB)  %6s %10s %10s %10s %12s %10s %10s", "rank", "params", "grads", "optim", "activations", "comm", "peak")
+	if ckpt {
+		head += fmt.Sprintf(" %10s %10s", "ckpt save", "ckpt load")
+	}
+	fmt.Fprintln(w, head)
+	for _, r := range rs {
+		line := fmt.Sprintf("              %6d %10s %10s %10s %12s %10s %10s", r.Rank, mib(r.ParamsBytes), mib(r.GradsBytes),
 			mib(r.OptimBytes), mib(r.ActPeak), mib(r.CommBytes), mib(r.PeakBytes))
+		if ckpt {
+			line += fmt.Sprintf(" %10s %10s", mib(r.SavePeakBytes), mib(r.LoadPeakBytes))
+		}
+		fmt.Fprintln(w, line)
 	}
 }
 
@@ -288,9 +304,10 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 	mine := t.Memory()
 	all := []MemoryReport{mine}
 	if w := t.world(); w != nil {
-		const fields = 7
+		const fields = 9
 		in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
-			float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes)}, fields)
+			float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes),
+			float64(mine.SavePeakBytes), float64(mine.LoadPeakBytes)}, fields)
 		n := w.Size()
 		out := tensor.FromF64(make([]float64, n*fields), n*fields)
 		// Byte counts travel as float64, exact up to 2^53 bytes.
@@ -304,7 +321,8 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 		for r := range all {
 			f := out.F64()[r*fields : (r+1)*fields]
 			all[r] = MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
-				OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6])}
+				OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6]),
+				SavePeakBytes: int64(f[7]), LoadPeakBytes: int64(f[8])}
 		}
 	}
 	for _, p := range t.Plugins {

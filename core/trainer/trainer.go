@@ -89,10 +89,13 @@ type Trainer struct {
 	// Trace is the rank's span recorder; nil when tracing is off.
 	Trace *trace.Recorder
 
-	opts      Options
-	metrics   *MetricsWriter
-	gradErr   error
-	stepStart time.Time
+	opts Options
+	// savePeak and loadPeak are the most bytes a checkpoint save and load
+	// added at once (the allocator's window peaks).
+	savePeak, loadPeak int64
+	metrics            *MetricsWriter
+	gradErr            error
+	stepStart          time.Time
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
