@@ -298,3 +298,38 @@ func (t *Trainer) agree(what string, err error) error {
 	}
 	return nil
 }
+
+// CheckOutputs makes sure every output path of cfg (save_to, checkpoint.dir,
+// metrics_file, trace) can be written, creating directories as needed, so
+// an unwritable path is reported before the first step rather than after
+// hours of training.
+func CheckOutputs(cfg config.Config) error {
+	dirs := []struct{ key, dir string }{
+		{"save_to", parentOf(cfg.SaveTo)},
+		{"checkpoint.dir", cfg.Checkpoint.Dir},
+		{"metrics_file", parentOf(cfg.MetricsFile)},
+		{"trace", parentOf(cfg.Trace)},
+	}
+	for _, d := range dirs {
+		if d.dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return fmt.Errorf("%s: cannot create %s: %w", d.key, d.dir, err)
+		}
+		f, err := os.CreateTemp(d.dir, ".tinyacc-write-check-*")
+		if err != nil {
+			return fmt.Errorf("%s: cannot write into %s: %w", d.key, d.dir, err)
+		}
+		f.Close()
+		os.Remove(f.Name())
+	}
+	return nil
+}
+
+func parentOf(path string) string {
+	if path == "" {
+		return ""
+	}
+	return filepath.Dir(path)
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/config"
 )
 
 // TestKillDuringSave kills a training process with SIGKILL in the middle
@@ -58,4 +59,23 @@ func TestKillDuringSave(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res.Steps, 2)
 	require.Equal(t, want[2:], []float64{res.Steps[0].Loss, res.Steps[1].Loss})
+}
+
+func TestUnwritableOutputsAreRefusedBeforeTraining(t *testing.T) {
+	// A path under a regular file cannot be created, even by root.
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	for _, c := range []struct {
+		set  func(cfg *config.Config)
+		want string
+	}{
+		{func(cfg *config.Config) { cfg.SaveTo = filepath.Join(file, "w.safetensors") }, "save_to: cannot create " + file + ": mkdir " + file + ": not a directory"},
+		{func(cfg *config.Config) { cfg.Checkpoint.Dir = filepath.Join(file, "ckpt") }, "checkpoint.dir: cannot create " + filepath.Join(file, "ckpt") + ": mkdir " + file + ": not a directory"},
+		{func(cfg *config.Config) { cfg.Trace = filepath.Join(file, "t.json") }, "trace: cannot create " + file + ": mkdir " + file + ": not a directory"},
+	} {
+		cfg := smallConfig()
+		c.set(&cfg)
+		_, err := New(cfg, Options{Train: corpus[:4000]})
+		require.EqualError(t, err, c.want)
+	}
 }

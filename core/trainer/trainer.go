@@ -104,6 +104,11 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.Rank == 0 {
+		if err := CheckOutputs(cfg); err != nil {
+			return nil, err
+		}
+	}
 	t.Model, err = BuildModel(cfg, t.Alloc)
 	if err != nil {
 		return nil, err
