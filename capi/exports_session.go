@@ -165,3 +165,29 @@ func tinyacc_session_state(sess C.int64_t, step, micro *C.int64_t) C.int {
 func tinyacc_set_step(sess C.int64_t, step C.int64_t) C.int {
 	return call(func() error { return apiSetStep(int64(sess), int(step)) })
 }
+
+//export tinyacc_save_checkpoint
+func tinyacc_save_checkpoint(sess C.int64_t, dir *C.char) C.int {
+	return call(func() error {
+		d, err := cString("save_checkpoint: directory", dir, false)
+		if err != nil {
+			return err
+		}
+		return apiSaveCheckpoint(int64(sess), d)
+	})
+}
+
+//export tinyacc_load_checkpoint
+func tinyacc_load_checkpoint(sess C.int64_t, dir *C.char, step *C.int64_t) C.int {
+	return call(func() error {
+		d, err := cString("load_checkpoint: directory", dir, false)
+		if err != nil {
+			return err
+		}
+		s, err := apiLoadCheckpoint(int64(sess), d)
+		if err == nil && step != nil {
+			*step = C.int64_t(s)
+		}
+		return err
+	})
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -151,4 +152,46 @@ func apiSetStep(h int64, step int) error {
 	}
 	s.step = step
 	return nil
+}
+
+// apiSaveCheckpoint writes the session's training state under dir as a
+// checkpoint of its current step (see trainer.SaveCheckpoint).
+func apiSaveCheckpoint(h int64, dir string) error {
+	s, err := getSession(h)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if s.micro != 0 {
+		return fail(errState, "save_checkpoint: %d backward passes are pending; call step or zero_grad first", s.micro)
+	}
+	world.Lock()
+	defer world.Unlock()
+	_, err = s.t.SaveCheckpoint(dir, s.step)
+	return wrap(errIO, err)
+}
+
+// apiLoadCheckpoint loads the checkpoint at dir into the session and
+// continues at its step.
+func apiLoadCheckpoint(h int64, dir string) (int, error) {
+	s, err := getSession(h)
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	if s.micro != 0 {
+		return 0, fail(errState, "load_checkpoint: %d backward passes are pending; call step or zero_grad first", s.micro)
+	}
+	d, err := ckpt.Resolve(dir)
+	if err != nil {
+		return 0, wrap(errIO, err)
+	}
+	world.Lock()
+	defer world.Unlock()
+	step, err := s.t.LoadCheckpoint(d)
+	if err != nil {
+		return 0, wrap(errIO, err)
+	}
+	s.step = step
+	return step, nil
 }

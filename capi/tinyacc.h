@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or the meaning of a status changes. */
-#define TINYACC_ABI_VERSION 1
+#define TINYACC_ABI_VERSION 2
 
 typedef int64_t tinyacc_handle;
 
@@ -226,6 +226,19 @@ int tinyacc_session_state(tinyacc_handle session, int64_t *step, int64_t *micro)
 
 /* Continues at optimizer step step (after loading a checkpoint). */
 int tinyacc_set_step(tinyacc_handle session, int64_t step);
+
+/* Writes the session's whole training state (model, optimizer state with
+ * its step counts, the step) as a checkpoint dir/step-NNNNNNN and points
+ * dir/latest at it. Every rank of a data-parallel session must call it;
+ * each writes only what it owns, and any layout can load the result. */
+int tinyacc_save_checkpoint(tinyacc_handle session, const char *dir);
+
+/* Loads the checkpoint at dir (a step-NNNNNNN directory, or a directory
+ * whose latest pointer names one) into the session, whatever number of
+ * ranks or ZeRO stage wrote it, and continues at its step; *step
+ * (optional) receives it. Every rank must call it; nothing changes unless
+ * the whole checkpoint fits the session. */
+int tinyacc_load_checkpoint(tinyacc_handle session, const char *dir, int64_t *step);
 
 /* ---- Collectives over the world group ---------------------------------- */
 /* The world group comes from the launcher's environment (RANK, WORLD_SIZE,

@@ -54,18 +54,35 @@ def run(cli, script, config, ckpt, mode, nproc):
     return found
 
 
+def config_file(tmp_path, corpus, nproc, stage):
+    """A run of global batch 4 (2 micro-batches of 2 per process and step)."""
+    cfg = tmp_path / ("run-%d-%d.yaml" % (nproc, stage))
+    cfg.write_text(small_config(corpus, steps=8, batch_size=4 // (2 * nproc), grad_accum=2) + "zero: {stage: %d}\n" % stage)
+    return str(cfg)
+
+
 @pytest.mark.parametrize("nproc,stage", [(1, 0), (2, 0), (2, 2)])
 def test_resume_continues_exactly(cli, corpus, tmp_path, nproc, stage):
     script = tmp_path / "resume.py"
     script.write_text(SCRIPT)
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(small_config(corpus, steps=8, batch_size=2, grad_accum=2) + "zero: {stage: %d}\n" % stage)
+    cfg = config_file(tmp_path, corpus, nproc, stage)
     ckpt = tmp_path / "ckpt"
-    full = run(cli, script, str(cfg), ckpt, "full", nproc)
-    assert sorted(os.listdir(ckpt)) == sorted(
-        ["model.safetensors", "state.json"]
-        + (["optimizer.rank%d.safetensors" % r for r in range(nproc)] if stage else ["optimizer.safetensors"]))
-    resumed = run(cli, script, str(cfg), ckpt, "resume", nproc)
+    full = run(cli, script, cfg, ckpt, "full", nproc)
+    assert sorted(os.listdir(ckpt)) == ["latest", "step-0000004"]  # saved after the 4th step
+    resumed = run(cli, script, cfg, ckpt, "resume", nproc)
     for rank in range(nproc):
         assert len(full[rank]) == 4
         assert resumed[rank] == full[rank], "rank %d" % rank
+
+
+@pytest.mark.parametrize("saved,resumed", [((2, 2), (1, 0)), ((1, 0), (2, 3))])
+def test_resume_on_another_layout(cli, corpus, tmp_path, saved, resumed):
+    """A checkpoint of 2 processes at ZeRO-2 continues in 1 process, and
+    one of a single process continues on 2 at ZeRO-3: same losses."""
+    script = tmp_path / "resume.py"
+    script.write_text(SCRIPT)
+    ckpt = tmp_path / "ckpt"
+    full = run(cli, script, config_file(tmp_path, corpus, *saved), ckpt, "full", saved[0])
+    got = run(cli, script, config_file(tmp_path, corpus, *resumed), ckpt, "resume", resumed[0])
+    for rank in range(resumed[0]):
+        assert got[rank] == pytest.approx(full[0], rel=1e-5), "rank %d" % rank

@@ -20,7 +20,7 @@ STATUS_NAMES = {
 }
 ERR_HANDLE = -2
 ERR_CONFIG = -3
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class TinyaccError(RuntimeError):
@@ -116,6 +116,8 @@ _SIGNATURES = {
     "tinyacc_metrics": (_c, [i64, P(f64), i64]),
     "tinyacc_session_state": (_c, [i64, P(i64), P(i64)]),
     "tinyacc_set_step": (_c, [i64, i64]),
+    "tinyacc_save_checkpoint": (_c, [i64, _s]),
+    "tinyacc_load_checkpoint": (_c, [i64, _s, P(i64)]),
     "tinyacc_dist_init": (_c, [P(i64), P(i64)]),
     "tinyacc_dist_finalize": (_c, []),
     "tinyacc_all_reduce": (_c, [_f32p, i64, i32]),

@@ -160,55 +160,19 @@ class Accelerator:
 
     # -- checkpoints -----------------------------------------------------------
 
-    def _sharded_optimizer(self):
-        """Whether each rank holds only its shard of the optimizer state
-        (ZeRO over several ranks), so each saves and loads its own file."""
-        return self.num_processes > 1 and int(self.config.zero.stage) > 0
-
-    def _optimizer_file(self, directory):
-        if self._sharded_optimizer():
-            return os.path.join(directory, "optimizer.rank%d.safetensors" % self.process_index)
-        return os.path.join(directory, "optimizer.safetensors")
-
     def save_state(self, output_dir):
-        """Writes model weights, optimizer state (moments and step counts)
-        and the step to output_dir. Every rank must call it: the model is
-        written once, by rank 0 (gathering ZeRO-3's shards first), and
-        under ZeRO every rank writes its shard of the optimizer state."""
-        sess = self._require_session()
-        if self.is_main_process:
-            os.makedirs(output_dir, exist_ok=True)
-        self.wait_for_everyone()
-        self._model.save(os.path.join(output_dir, "model.safetensors"))
-        if self._optimizer is not None and (self.is_main_process or self._sharded_optimizer()):
-            self._optimizer.save(self._optimizer_file(output_dir))
-        if self.is_main_process:
-            step, _ = sess.state()
-            with open(os.path.join(output_dir, "state.json"), "w") as f:
-                json.dump({"step": step, "num_processes": self.num_processes,
-                           "zero_stage": int(self.config.zero.stage)}, f)
-        self.wait_for_everyone()
+        """Writes the whole training state (model weights, optimizer state
+        with its step counts, the step) as a checkpoint under output_dir
+        (output_dir/step-NNNNNNN and a latest pointer). Every rank must
+        call it; each writes only the pieces it owns, and any number of
+        ranks at any ZeRO stage can load it."""
+        self._require_session().save_checkpoint(output_dir)
 
     def load_state(self, input_dir):
-        """Restores what save_state wrote; training resumes at its step
-        (the data loader continues from there too) with the optimizer
-        exactly where it was."""
-        sess = self._require_session()
-        with open(os.path.join(input_dir, "state.json")) as f:
-            state = json.load(f)
-        step = int(state["step"])
-        saved = (int(state.get("num_processes", 1)), int(state.get("zero_stage", 0)))
-        here = (self.num_processes, int(self.config.zero.stage))
-        saved_sharded = saved[0] > 1 and saved[1] > 0
-        if self._optimizer is not None and (saved_sharded or self._sharded_optimizer()):
-            if saved != here:
-                raise ValueError("tinyacc: %s holds ZeRO optimizer shards of %d process(es) at zero.stage %d, "
-                                 "but this run has %d at stage %d; resume with the same launch and config"
-                                 % ((input_dir,) + saved + here))
-        self._model.load(os.path.join(input_dir, "model.safetensors"))
-        if self._optimizer is not None:
-            self._optimizer.load(self._optimizer_file(input_dir))
-        sess.set_step(step)
+        """Restores what save_state wrote, whatever layout wrote it;
+        training resumes at its step (the data loader continues from there
+        too) with the optimizer exactly where it was."""
+        step = self._require_session().load_checkpoint(input_dir)
         if self._loader is not None:
             self._loader.start_step = step
 

@@ -1,6 +1,7 @@
 """The trainer session behind a prepared model: forward, backward, step."""
 
 import ctypes
+import os
 
 from ._lib import Handle, check, f64, i32, i64, lib
 from .tensor import Tensor
@@ -141,3 +142,13 @@ class Session:
 
     def set_step(self, step):
         check(lib.tinyacc_set_step(self.handle, int(step)))
+
+    def save_checkpoint(self, directory):
+        """Writes the training state as directory/step-NNNNNNN (collective)."""
+        check(lib.tinyacc_save_checkpoint(self.handle, os.fsencode(directory)))
+
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint into this session's layout; returns its step."""
+        step = i64()
+        check(lib.tinyacc_load_checkpoint(self.handle, os.fsencode(directory), ctypes.byref(step)))
+        return step.value
