@@ -101,9 +101,9 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 		}
 		fmt.Fprintf(log, "tinyacc: trace written to %s (one file per rank)\n", path)
 	}
-	if len(res.Steps) > 0 {
+	if res.StepsRun > 0 {
 		fmt.Fprintf(log, "tinyacc: trained %d steps in %.1fs: loss %.4f -> %.4f\n",
-			len(res.Steps), res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
+			res.StepsRun, res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
 	}
 	return nil
 }

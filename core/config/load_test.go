@@ -13,7 +13,7 @@ import (
 
 const (
 	trainKeys = "batch_size, beta1, beta2, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
-		"log_every, lr, min_lr, momentum, optimizer, peak_flops, schedule, seed, steps, threads, " +
+		"log_every, lr, min_lr, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
 	topKeys = "comm, data, ddp, device, init_from, metrics_file, model, parallel, save_to, trace, train, zero"
 )

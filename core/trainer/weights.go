@@ -18,8 +18,14 @@ import (
 // metadata so `tinyacc sample` can rebuild it.
 func SaveWeights(m *nn.GPT, path string, cfg config.Config) error {
 	ts := map[string]*tensor.Tensor{}
+	var names []string
 	for _, p := range m.Params() {
 		ts[p.Name] = p
+		names = append(names, p.Name)
+	}
+	// Non-finite weights are worthless; the file already at path is kept.
+	if err := checkFiniteTensors("save_to "+path+" not written", names, ts); err != nil {
+		return err
 	}
 	c := m.Config
 	meta := map[string]string{
@@ -61,6 +67,14 @@ func LoadWeights(m *nn.GPT, path string) error {
 			continue
 		}
 		byName[name] = t
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	if err := checkFiniteTensors("init_from "+path, names, byName); err != nil {
+		return err
 	}
 	var problems []string
 	for _, p := range m.Params() {

@@ -49,11 +49,12 @@ func Corpus() []int32 {
 // Single trains cfg in one process; cfg.Train.BatchSize must be the global
 // micro-batch (per-rank batch × ranks).
 func Single(t testing.TB, cfg config.Config) Result {
-	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus()})
+	var steps []trainer.StepMetrics
+	tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	require.NoError(t, err)
-	res, err := tr.Run(context.Background())
+	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
-	return collect(tr, res, nil)
+	return collect(tr, steps, nil)
 }
 
 // Parallel trains cfg on n ranks of the given backend ("local" or "tcp",
@@ -68,15 +69,16 @@ func Parallel(t testing.TB, cfg config.Config, n int, backend string, build func
 			return err
 		}
 		rec := trace.New(g.Rank())
-		tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Rank: g.Rank(), World: g.Size(), Trace: rec})
+		var steps []trainer.StepMetrics
+		tr, err := trainer.New(cfg, trainer.Options{Train: Corpus(), Plugins: plugins, Rank: g.Rank(), World: g.Size(), Trace: rec,
+			OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", g.Rank(), err)
 		}
-		res, err := tr.Run(context.Background())
-		if err != nil {
+		if _, err := tr.Run(context.Background()); err != nil {
 			return fmt.Errorf("rank %d: %w", g.Rank(), err)
 		}
-		r := collect(tr, res, rec)
+		r := collect(tr, steps, rec)
 		for _, p := range plugins {
 			if f, ok := p.(trainer.FullParamser); ok {
 				if r.Params, err = f.FullParams(tr); err != nil {
@@ -103,9 +105,9 @@ func Parallel(t testing.TB, cfg config.Config, n int, backend string, build func
 	return results
 }
 
-func collect(tr *trainer.Trainer, res *trainer.Result, rec *trace.Recorder) Result {
+func collect(tr *trainer.Trainer, steps []trainer.StepMetrics, rec *trace.Recorder) Result {
 	r := Result{Params: map[string][]float64{}, Memory: tr.Memory(), Trace: rec.Events()}
-	for _, s := range res.Steps {
+	for _, s := range steps {
 		r.Losses = append(r.Losses, s.Loss)
 		r.GradNorms = append(r.GradNorms, s.GradNorm)
 	}
