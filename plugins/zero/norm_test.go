@@ -18,7 +18,7 @@ import (
 type rankRun struct {
 	Result *trainer.Result
 	Steps  []trainer.StepMetrics // every step's metrics, from Options.OnStep
-	Memory trainer.MemoryReport // the rank's own report
+	Memory trainer.MemoryReport  // the rank's own report
 }
 
 // runRanks trains cfg on n local ranks with ZeRO stage and returns every
