@@ -88,7 +88,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tinyacc: %v\n", err)
-		return 1
+		// 1, or what a launched job's failure carries: the failed rank's
+		// code, or 128+signal.
+		return launch.ExitCode(err)
 	}
 	return 0
 }
