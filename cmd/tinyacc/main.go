@@ -47,6 +47,9 @@ Usage:
   tinyacc bench dp [--nproc 2,4] [--steps N]
       DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication
       hidden behind compute, steady memory per rank beside the formula.
+  tinyacc bench soak [--steps N] [--peer BIN]
+      Train a tiny GPT for N steps, one process and --nproc 2, printing every
+      process's resident memory every N/10 steps (beside BIN's, with --peer).
   tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
