@@ -18,6 +18,7 @@ import (
 type MetricsWriter struct {
 	f    *os.File
 	path string
+	size int64 // bytes of complete lines written
 	err  error
 }
 
@@ -47,14 +48,23 @@ func (w *MetricsWriter) Write(kind string, v any) error {
 		_, err = w.f.WriteString(line)
 	}
 	if err != nil {
+		// Take back a partly written line, so the file ends with the last
+		// complete record, and close it: the run stops here.
+		_ = w.f.Truncate(w.size)
+		_ = w.f.Close()
 		w.err = fmt.Errorf("trainer: metrics_file %s: %w", w.path, err)
+		return w.err
 	}
-	return w.err
+	w.size += int64(len(line))
+	return nil
 }
 
 // Close closes the file, returning the first write error.
 func (w *MetricsWriter) Close() error {
-	if err := w.f.Close(); err != nil && w.err == nil {
+	if w.err != nil {
+		return w.err // closed when the write failed
+	}
+	if err := w.f.Close(); err != nil {
 		w.err = fmt.Errorf("trainer: metrics_file %s: %w", w.path, err)
 	}
 	return w.err
