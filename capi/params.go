@@ -263,8 +263,8 @@ func apiGenerate(h int64, prompt []int32, n int, temperature float64, topK int, 
 	if err != nil {
 		return nil, err
 	}
-	if n < 0 || topK < 0 {
-		return nil, fail(errInvalidArg, "generate: tokens %d and top_k %d must be >= 0", n, topK)
+	if err := trainer.CheckSampling(n, temperature, topK); err != nil {
+		return nil, fail(errInvalidArg, "generate: %v", err)
 	}
 	V := m.model.Config.VocabSize
 	for i, t := range prompt {

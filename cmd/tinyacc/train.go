@@ -33,6 +33,11 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg := r.Config
+	if world := max(nproc, localRanks); world > 0 || !launched() {
+		if err := cfg.CheckWorld(max(world, 1)); err != nil {
+			return err
+		}
+	}
 	if nproc > 0 {
 		return trainNProc(nproc, rest, stdout, stderr)
 	}

@@ -48,6 +48,7 @@ func Load(file string, env []string, args []string) (*Resolved, error) {
 			layers = append(layers, l)
 		}
 	}
+	errs = append(errs, CheckReservedEnv(env))
 	l, err := envLayer(env)
 	errs = append(errs, err)
 	layers = append(layers, l)

@@ -20,3 +20,9 @@ func TestPumpHoldsNoGrowingState(t *testing.T) {
 	}
 	require.Equal(t, allocs(100), allocs(10000))
 }
+
+func TestOversubscribedWarns(t *testing.T) {
+	require.Equal(t, "", oversubscribed(8, 2))
+	require.Equal(t, "launch: warning: 1000 ranks on 2 cores (more than 4 per core): each rank starts, loads its data and connects to all 999 others (499500 connections in all) before the deadline (comm.timeout); expect the rendezvous to time out, or use fewer ranks",
+		oversubscribed(1000, 2))
+}
