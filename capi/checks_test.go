@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -27,4 +28,19 @@ func TestGenerateRefusesBadSettings(t *testing.T) {
 		_, err := apiGenerate(h.model, p, c.n, c.temp, c.topK, 1)
 		require.EqualError(t, err, c.want)
 	}
+}
+
+// Non-finite optimizer state is never written: the call fails naming the
+// tensor, and no file appears.
+func TestOptimizerSaveRefusesNonFinite(t *testing.T) {
+	h := newHandles(t, testConfig(testCorpus(t), 2))
+	_, err := apiRunStep(h.sess)
+	require.NoError(t, err)
+	o, err := get[optimizerObj](h.opt)
+	require.NoError(t, err)
+	o.opt.State()["exp_avg.wte.weight"].F32()[3] = float32(math.Inf(-1))
+	path := filepath.Join(t.TempDir(), "optim.safetensors")
+	require.EqualError(t, apiOptimizerSave(h.opt, path),
+		"optimizer state "+path+" not written: tensor exp_avg.wte.weight holds a non-finite value (element 3 = -Inf)")
+	require.NoFileExists(t, path)
 }

@@ -192,7 +192,11 @@ func apiOptimizerSave(h int64, path string) error {
 		return fail(errUnsupported, "optimizer save: this session's AdamW (%T) does not report its step counts, so a resumed run would not continue exactly; save with zero.stage 0 or train.optimizer sgd", o.opt)
 	}
 	meta := map[string]string{"producer": "tinyacc", "kind": "optimizer", "optimizer": o.cfg.Train.Optimizer}
-	if err := ckpt.Save(path, optimizerTensors(o.opt), meta); err != nil {
+	ts := optimizerTensors(o.opt)
+	if err := trainer.CheckFinite("optimizer state "+path+" not written", ts); err != nil {
+		return fail(errInvalidArg, "%v", err)
+	}
+	if err := ckpt.Save(path, ts, meta); err != nil {
 		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
 	}
 	return nil

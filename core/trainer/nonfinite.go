@@ -3,6 +3,7 @@ package trainer
 import (
 	"fmt"
 	"math"
+	"sort"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -95,6 +96,18 @@ func firstNonFinite(x *tensor.Tensor) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// CheckFinite refuses tensors holding a NaN or an infinity, naming the
+// first such tensor in sorted name order; what says which file it is for.
+// Every writer of weights or optimizer state calls it before writing.
+func CheckFinite(what string, ts map[string]*tensor.Tensor) error {
+	names := make([]string, 0, len(ts))
+	for name := range ts {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return checkFiniteTensors(what, names, ts)
 }
 
 // checkFiniteTensors refuses a set of tensors holding a NaN or an
