@@ -7,7 +7,7 @@ BIN      := build/tinyacc
 APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go test-python vet python bench-step bench-comm bench-dp bench-bindings clean
+.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-dp bench-bindings clean
 
 all: build
 
@@ -36,11 +36,24 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
-test: deps vet test-go test-python
+test: deps vet test-go fuzz test-python
 
 test-go:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	CGO_ENABLED=0 $(GO) test -count=1 ./core/tensor/...
+
+# fuzz runs every fuzz target of the repository for FUZZ_TIME each, beyond
+# the seed inputs that test-go already runs. Minimizing a new input is
+# capped at 100 runs: left at its default (a minute), a minimization still
+# going when FUZZ_TIME ends fails the run with "context deadline exceeded".
+FUZZ_TIME ?= 5s
+fuzz:
+	@for f in $$(grep -rl --include='*_test.go' '^func Fuzz' core plugins capi cmd); do \
+		for n in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz ./$$(dirname $$f) $$n for $(FUZZ_TIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$n$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 100x ./$$(dirname $$f) || exit 1; \
+		done; \
+	done
 
 test-python: python
 	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider tools/torchref bench/test_comm_bench.py python/tests

@@ -192,7 +192,11 @@ func apiOptimizerSave(h int64, path string) error {
 		return fail(errUnsupported, "optimizer save: this session's AdamW (%T) does not report its step counts, so a resumed run would not continue exactly; save with zero.stage 0 or train.optimizer sgd", o.opt)
 	}
 	meta := map[string]string{"producer": "tinyacc", "kind": "optimizer", "optimizer": o.cfg.Train.Optimizer}
-	if err := ckpt.Save(path, optimizerTensors(o.opt), meta); err != nil {
+	ts := optimizerTensors(o.opt)
+	if err := trainer.CheckFinite("optimizer state "+path+" not written", ts); err != nil {
+		return fail(errInvalidArg, "%v", err)
+	}
+	if err := ckpt.Save(path, ts, meta); err != nil {
 		return wrap(errIO, fmt.Errorf("optimizer state: %w", err))
 	}
 	return nil
@@ -263,8 +267,8 @@ func apiGenerate(h int64, prompt []int32, n int, temperature float64, topK int, 
 	if err != nil {
 		return nil, err
 	}
-	if n < 0 || topK < 0 {
-		return nil, fail(errInvalidArg, "generate: tokens %d and top_k %d must be >= 0", n, topK)
+	if err := trainer.CheckSampling(n, temperature, topK); err != nil {
+		return nil, fail(errInvalidArg, "generate: %v", err)
 	}
 	V := m.model.Config.VocabSize
 	for i, t := range prompt {

@@ -53,6 +53,9 @@ Usage:
   tinyacc bench dp [--nproc 2,4] [--steps N]
       DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication
       hidden behind compute, steady memory per rank beside the formula.
+  tinyacc bench soak [--steps N] [--peer BIN]
+      Train a tiny GPT for N steps, one process and --nproc 2, printing every
+      process's resident memory every N/10 steps (beside BIN's, with --peer).
   tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
@@ -98,7 +101,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tinyacc: %v\n", err)
-		return 1
+		// 1, or what a launched job's failure carries: the failed rank's
+		// code, or 128+signal.
+		return launch.ExitCode(err)
 	}
 	return 0
 }

@@ -32,6 +32,9 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if *from == "" {
 		return fmt.Errorf("sample: --from FILE.safetensors is required (write one with tinyacc train --save_to=FILE)")
 	}
+	if err := trainer.CheckSampling(*n, *temp, *topK); err != nil {
+		return fmt.Errorf("sample: --%v", err)
+	}
 	_, meta, err := ckpt.Load(*from)
 	if err != nil {
 		return err

@@ -33,21 +33,18 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg := r.Config
+	if world := max(nproc, localRanks); world > 0 || !launched() {
+		if err := cfg.CheckWorld(max(world, 1)); err != nil {
+			return err
+		}
+	}
+	if nproc > 0 {
+		return trainNProc(nproc, rest, stdout, stderr)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	switch {
-	case nproc > 0:
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		argv := append([]string{exe, "train"}, rest...)
-		err = launch.Run(ctx, launch.Options{NProc: nproc, Stdout: stdout, Stderr: stderr}, argv)
-		if err != nil {
-			return fmt.Errorf("train --nproc %d: %w", nproc, err)
-		}
-		return nil
 	case localRanks > 0:
 		cfg.Comm.Backend = "local"
 		var mu sync.Mutex // ranks share stdout
@@ -66,6 +63,26 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 		return g.Close()
 	}
 	return trainRank(ctx, cfg, nil, stdout, isTerminal(stdout))
+}
+
+// trainNProc runs N processes of this program through the launcher, as
+// `tinyacc launch` does: SIGINT and SIGTERM are forwarded to the ranks, and
+// the error carries the exit code `run` returns (the failed rank's code,
+// 128+signal for a rank killed by a signal or an interrupted job).
+func trainNProc(nproc int, rest []string, stdout, stderr io.Writer) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	argv := append([]string{exe, "train"}, rest...)
+	err = launch.Run(context.Background(), launch.Options{NProc: nproc, Stdout: stdout, Stderr: stderr, Signals: sigs}, argv)
+	if err != nil {
+		return fmt.Errorf("train --nproc %d: %w", nproc, err)
+	}
+	return nil
 }
 
 // trainRank trains this rank; world is nil for a single process.
@@ -101,9 +118,9 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 		}
 		fmt.Fprintf(log, "tinyacc: trace written to %s (one file per rank)\n", path)
 	}
-	if len(res.Steps) > 0 {
+	if res.StepsRun > 0 {
 		fmt.Fprintf(log, "tinyacc: trained %d steps in %.1fs: loss %.4f -> %.4f\n",
-			len(res.Steps), res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
+			res.StepsRun, res.Duration.Seconds(), res.FirstLoss, res.LastLoss)
 	}
 	return nil
 }

@@ -179,10 +179,12 @@ func writeJSONString(b *bytes.Buffer, s string) {
 }
 
 // writeAtomic streams fill into a temporary file next to path, fsyncs it and
-// renames it over path. The temporary file is removed on any failure.
+// renames it over path. The temporary file is removed on any failure, and
+// those of earlier writes to path that were killed midway first.
 func writeAtomic(path string, fill func(*bufio.Writer) error) (err error) {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	RemoveStaleTemps(path)
+	f, err := os.CreateTemp(dir, TempPattern(path))
 	if err != nil {
 		return fmt.Errorf("cannot create a temporary file in %q (does the directory exist and is it writable?): %w", dir, err)
 	}

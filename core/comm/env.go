@@ -101,6 +101,11 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 		return info, fmt.Errorf("comm: MASTER_PORT=%d is not a valid port (1-65535)", info.MasterPort)
 	}
 	info.Token = env["TINYACC_JOB_TOKEN"]
+	switch s := env["TINYACC_SHM"]; s {
+	case "", "0", "1", "true", "false":
+	default:
+		return info, fmt.Errorf("comm: TINYACC_SHM=%q: use 0 or false to keep transfers on TCP, 1 or true (the default) for shared memory", s)
+	}
 	switch d := env["TINYACC_DEBUG"]; d {
 	case "", "off", "0":
 	case "detail":

@@ -111,7 +111,8 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 		return fail(err)
 	}
 	if err := store.waitGE("tinyacc/ready", int64(env.Size), deadline); err != nil {
-		return fail(fmt.Errorf("comm: rendezvous of %d ranks did not complete: %w", env.Size, err))
+		arrived, _ := store.add("tinyacc/ready", 0, time.Now().Add(time.Second))
+		return fail(fmt.Errorf("comm: rendezvous of %d ranks did not complete: %d of %d arrived: %w", env.Size, arrived, env.Size, err))
 	}
 	// Every sender has mapped its ring by now: no file needs a name.
 	t.unlinkShm()
@@ -183,7 +184,8 @@ func acceptPeers(ln net.Listener, env EnvInfo, log io.Writer, peers []*peerConn,
 					missing = append(missing, r)
 				}
 			}
-			return fmt.Errorf("comm: rank %d: ranks %v did not connect before the deadline: %w", env.Rank, missing, err)
+			return fmt.Errorf("comm: rank %d: ranks %v (%d of the %d it waits for) did not connect before the deadline: %w",
+				env.Rank, missing, len(missing), env.Size-1-env.Rank, err)
 		}
 		hd := time.Now().Add(helloTimeout)
 		if deadline.Before(hd) {

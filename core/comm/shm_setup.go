@@ -68,11 +68,11 @@ func openRing(path string, peer int) (*shmRing, error) {
 	return &shmRing{peer: peer, mem: mem, data: mem[shmHeaderBytes:]}, nil
 }
 
-// shmEnabled reads TINYACC_SHM: "0", "off" or "false" keep every transfer
-// on TCP.
+// shmEnabled reads TINYACC_SHM: "0" or "false" keep every transfer on TCP
+// (other values are refused when the environment is read).
 func shmEnabled() bool {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv("TINYACC_SHM"))) {
-	case "0", "off", "false":
+	switch os.Getenv("TINYACC_SHM") {
+	case "0", "false":
 		return false
 	}
 	return true

@@ -21,6 +21,13 @@ import (
 // so a silent client cannot hold a server goroutine.
 const helloTimeout = 10 * time.Second
 
+// maxPendingHellos bounds the connections the store holds before they have
+// proven the job token. More wait in the kernel's accept queue, costing
+// this process nothing; each pending one is dropped at its hello deadline,
+// so a flood of strangers delays the ranks at most by helloTimeout rounds
+// and never grows this process's memory.
+const maxPendingHellos = 64
+
 // checkHello verifies a hello against this job. The token is compared in
 // constant time so its content cannot be guessed from response timing.
 func checkHello(h hello, token, role string, world int) error {
@@ -63,11 +70,13 @@ type storeServer struct {
 	conns   map[net.Conn]struct{}
 	closed  bool
 	wg      sync.WaitGroup
+	pending chan struct{} // one slot per connection still in its hello
 }
 
 func startStore(ln net.Listener, token string, world int, log io.Writer) *storeServer {
 	s := &storeServer{ln: ln, token: token, world: world, log: log,
-		data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+		data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
+		pending: make(chan struct{}, maxPendingHellos)}
 	s.wg.Add(1)
 	go s.serve()
 	return s
@@ -76,6 +85,9 @@ func startStore(ln net.Listener, token string, world int, log io.Writer) *storeS
 func (s *storeServer) serve() {
 	defer s.wg.Done()
 	for {
+		// Take a hello slot before accepting; close() ends every held
+		// connection, which frees their slots.
+		s.pending <- struct{}{}
 		conn, err := s.ln.Accept()
 		if err != nil {
 			return
@@ -107,7 +119,11 @@ func (s *storeServer) close() {
 }
 
 func (s *storeServer) handle(conn net.Conn) {
+	inHello := true
 	defer func() {
+		if inHello {
+			<-s.pending
+		}
 		conn.Close()
 		s.mu.Lock()
 		delete(s.conns, conn)
@@ -129,6 +145,8 @@ func (s *storeServer) handle(conn net.Conn) {
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
+	inHello = false
+	<-s.pending
 	for {
 		var req storeReq
 		if err := readControl(r, kindStoreReq, &req); err != nil {

@@ -25,7 +25,10 @@ const (
 	protocolVersion = 1
 
 	maxDataPayload    = 64 << 20 // one chunk of tensor data
-	maxControlPayload = 1 << 20  // hello, store request/response
+	maxControlPayload = 1 << 20  // store request/response, abort note
+	// maxHelloPayload caps what a connection that has not yet proven the
+	// job token can make a rank allocate: a hello is a few short fields.
+	maxHelloPayload = 4 << 10
 )
 
 // Frame kinds.
@@ -115,7 +118,9 @@ func payloadLimit(kind uint8) (int64, bool) {
 	switch kind {
 	case kindData:
 		return maxDataPayload, true
-	case kindHello, kindHelloAck, kindStoreReq, kindStoreResp, kindAbort:
+	case kindHello, kindHelloAck:
+		return maxHelloPayload, true
+	case kindStoreReq, kindStoreResp, kindAbort:
 		return maxControlPayload, true
 	case kindProbe, kindProbeReply, kindBye:
 		return 0, true
@@ -126,13 +131,25 @@ func payloadLimit(kind uint8) (int64, bool) {
 // readFrame reads one frame. The payload goes into buf when it fits, else
 // into a new slice of exactly the (already validated) length.
 func readFrame(r io.Reader, hb []byte, buf []byte) (header, []byte, error) {
-	if _, err := io.ReadFull(r, hb[:headerSize]); err != nil {
-		return header{}, nil, err
-	}
-	h, err := decodeHeader(hb)
+	h, err := readHeader(r, hb)
 	if err != nil {
 		return header{}, nil, err
 	}
+	p, err := readPayload(r, h, buf)
+	return h, p, err
+}
+
+// readHeader reads and validates one frame header into hb.
+func readHeader(r io.Reader, hb []byte) (header, error) {
+	if _, err := io.ReadFull(r, hb[:headerSize]); err != nil {
+		return header{}, err
+	}
+	return decodeHeader(hb)
+}
+
+// readPayload reads the payload of h, whose length decodeHeader has
+// already held to its kind's maximum.
+func readPayload(r io.Reader, h header, buf []byte) ([]byte, error) {
 	n := int(h.length)
 	if n > cap(buf) {
 		buf = make([]byte, n)
@@ -142,9 +159,9 @@ func readFrame(r io.Reader, hb []byte, buf []byte) (header, []byte, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return header{}, nil, err
+		return nil, err
 	}
-	return h, buf, nil
+	return buf, nil
 }
 
 // writeControl writes one control frame with a msgpack payload.
@@ -153,8 +170,8 @@ func writeControl(w io.Writer, kind uint8, v any) error {
 	if err != nil {
 		return err
 	}
-	if len(p) > maxControlPayload {
-		return fmt.Errorf("comm: control message of %d bytes exceeds %d", len(p), maxControlPayload)
+	if limit, _ := payloadLimit(kind); int64(len(p)) > limit {
+		return fmt.Errorf("comm: control message of kind %d is %d bytes, over its limit of %d", kind, len(p), limit)
 	}
 	b := make([]byte, headerSize+len(p))
 	h := header{kind: kind, length: uint32(len(p))}
@@ -164,15 +181,21 @@ func writeControl(w io.Writer, kind uint8, v any) error {
 	return err
 }
 
-// readControl reads one frame, checks its kind and decodes its payload.
+// readControl reads one frame, checks its kind from the header alone, and
+// only then reads and decodes its payload: a frame of another kind cannot
+// make the reader allocate that kind's (larger) maximum.
 func readControl(r io.Reader, kind uint8, v any) error {
 	var hb [headerSize]byte
-	h, p, err := readFrame(r, hb[:], nil)
+	h, err := readHeader(r, hb[:])
 	if err != nil {
 		return err
 	}
 	if h.kind != kind {
 		return fmt.Errorf("%w: got kind %d, want %d", errFrame, h.kind, kind)
+	}
+	p, err := readPayload(r, h, nil)
+	if err != nil {
+		return err
 	}
 	return decodeControl(p, v)
 }

@@ -40,7 +40,18 @@ func TestDecodeRejectsBadFrames(t *testing.T) {
 	big.encode(hb[:])
 	hb[12], hb[13], hb[14], hb[15] = 0, 0, 0, 0x80
 	_, _, err = readFrame(bytes.NewReader(hb[:]), make([]byte, headerSize), nil)
-	assert.EqualError(t, err, "malformed frame: kind 1 payload of 2147483648 bytes exceeds the limit of 1048576")
+	assert.EqualError(t, err, "malformed frame: kind 1 payload of 2147483648 bytes exceeds the limit of 4096")
+
+	// A hello just over its few KiB is refused from the header alone; a
+	// store request of that size is fine.
+	big.length = maxHelloPayload + 1
+	big.encode(hb[:])
+	_, err = decodeHeader(hb[:])
+	assert.EqualError(t, err, "malformed frame: kind 1 payload of 4097 bytes exceeds the limit of 4096")
+	big.kind = kindStoreReq
+	big.encode(hb[:])
+	_, err = decodeHeader(hb[:])
+	assert.NoError(t, err)
 
 	// A truncated payload is an error, not a short read.
 	b = frameBytes(header{kind: kindData}, []byte{1, 2, 3, 4})

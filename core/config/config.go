@@ -56,6 +56,10 @@ type Config struct {
 		LogEvery    int     `koanf:"log_every"`    // steps between log lines
 		PeakFLOPS   float64 `koanf:"peak_flops"`   // peak FLOP/s used for MFU
 		Threads     int     `koanf:"threads"`      // compute threads per rank; 0 = all cores
+		// NonFinite decides what a non-finite loss or gradient norm does:
+		// "stop" ends the run, "skip" drops that step's update.
+		NonFinite         string `koanf:"nonfinite"`
+		NonFiniteMaxSkips int    `koanf:"nonfinite_max_skips"` // consecutive skipped steps before stopping
 	} `koanf:"train"`
 	Data struct {
 		Path        string  `koanf:"path"`         // "" = default corpus (Go sources of GOROOT)
@@ -126,6 +130,8 @@ func Defaults() Config {
 	c.Train.LogEvery = 1
 	c.Train.PeakFLOPS = 2.5e11 // about the fp32 FMA peak of two current x86 cores
 	c.Train.Threads = 0
+	c.Train.NonFinite = "stop"
+	c.Train.NonFiniteMaxSkips = 10
 
 	c.Data.Path = ""
 	c.Data.Order = "sequential"

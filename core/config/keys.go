@@ -281,15 +281,21 @@ func typeError(f *field, raw any, origin string) error {
 // showRaw prints a layer value the way the user wrote it: strings quoted,
 // everything else as Go prints it.
 func showRaw(raw any) string {
+	var s string
 	switch x := raw.(type) {
 	case string:
-		return strconv.Quote(x)
+		s = strconv.Quote(x)
 	case json.Number:
-		return string(x)
+		s = string(x)
 	case float64:
-		return strconv.FormatFloat(x, 'g', -1, 64)
+		s = strconv.FormatFloat(x, 'g', -1, 64)
+	default:
+		s = fmt.Sprint(raw)
 	}
-	return fmt.Sprint(raw)
+	if len(s) > maxShownValue { // a message names a value, it need not hold all of it
+		s = s[:maxShownValue] + "..."
+	}
+	return s
 }
 
 // formatValue prints a resolved value for Show: strings quoted so that an

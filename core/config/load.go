@@ -12,10 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	envprovider "github.com/knadh/koanf/providers/env/v2"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
 )
@@ -50,6 +48,7 @@ func Load(file string, env []string, args []string) (*Resolved, error) {
 			layers = append(layers, l)
 		}
 	}
+	errs = append(errs, CheckReservedEnv(env))
 	l, err := envLayer(env)
 	errs = append(errs, err)
 	layers = append(layers, l)
@@ -87,6 +86,9 @@ func FromMap(m map[string]any) (*Config, error) {
 // with "{" is read as JSON, which keeps 64-bit integers exact) and validates
 // the result. Values from the text report their source as "text".
 func FromText(text string) (*Resolved, error) {
+	if len(text) > MaxTextBytes {
+		return nil, fmt.Errorf("config: config text is %d bytes, over the limit of %d (1 MiB); a config needs a few KiB", len(text), MaxTextBytes)
+	}
 	k := koanf.New(".")
 	var err error
 	if strings.HasPrefix(strings.TrimSpace(text), "{") {
@@ -101,7 +103,7 @@ func FromText(text string) (*Resolved, error) {
 			err = k.Load(confmap.Provider(m, ""), nil)
 		}
 	} else {
-		err = k.Load(rawbytes.Provider([]byte(text)), yaml.Parser())
+		err = k.Load(rawbytes.Provider([]byte(text)), boundedYAML{})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("config: parsing config text: %w", err)
@@ -134,7 +136,11 @@ func resolve(layers []layer) (*Resolved, error) {
 
 func fileLayer(path string) (layer, error) {
 	k := koanf.New(".")
-	if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+	b, err := readConfigFile(path)
+	if err == nil {
+		err = k.Load(rawbytes.Provider(b), boundedYAML{})
+	}
+	if err != nil {
 		return layer{}, fmt.Errorf("config: reading config file %q: %w", path, err)
 	}
 	origin := "file " + path
@@ -169,7 +175,7 @@ func checkedLayer(k *koanf.Koanf, originOf func(key string) string) (layer, erro
 		l.values[key] = v
 		l.origin[key] = originOf(key)
 	}
-	return l, errors.Join(errs...)
+	return l, joinBounded(errs)
 }
 
 // checkKey rejects keys that are not values of Config: unknown names and

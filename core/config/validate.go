@@ -61,6 +61,8 @@ func (c *Config) Validate() error {
 		v.addf("config: train.peak_flops=%s must be > 0: give the machine's peak FLOP/s, e.g. 1e11", ff(t.PeakFLOPS))
 	}
 	v.nonNegative("train.threads", int64(t.Threads))
+	v.oneOf("train.nonfinite", t.NonFinite, "stop", "skip")
+	v.positive("train.nonfinite_max_skips", int64(t.NonFiniteMaxSkips))
 
 	d := &c.Data
 	v.oneOf("data.order", d.Order, "sequential", "random")

@@ -108,6 +108,7 @@ func Run(ctx context.Context, o Options, argv []string) error {
 		return err
 	}
 	out := &output{stdout: o.Stdout, stderr: o.Stderr}
+	warnOversubscribed(o.NProc, out)
 
 	// Pdeathsig fires when the OS thread that started a child exits, not
 	// the process; pinning this goroutine keeps that thread alive for as

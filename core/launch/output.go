@@ -44,22 +44,28 @@ func (o *output) log(msg string) {
 
 // tail keeps a rank's last lines, from both streams in arrival order, for the
 // failure summary: the cause of a crash is almost always in its last words.
+// Each slot's buffer is reused, so a rank printing for days costs the
+// launcher no more than one printing for seconds.
 type tail struct {
 	mu    sync.Mutex
-	lines []string
+	lines [][]byte
 	next  int
 	full  bool
 }
 
-func newTail(n int) *tail { return &tail{lines: make([]string, n)} }
+func newTail(n int) *tail { return &tail{lines: make([][]byte, n)} }
 
-func (t *tail) add(line string) {
-	if len(line) > maxTailLine {
-		line = line[:maxTailLine] + "..."
+func (t *tail) add(line []byte) {
+	cut := len(line) > maxTailLine
+	if cut {
+		line = line[:maxTailLine]
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.lines[t.next] = line
+	t.lines[t.next] = append(t.lines[t.next][:0], line...)
+	if cut {
+		t.lines[t.next] = append(t.lines[t.next], "..."...)
+	}
 	t.next = (t.next + 1) % len(t.lines)
 	if t.next == 0 {
 		t.full = true
@@ -70,17 +76,25 @@ func (t *tail) add(line string) {
 func (t *tail) snapshot() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.full {
-		return append([]string(nil), t.lines[:t.next]...)
+	var out []string
+	if t.full {
+		for _, l := range t.lines[t.next:] {
+			out = append(out, string(l))
+		}
 	}
-	return append(append([]string(nil), t.lines[t.next:]...), t.lines[:t.next]...)
+	for _, l := range t.lines[:t.next] {
+		out = append(out, string(l))
+	}
+	return out
 }
 
 // pump copies r to w line by line, each line prefixed, until r ends. A last
 // line without a newline is still written, terminated, so that nothing a
-// crashing rank printed is lost.
+// crashing rank printed is lost. The line buffer is reused: the relay holds
+// no state that grows with the lines it passes on.
 func (o *output) pump(r io.Reader, w io.Writer, prefix string, t *tail) {
 	br := bufio.NewReaderSize(r, maxLine)
+	var line []byte
 	for {
 		chunk, err := br.ReadSlice('\n')
 		if len(chunk) > 0 {
@@ -88,10 +102,9 @@ func (o *output) pump(r io.Reader, w io.Writer, prefix string, t *tail) {
 			if body[len(body)-1] == '\n' {
 				body = body[:len(body)-1]
 			}
-			line := make([]byte, 0, len(prefix)+len(body)+1)
-			line = append(append(append(line, prefix...), body...), '\n')
+			line = append(append(append(line[:0], prefix...), body...), '\n')
 			o.writeLine(w, line)
-			t.add(string(body))
+			t.add(body)
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			return

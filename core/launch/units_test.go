@@ -123,14 +123,14 @@ func TestFreePortIsListenable(t *testing.T) {
 func TestTailKeepsLastLinesInOrder(t *testing.T) {
 	tl := newTail(3)
 	assert.Empty(t, tl.snapshot())
-	tl.add("a")
-	tl.add("b")
+	tl.add([]byte("a"))
+	tl.add([]byte("b"))
 	assert.Equal(t, []string{"a", "b"}, tl.snapshot())
 	for _, l := range []string{"c", "d", "e", "f", "g"} {
-		tl.add(l)
+		tl.add([]byte(l))
 	}
 	assert.Equal(t, []string{"e", "f", "g"}, tl.snapshot())
-	tl.add(strings.Repeat("x", maxTailLine+10))
+	tl.add([]byte(strings.Repeat("x", maxTailLine+10)))
 	assert.Equal(t, strings.Repeat("x", maxTailLine)+"...", tl.snapshot()[2])
 }
 

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
 )
 
 // Tracks (Chrome "threads") spans are drawn on.
@@ -130,13 +132,35 @@ func (r *Recorder) WriteFile(path string) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("trace: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("trace: %w", err)
+	if err := writeAtomic(path, b); err != nil {
+		return fmt.Errorf("trace %s: %w", path, err)
 	}
 	return nil
+}
+
+// writeAtomic writes b to a temporary file next to path and renames it over
+// path; the temporary file is removed on any failure, so a full disk leaves
+// either the old trace or the new one and nothing else.
+func writeAtomic(path string, b []byte) (err error) {
+	ckpt.RemoveStaleTemps(path)
+	f, err := os.CreateTemp(filepath.Dir(path), ckpt.TempPattern(path))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if _, err = f.Write(b); err != nil {
+		return err
+	}
+	if err = f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }

@@ -91,6 +91,9 @@ func (t *Trainer) writeRankFiles(dir string) error {
 		if own, err := h.Value.Spec.Owns(c); err != nil {
 			return err
 		} else if own && h.Value.Data != nil && h.Value.Data.Numel() > 0 {
+			if i, bad := firstNonFinite(h.Value.Data); bad {
+				return fmt.Errorf("parameter %s holds a non-finite value (element %d of this rank's part is %v); a checkpoint of it would be worthless", p.Name, i, h.Value.Data.At(i))
+			}
 			d := h.Value.Data.Reshape(h.Value.Data.Numel())
 			modelEntries = append(modelEntries, ckpt.Entry{Name: p.Name, DType: d.DType(), Shape: d.Shape()})
 			modelData[p.Name] = d

@@ -3,7 +3,6 @@ package trainer
 import (
 	"errors"
 	"fmt"
-	"math"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -137,8 +136,8 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 				}
 				buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, n)
 				err = r.Read(p.Key, buf)
-				if err == nil {
-					err = finite(buf)
+				if i, bad := firstNonFinite(buf); err == nil && bad {
+					err = fmt.Errorf("element %d is %v", i, buf.At(i))
 				}
 				buf.Release()
 				if err != nil {
@@ -152,15 +151,6 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 				}
 				return fmt.Errorf("the parts of %s in the checkpoint hold %d of its %d elements (a missing file?)", what, covered, tensor.Numel(ps.Shape))
 			}
-		}
-	}
-	return nil
-}
-
-func finite(t *tensor.Tensor) error {
-	for i, v := range t.F32() {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("element %d is %v", i, v)
 		}
 	}
 	return nil

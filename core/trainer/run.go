@@ -2,12 +2,8 @@ package trainer
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
@@ -15,10 +11,14 @@ import (
 	"github.com/tinyacc/tinyacc/core/trace"
 )
 
-// Result summarises a finished run.
+// Result summarises a finished run. It keeps no per-step history, so a
+// run's memory stays flat however many steps it has: a caller that wants
+// every step's metrics sets Options.OnStep or reads metrics_file.
 type Result struct {
-	Steps     []StepMetrics
-	Evals     []EvalPoint
+	StepsRun  int // optimizer steps completed
+	Skipped   int // steps whose update train.nonfinite=skip dropped
+	Last      StepMetrics
+	Evals     []EvalPoint // one per evaluation (train.eval_every)
 	Memory    []MemoryReport
 	Duration  time.Duration
 	FirstLoss float64
@@ -98,9 +98,21 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("step %d: %w", s, err)
 		}
-		res.Steps = append(res.Steps, m)
+		if res.StepsRun == 0 {
+			res.FirstLoss = m.Loss
+		}
+		res.StepsRun++
+		res.Last, res.LastLoss = m, m.Loss
+		if m.Skipped {
+			res.Skipped++
+		}
+		if t.opts.OnStep != nil {
+			t.opts.OnStep(m)
+		}
 		if t.metrics != nil {
-			t.metrics.Write("train", m)
+			if err := t.metrics.Write("train", m); err != nil {
+				return res, err
+			}
 		}
 		last := s == cfg.Train.Steps-1
 		if lead && (s%logEvery == 0 || last) {
@@ -126,7 +138,9 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			}
 			res.Evals = append(res.Evals, EvalPoint{Step: s, Loss: vl})
 			if t.metrics != nil {
-				t.metrics.Write("eval", EvalPoint{Step: s, Loss: vl})
+				if err := t.metrics.Write("eval", EvalPoint{Step: s, Loss: vl}); err != nil {
+					return res, err
+				}
 			}
 			if lead {
 				if lineOpen {
@@ -141,9 +155,6 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		fmt.Fprintln(log)
 	}
 	res.Duration = time.Since(start)
-	if n := len(res.Steps); n > 0 {
-		res.FirstLoss, res.LastLoss = res.Steps[0].Loss, res.Steps[n-1].Loss
-	}
 	if cfg.Checkpoint.Dir != "" && saved != cfg.Train.Steps && first < cfg.Train.Steps {
 		if err := t.checkpoint(log, cfg.Train.Steps, &lineOpen); err != nil {
 			return res, err
@@ -169,7 +180,9 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		WriteMemoryTable(log, res.Memory)
 		if t.metrics != nil {
 			for _, r := range res.Memory {
-				t.metrics.Write("memory", r)
+				if err := t.metrics.Write("memory", r); err != nil {
+					return res, err
+				}
 			}
 		}
 	}
@@ -254,48 +267,6 @@ func WriteMemoryTable(w io.Writer, rs []MemoryReport) {
 		}
 		fmt.Fprintln(w, line)
 	}
-}
-
-// MetricsWriter writes one JSON object per line, each with a "kind".
-type MetricsWriter struct {
-	f   *os.File
-	err error
-}
-
-// NewMetricsWriter creates (truncates) path.
-func NewMetricsWriter(path string) (*MetricsWriter, error) {
-	if dir := filepath.Dir(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("trainer: metrics_file: %w", err)
-		}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("trainer: metrics_file: %w", err)
-	}
-	return &MetricsWriter{f: f}, nil
-}
-
-// Write appends v (a struct with JSON tags) with "kind" set.
-func (w *MetricsWriter) Write(kind string, v any) {
-	if w.err != nil {
-		return
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		w.err = err
-		return
-	}
-	line := `{"kind":"` + kind + `",` + strings.TrimPrefix(string(b), "{") + "\n"
-	_, w.err = w.f.WriteString(line)
-}
-
-// Close flushes and closes the file, returning the first write error.
-func (w *MetricsWriter) Close() error {
-	if err := w.f.Close(); err != nil && w.err == nil {
-		w.err = err
-	}
-	return w.err
 }
 
 // GatherMemory returns every rank's memory report, in rank order (one

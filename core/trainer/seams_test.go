@@ -45,13 +45,15 @@ func TestReplacedLinearsTrainLikePlain(t *testing.T) {
 	cfg.Train.Steps = 5
 	want := runLosses(t, cfg)
 	sp := &splitter{}
-	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:], Plugins: []Plugin{sp}})
+	var steps []StepMetrics
+	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:], Plugins: []Plugin{sp},
+		OnStep: func(m StepMetrics) { steps = append(steps, m) }})
 	require.NoError(t, err)
-	res, err := tr.Run(context.Background())
+	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 4*cfg.Model.NLayer, sp.swapped)
-	require.Len(t, res.Steps, 5)
-	for i, s := range res.Steps {
+	require.Len(t, steps, 5)
+	for i, s := range steps {
 		require.InEpsilon(t, want[i], s.Loss, 1e-6, "step %d", i)
 	}
 }

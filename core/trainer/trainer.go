@@ -54,6 +54,9 @@ type Options struct {
 	// Trace records forward, backward and optimizer spans (nil = off);
 	// plugins add their collectives to it.
 	Trace *trace.Recorder
+	// OnStep, when set, receives every step's metrics as Run produces them
+	// (Run's result keeps only a summary).
+	OnStep func(StepMetrics)
 }
 
 // StepMetrics is what one optimizer step reports.
@@ -65,6 +68,8 @@ type StepMetrics struct {
 	TokensPerS float64 `json:"tokens_per_s"`
 	StepMS     float64 `json:"step_ms"`
 	MFU        float64 `json:"mfu"`
+	// Skipped marks a step whose update train.nonfinite=skip dropped.
+	Skipped bool `json:"skipped,omitempty"`
 }
 
 // Trainer holds one rank's training state.
@@ -96,6 +101,7 @@ type Trainer struct {
 	metrics            *MetricsWriter
 	gradErr            error
 	stepStart          time.Time
+	nonfinite          nonfiniteState
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
@@ -355,13 +361,19 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	norm := math.Sqrt(sumsq)
-	optim.ScaleGrads(t.Opt.Params(), optim.ClipCoef(norm, t.Cfg.Train.GradClip))
-	lr := t.Sched.At(step)
-	span := t.Trace.Begin("optimizer", "compute", trace.Compute)
-	err = t.Opt.Step(lr)
-	span.End()
+	skip, err := t.checkFinite(step, loss, norm) // nonfinite.go
 	if err != nil {
 		return StepMetrics{}, err
+	}
+	lr := t.Sched.At(step)
+	if !skip {
+		optim.ScaleGrads(t.Opt.Params(), optim.ClipCoef(norm, t.Cfg.Train.GradClip))
+		span := t.Trace.Begin("optimizer", "compute", trace.Compute)
+		err = t.Opt.Step(lr)
+		span.End()
+		if err != nil {
+			return StepMetrics{}, err
+		}
 	}
 	t.ZeroGrad()
 
@@ -372,7 +384,7 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	t.stepStart = time.Time{}
 	tokens := float64(t.Cfg.Train.BatchSize*t.Cfg.Train.GradAccum*t.DataSize) * float64(t.Cfg.Model.BlockSize)
 	m := StepMetrics{Step: step, Loss: loss, LR: lr, GradNorm: norm,
-		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000}
+		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000, Skipped: skip}
 	m.MFU = GPTConfig(t.Cfg).FLOPsPerToken() * m.TokensPerS / (t.Cfg.Train.PeakFLOPS * float64(t.World))
 	for _, p := range t.Plugins {
 		if h, ok := p.(PostStepper); ok {

@@ -31,14 +31,11 @@ func smallConfig() config.Config {
 var corpus = data.Encode(strings.Repeat(refText, 20))
 
 func runLosses(t *testing.T, cfg config.Config) []float64 {
-	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:]})
-	require.NoError(t, err)
-	res, err := tr.Run(context.Background())
-	require.NoError(t, err)
 	var out []float64
-	for _, s := range res.Steps {
-		out = append(out, s.Loss)
-	}
+	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:], OnStep: func(m StepMetrics) { out = append(out, m.Loss) }})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.NoError(t, err)
 	return out
 }
 

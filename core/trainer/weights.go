@@ -20,8 +20,14 @@ func SaveWeights(m *nn.GPT, path string) error {
 		return fmt.Errorf("save_to: this model is a pipeline stage; save through the trainer, which gathers every stage")
 	}
 	ts := map[string]*tensor.Tensor{}
+	var names []string
 	for _, p := range m.Params() {
 		ts[p.Name] = p
+		names = append(names, p.Name)
+	}
+	// Non-finite weights are worthless; the file already at path is kept.
+	if err := checkFiniteTensors("save_to "+path+" not written", names, ts); err != nil {
+		return err
 	}
 	if err := ckpt.Save(path, ts, weightsMeta(m.Config)); err != nil {
 		return fmt.Errorf("save_to: %w", err)
@@ -73,6 +79,12 @@ func (t *Trainer) SaveModel(path string) error {
 		var err error
 		last, err = t.GatherParam(byName[name], 0)
 		done++
+		if err == nil {
+			// Non-finite weights are worthless; the file at path is kept.
+			if i, bad := firstNonFinite(last); bad {
+				err = fmt.Errorf("save_to %s not written: tensor %s holds a non-finite value (element %d = %v)", path, name, i, last.At(i))
+			}
+		}
 		return last, err
 	})
 	if last != nil {
@@ -114,6 +126,14 @@ func LoadWeights(m *nn.GPT, path string) error {
 			continue
 		}
 		byName[name] = t
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	if err := checkFiniteTensors("init_from "+path, names, byName); err != nil {
+		return err
 	}
 	var problems []string
 	for _, p := range m.Params() {

@@ -88,11 +88,12 @@ func split(cfg config.Config) (train, val []int32) {
 // micro-batch (per-rank batch × data-parallel ranks).
 func Single(t testing.TB, cfg config.Config) Result {
 	train, val := split(cfg)
-	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val})
+	var steps []trainer.StepMetrics
+	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	require.NoError(t, err)
-	res, err := tr.Run(context.Background())
+	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
-	r, err := collect(tr, res, nil)
+	r, err := collect(tr, steps, nil)
 	require.NoError(t, err)
 	return r
 }
@@ -104,16 +105,16 @@ func runRank(cfg config.Config, world comm.Group, build Build, rec *trace.Record
 		return Result{}, err
 	}
 	train, val := split(cfg)
+	var steps []trainer.StepMetrics
 	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, Plugins: plugins, Mesh: m,
-		Rank: world.Rank(), World: world.Size(), Trace: rec})
+		Rank: world.Rank(), World: world.Size(), Trace: rec, OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	if err != nil {
 		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
 	}
-	res, err := tr.Run(context.Background())
-	if err != nil {
+	if _, err := tr.Run(context.Background()); err != nil {
 		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
 	}
-	return collect(tr, res, rec)
+	return collect(tr, steps, rec)
 }
 
 // Parallel trains cfg on n ranks of the given backend ("local" or "tcp",
@@ -149,10 +150,10 @@ func Parallel(t testing.TB, cfg config.Config, n int, backend string, build Buil
 
 // collect gathers a finished rank's result. Gathering the global
 // parameters is collective: every rank of the run calls it.
-func collect(tr *trainer.Trainer, res *trainer.Result, rec *trace.Recorder) (Result, error) {
+func collect(tr *trainer.Trainer, steps []trainer.StepMetrics, rec *trace.Recorder) (Result, error) {
 	r := Result{Params: map[string][]float64{}, Local: map[string][]float64{}, Specs: map[string]*place.Spec{},
 		Coord: tr.Coord(), Memory: tr.Memory(), Trace: rec.Events()}
-	for _, s := range res.Steps {
+	for _, s := range steps {
 		r.Losses = append(r.Losses, s.Loss)
 		r.GradNorms = append(r.GradNorms, s.GradNorm)
 	}

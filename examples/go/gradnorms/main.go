@@ -56,18 +56,20 @@ func (p *LayerNorms) PostGrad(t *trainer.Trainer, info tensor.PassInfo) error {
 	return nil
 }
 
-func run(args []string, out io.Writer) (*LayerNorms, *trainer.Result, error) {
+// run trains with the probe and returns it with every step's metrics.
+func run(args []string, out io.Writer) (*LayerNorms, []trainer.StepMetrics, error) {
 	r, err := config.Load("", nil, append([]string{"--train.steps=20", "--model.n_layer=2", "--model.n_embd=64", "--model.block_size=64", "--train.eval_every=0"}, args...))
 	if err != nil {
 		return nil, nil, err
 	}
 	probe := &LayerNorms{}
-	t, err := trainer.New(r.Config, trainer.Options{Plugins: []trainer.Plugin{probe}, Log: io.Discard})
+	var steps []trainer.StepMetrics
+	t, err := trainer.New(r.Config, trainer.Options{Plugins: []trainer.Plugin{probe}, Log: io.Discard,
+		OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := t.Run(context.Background())
-	if err != nil {
+	if _, err := t.Run(context.Background()); err != nil {
 		return nil, nil, err
 	}
 	fmt.Fprintf(out, "%-6s %s\n", "step", strings.Join(probe.Groups, "  "))
@@ -76,9 +78,9 @@ func run(args []string, out io.Writer) (*LayerNorms, *trainer.Result, error) {
 		for _, v := range row {
 			fmt.Fprintf(out, " %8.4f", v)
 		}
-		fmt.Fprintf(out, "   loss %.4f\n", res.Steps[s].Loss)
+		fmt.Fprintf(out, "   loss %.4f\n", steps[s].Loss)
 	}
-	return probe, res, nil
+	return probe, steps, nil
 }
 
 func main() {
