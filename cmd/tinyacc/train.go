@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
@@ -24,6 +26,10 @@ import (
 // (--local-ranks). A process started by a launcher (RANK and WORLD_SIZE set,
 // or SLURM/Open MPI variables) joins its job through the tcp backend.
 func cmdTrain(args []string, stdout, stderr io.Writer) error {
+	restarts, args, err := splitRestartFlag(args)
+	if err != nil {
+		return err
+	}
 	nproc, localRanks, rest, err := splitRankFlags(args)
 	if err != nil {
 		return err
@@ -39,11 +45,47 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if nproc > 0 {
-		return trainNProc(nproc, rest, stdout, stderr)
+		if restarts > 0 && cfg.Checkpoint.Dir == "" {
+			return fmt.Errorf("--max-restarts %d restarts the ranks from their latest checkpoint: set checkpoint.dir (and checkpoint.every)", restarts)
+		}
+		// Ranks asked to stop finish their step and write a checkpoint:
+		// give them up to comm.timeout before they are killed (a second
+		// signal kills them at once).
+		grace := max(launch.DefaultStopGrace, cfg.Comm.Timeout)
+		return trainNProc(nproc, restarts, grace, rest, stdout, stderr)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if restarts > 0 {
+		return fmt.Errorf("--max-restarts needs --nproc: only a launched job can be restarted")
+	}
+	if n, _ := strconv.Atoi(os.Getenv(launch.RestartEnv)); n > 0 && cfg.Checkpoint.Dir != "" && cfg.Resume == "" {
+		// A restarted rank continues from the job's latest checkpoint.
+		cfg.Resume = "auto"
+	}
+	ctx, stop, got := interruptible(stderr)
 	defer stop()
+	err = trainWith(ctx, cfg, localRanks, stdout)
+	var stopped *trainer.Interrupted
+	if errors.As(err, &stopped) {
+		if s, ok := got().(syscall.Signal); ok {
+			return exitCoded{err: err, code: 128 + int(s)}
+		}
+	}
+	return err
+}
 
+// exitCoded is an error with the process exit code it should end with.
+type exitCoded struct {
+	err  error
+	code int
+}
+
+func (e exitCoded) Error() string { return e.err.Error() }
+func (e exitCoded) Unwrap() error { return e.err }
+func (e exitCoded) ExitCode() int { return e.code }
+
+// trainWith runs the ranks of this process: goroutine ranks, one launched
+// rank, or a single process.
+func trainWith(ctx context.Context, cfg config.Config, localRanks int, stdout io.Writer) error {
 	switch {
 	case localRanks > 0:
 		cfg.Comm.Backend = "local"
@@ -69,7 +111,7 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 // `tinyacc launch` does: SIGINT and SIGTERM are forwarded to the ranks, and
 // the error carries the exit code `run` returns (the failed rank's code,
 // 128+signal for a rank killed by a signal or an interrupted job).
-func trainNProc(nproc int, rest []string, stdout, stderr io.Writer) error {
+func trainNProc(nproc, restarts int, grace time.Duration, rest []string, stdout, stderr io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -78,7 +120,7 @@ func trainNProc(nproc int, rest []string, stdout, stderr io.Writer) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	argv := append([]string{exe, "train"}, rest...)
-	err = launch.Run(context.Background(), launch.Options{NProc: nproc, Stdout: stdout, Stderr: stderr, Signals: sigs}, argv)
+	err = launch.Run(context.Background(), launch.Options{NProc: nproc, MaxRestarts: restarts, StopGrace: grace, Stdout: stdout, Stderr: stderr, Signals: sigs}, argv)
 	if err != nil {
 		return fmt.Errorf("train --nproc %d: %w", nproc, err)
 	}
@@ -194,4 +236,66 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// interruptible returns a context cancelled by the first SIGINT or
+// SIGTERM: the trainer finishes its step, writes a checkpoint when
+// checkpoint.dir is set and stops. The signals' default action is then
+// restored, so a second one ends the process at once.
+func interruptible(stderr io.Writer) (context.Context, func(), func() os.Signal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	var mu sync.Mutex
+	var got os.Signal
+	go func() {
+		select {
+		case s := <-sigs:
+			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			mu.Lock()
+			got = s
+			mu.Unlock()
+			fmt.Fprintf(stderr, "tinyacc: %v: finishing the current step, then stopping (send it again to stop at once)\n", s)
+			cancel()
+		case <-done:
+		}
+	}()
+	stop := func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
+	}
+	return ctx, stop, func() os.Signal {
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
+}
+
+// splitRestartFlag takes --max-restarts K out of args.
+func splitRestartFlag(args []string) (int, []string, error) {
+	var rest []string
+	n := 0
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		v, ok := strings.CutPrefix(a, "--max-restarts=")
+		if !ok && a != "--max-restarts" {
+			rest = append(rest, a)
+			continue
+		}
+		if !ok {
+			if i+1 >= len(args) {
+				return 0, nil, fmt.Errorf("--max-restarts needs a number")
+			}
+			i++
+			v = args[i]
+		}
+		k, err := strconv.Atoi(v)
+		if err != nil || k < 0 {
+			return 0, nil, fmt.Errorf("--max-restarts %q: want a number of restarts, 0 or more", v)
+		}
+		n = k
+	}
+	return n, rest, nil
 }

@@ -75,6 +75,10 @@ func (t *Trainer) Holding(p *tensor.Tensor) (Holding, error) {
 // replication group, the tied wte once though two stages hold it), then
 // one all-reduce over the world adds the ranks' sums. Gradients must be
 // reduced (PreStep) by then: a pending sum is an error.
+//
+// The same all-reduce carries whether any rank was asked to stop (a
+// signal), so that every rank stops after the same step without a
+// collective of its own.
 func (t *Trainer) GradSumSquares() (float64, error) {
 	var s float64
 	c := t.Coord()
@@ -99,14 +103,37 @@ func (t *Trainer) GradSumSquares() (float64, error) {
 	if w == nil {
 		return s, nil
 	}
-	buf := tensor.FromF64([]float64{s}, 1)
+	stop := 0.0
+	if t.stopWanted() {
+		stop = 1
+	}
+	buf := tensor.FromF64([]float64{s, stop}, 2)
 	span := t.Trace.Begin("all_reduce grad_norm", "comm", trace.Comm).With("bytes", buf.Bytes())
 	err := w.AllReduce(buf, comm.Sum)
 	span.End()
 	if err != nil {
 		return 0, fmt.Errorf("trainer: summing the gradient norm over the world: %w", err)
 	}
+	t.stopAgreed = buf.F64()[1] > 0
 	return buf.F64()[0], nil
+}
+
+// stopWanted reports whether this rank was asked to stop (Run's context).
+func (t *Trainer) stopWanted() bool { return t.ctx != nil && t.ctx.Err() != nil }
+
+// Interrupted is Run's error when it stopped early because it was asked
+// to (a signal): after Step steps, with the checkpoint it wrote ("" when
+// checkpoint.dir is not set).
+type Interrupted struct {
+	Step       int
+	Checkpoint string
+}
+
+func (e *Interrupted) Error() string {
+	if e.Checkpoint == "" {
+		return fmt.Sprintf("interrupted after %d steps; nothing saved (set checkpoint.dir to keep a run that is stopped)", e.Step)
+	}
+	return fmt.Sprintf("interrupted after %d steps; the training state is in %s (resume with --resume=%s)", e.Step, e.Checkpoint, e.Checkpoint)
 }
 
 func sumSquares(t *tensor.Tensor) float64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
@@ -90,9 +91,22 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	logEvery := max(1, cfg.Train.LogEvery)
 	lineOpen := false // a live progress line waits for its newline
 	saved := -1       // the step of the last checkpoint written
+	t.ctx = ctx
+	defer func() { t.ctx = nil }()
 	for s := first; s < cfg.Train.Steps; s++ {
-		if err := ctx.Err(); err != nil {
-			return res, err
+		// Several ranks stop at the step they agreed on through the last
+		// gradient norm; a single process stops as soon as it is asked.
+		if (t.world() == nil && ctx.Err() != nil) || t.stopAgreed {
+			stop := &Interrupted{Step: s}
+			if cfg.Checkpoint.Dir != "" && saved != s && s > first {
+				if err := t.checkpoint(log, s, &lineOpen); err != nil {
+					return res, err
+				}
+			}
+			if cfg.Checkpoint.Dir != "" && (saved == s || s > first) {
+				stop.Checkpoint = filepath.Join(cfg.Checkpoint.Dir, ckpt.StepDir(s))
+			}
+			return res, stop
 		}
 		m, err := t.Step(s)
 		if err != nil {

@@ -11,6 +11,7 @@
 package trainer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +103,10 @@ type Trainer struct {
 	gradErr            error
 	stepStart          time.Time
 	nonfinite          nonfiniteState
+	// ctx is Run's context; stopAgreed is set when every rank learned,
+	// with the last gradient norm, that some rank was asked to stop.
+	ctx        context.Context
+	stopAgreed bool
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.

@@ -156,7 +156,7 @@ func TestTraceCommunication(t *testing.T) {
 				require.Equal(t, 4*wantAG+8*9*n, bytes["all_gather"], "rank %d: all-gather bytes (parameters + memory reports)", r)
 				require.Equal(t, 4*wantRS, bytes["reduce_scatter"], "rank %d: reduce-scatter bytes", r)
 				require.Equal(t, 4*s.padded, bytes["broadcast"], "rank %d: broadcast of the initial parameters", r)
-				require.Equal(t, 2*8*steps, bytes["all_reduce"], "rank %d: loss and grad-norm all-reduces", r)
+				require.Equal(t, (8+16)*steps, bytes["all_reduce"], "rank %d: loss and grad-norm (with the stop flag) all-reduces", r)
 			}
 		})
 	}
