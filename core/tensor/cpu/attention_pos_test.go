@@ -120,6 +120,7 @@ func posCases() []posCase {
 		// A zigzag rank of 4 chunks of 20: chunks 0 and 3 as queries.
 		{"zigzag_self", cat(seq(0, 20), seq(60, 80)), cat(seq(0, 20), seq(60, 80))},
 		{"zigzag_other", cat(seq(0, 20), seq(60, 80)), seq(20, 60)},
+		{"zigzag_long", cat(seq(0, 40), seq(120, 160)), cat(seq(0, 40), seq(40, 80), seq(120, 160))},
 		{"past", seq(80, 150), seq(0, 70)},
 		{"diagonal_offset", seq(40, 110), seq(30, 100)},
 		{"future", seq(0, 9), seq(9, 20)},
