@@ -351,35 +351,6 @@ func Gelu(x *Tensor) *Tensor {
 	return out
 }
 
-// CausalSelfAttention runs multi-head causal attention on a fused
-// [B, T, 3C] query/key/value tensor (GPT-2's c_attn output) and returns the
-// heads concatenated, [B, T, C].
-func CausalSelfAttention(qkv *Tensor, nHead int) *Tensor {
-	checkFloat("CausalSelfAttention", qkv)
-	if len(qkv.shape) != 3 || qkv.shape[2]%3 != 0 || (qkv.shape[2]/3)%nHead != 0 {
-		panic(fmt.Sprintf("tensor: attention input %v does not split into q, k, v of %d heads", qkv.shape, nHead))
-	}
-	B, T, C := qkv.shape[0], qkv.shape[1], qkv.shape[2]/3
-	out := like(qkv, B, T, C)
-	att := like(qkv, B, nHead, T, T)
-	if qkv.dtype == Float32 {
-		cpu.AttentionForward(qkv.f32, out.f32, att.f32, B, T, C, nHead)
-	} else {
-		cpu.AttentionForward(qkv.f64, out.f64, att.f64, B, T, C, nHead)
-	}
-	record(out, "attention", func(_ *Backprop, g *Tensor) []*Tensor {
-		gq := zerosLike(qkv, qkv.shape...)
-		if qkv.dtype == Float32 {
-			cpu.AttentionBackward(g.f32, qkv.f32, att.f32, gq.f32, B, T, C, nHead)
-		} else {
-			cpu.AttentionBackward(g.f64, qkv.f64, att.f64, gq.f64, B, T, C, nHead)
-		}
-		return []*Tensor{gq}
-	}, qkv)
-	saveBuf(out, att)
-	return out
-}
-
 // CrossEntropy returns the mean over all positions of -log softmax(logits)
 // at the target; logits are [..., V], targets int32 [...]. Targets < 0 are
 // ignored (they count neither in the sum nor in the mean's denominator).

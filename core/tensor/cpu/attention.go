@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 )
 
 // attnBlock is the row-block size used to skip the masked half of the
@@ -33,26 +32,6 @@ func checkAttention(op string, B, T, C, NH int, sizes ...size) {
 	}
 }
 
-// head locates one (batch, head) pair inside the fused layouts.
-type head[T Float] struct {
-	q, k, v []T // starts of this head's columns in qkv (row stride 3C)
-	att     []T // this head's T x T probabilities (row stride T)
-	o       []T // start of this head's columns in out / dout (row stride C)
-}
-
-func headAt[F Float](bh int, qkv, att, o []F, T, C, NH int) head[F] {
-	b, h := bh/NH, bh%NH
-	hs := C / NH
-	base := b*T*3*C + h*hs
-	return head[F]{
-		q:   qkv[base:],
-		k:   qkv[base+C:],
-		v:   qkv[base+2*C:],
-		att: att[bh*T*T : (bh+1)*T*T],
-		o:   o[b*T*C+h*hs:],
-	}
-}
-
 // gemmFor returns the per-head product for element type T: headGemm for
 // float32 (so benchmarks can swap it), gemmBLAS otherwise.
 func gemmFor[T Float]() func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
@@ -62,6 +41,22 @@ func gemmFor[T Float]() func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, 
 		}
 	}
 	return gemmBLAS[T]
+}
+
+// identity returns the positions 0..n-1.
+func identity(n int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = i
+	}
+	return p
+}
+
+// fusedDims describes the fused qkv layout of GPT-2's c_attn output to the
+// kernels over positions: q, k and v are column ranges of one [B, T, 3C]
+// buffer (row stride 3C), out is [B, T, C].
+func fusedDims(B, T, C, NH int) AttnDims {
+	return AttnDims{B: B, NH: NH, HS: C / NH, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C}
 }
 
 // AttentionForward computes causal multi-head self-attention on a fused
@@ -74,64 +69,22 @@ func gemmFor[T Float]() func(ta, tb bool, m, n, k int, alpha T, a []T, lda int, 
 //
 // out is [B, T, C] with the heads' columns in the same order, and att is
 // [B, NH, T, T], keeping the probabilities (zero above the diagonal) for
-// AttentionBackward. Heads run in parallel; each head's products read q, k
-// and v in place through the row stride, so nothing is copied.
+// AttentionBackward. It is AttentionPosForward with positions 0..T-1 for
+// queries and keys; the products read q, k and v in place through the row
+// stride, so nothing is copied.
 func AttentionForward[F Float](qkv, out, att []F, B, T, C, NH int) {
 	checkAttention("AttentionForward", B, T, C, NH,
 		size{"qkv", len(qkv), B * T * 3 * C}, size{"out", len(out), B * T * C}, size{"att", len(att), B * NH * T * T})
 	if B == 0 || T == 0 || C == 0 {
 		return
 	}
-	hs := C / NH
-	scale := F(1 / math.Sqrt(float64(hs)))
-	gemm := gemmFor[F]()
-	if B*NH > 1 {
-		defer serialBLAS()()
-	}
-	ParallelFor(B*NH, 1, func(lo, hi int) {
-		for bh := lo; bh < hi; bh++ {
-			hd := headAt(bh, qkv, att, out, T, C, NH)
-			for i0 := 0; i0 < T; i0 += attnBlock {
-				i1 := min(T, i0+attnBlock)
-				// Scores for rows [i0,i1) against keys [0,i1).
-				gemm(false, true, i1-i0, i1, hs, scale, hd.q[i0*3*C:], 3*C, hd.k, 3*C, 0, hd.att[i0*T:], T)
-				if isF32[F]() {
-					softmaxCausal32(as32(hd.att), T, i0, i1)
-				} else {
-					for t := i0; t < i1; t++ {
-						row := hd.att[t*T : (t+1)*T]
-						softmaxCausal(row[:t+1])
-						clear(row[t+1:])
-					}
-				}
-				gemm(false, false, i1-i0, hs, i1, 1, hd.att[i0*T:], T, hd.v, 3*C, 0, hd.o[i0*C:], C)
-			}
-		}
-	})
-}
-
-// softmaxCausal replaces row with its softmax (the float64 path).
-func softmaxCausal[T Float](row []T) {
-	mx := row[0]
-	for _, v := range row {
-		mx = max(mx, v)
-	}
-	inv := 1 / expShift(row, row, mx)
-	for i := range row {
-		row[i] *= inv
-	}
+	pos := identity(T)
+	AttentionPosForward(fusedDims(B, T, C, NH), qkv, qkv[C:], qkv[2*C:], pos, pos, out, att, nil)
 }
 
 // AttentionBackward accumulates into dqkv ([B, T, 3C], same layout as qkv)
 // the gradient of AttentionForward's output given dout ([B, T, C]) and the
-// saved qkv and att. Per head, with P = att and s = 1/sqrt(hs):
-//
-//	dP = dout v^T;  dv += P^T dout
-//	dS = P * (dP - rowsum(P * dP))   (softmax backward, causal entries only)
-//	dq += s dS k;   dk += s dS^T q
-//
-// Heads run in parallel and write disjoint columns of dqkv, so the result
-// does not depend on the thread count.
+// saved qkv and att: AttentionPosBackward with positions 0..T-1.
 func AttentionBackward[F Float](dout, qkv, att, dqkv []F, B, T, C, NH int) {
 	checkAttention("AttentionBackward", B, T, C, NH,
 		size{"dout", len(dout), B * T * C}, size{"qkv", len(qkv), B * T * 3 * C},
@@ -139,39 +92,8 @@ func AttentionBackward[F Float](dout, qkv, att, dqkv []F, B, T, C, NH int) {
 	if B == 0 || T == 0 || C == 0 {
 		return
 	}
-	hs := C / NH
-	scale := F(1 / math.Sqrt(float64(hs)))
-	gemm := gemmFor[F]()
-	if B*NH > 1 {
-		defer serialBLAS()()
-	}
-	ParallelFor(B*NH, 1, func(lo, hi int) {
-		buf := getBuf[F](T * T)
-		defer putBuf(buf)
-		ds := *buf
-		for bh := lo; bh < hi; bh++ {
-			hd := headAt(bh, qkv, att, dout, T, C, NH)
-			g := headAt(bh, dqkv, att, dout, T, C, NH)
-			// Row blocks of dP and dS: rows [i0,i1) have keys [0,i1).
-			for i0 := 0; i0 < T; i0 += attnBlock {
-				i1 := min(T, i0+attnBlock)
-				gemm(false, true, i1-i0, i1, hs, 1, hd.o[i0*C:], C, hd.v, 3*C, 0, ds[i0*T:], T)
-				for t := i0; t < i1; t++ {
-					softmaxBackward(hd.att[t*T:t*T+t+1], ds[t*T:t*T+t+1])
-					clear(ds[t*T+t+1 : t*T+i1]) // masked scores get no gradient
-				}
-				// dq rows [i0,i1) need dS columns [0,i1).
-				gemm(false, false, i1-i0, hs, i1, scale, ds[i0*T:], T, hd.k, 3*C, 1, g.q[i0*3*C:], 3*C)
-			}
-			// Column blocks for dk and dv: key rows [j0,j1) get contributions
-			// from query rows [j0,T) only.
-			for j0 := 0; j0 < T; j0 += attnBlock {
-				j1 := min(T, j0+attnBlock)
-				gemm(true, false, j1-j0, hs, T-j0, scale, ds[j0*T+j0:], T, hd.q[j0*3*C:], 3*C, 1, g.k[j0*3*C:], 3*C)
-				gemm(true, false, j1-j0, hs, T-j0, 1, hd.att[j0*T+j0:], T, hd.o[j0*C:], C, 1, g.v[j0*3*C:], 3*C)
-			}
-		}
-	})
+	pos := identity(T)
+	AttentionPosBackward(fusedDims(B, T, C, NH), dout, qkv, qkv[C:], qkv[2*C:], att, pos, pos, dqkv, dqkv[C:], dqkv[2*C:])
 }
 
 // softmaxBackward turns dp (the gradient w.r.t. the probabilities p of one

@@ -135,7 +135,7 @@ func BenchmarkAttention(b *testing.B) {
 	for _, impl := range []struct {
 		name string
 		gemm func(ta, tb bool, m, n, k int, alpha float32, a []float32, lda int, bb []float32, ldb int, beta float32, c []float32, ldc int)
-	}{{"gemm_" + BLASName(), Gemm[float32]}, {"gemm_go", gemmGo[float32]}} {
+	}{{"gemm_" + BLASName(), gemmBLAS[float32]}, {"gemm_go", gemmGo[float32]}} {
 		if impl.name == "gemm_go" && BLASName() == "go" {
 			continue // the first entry already measured it
 		}

@@ -1,6 +1,7 @@
 // Package cpu holds the CPU compute kernels of the tensor package: matrix
-// products, GELU, LayerNorm, causal self-attention, softmax cross-entropy,
-// AdamW and a few vector helpers.
+// products, GELU, LayerNorm, causal self-attention (also of queries over
+// blocks of keys at given positions, with partial results merged through
+// the log-sum-exp), softmax cross-entropy, AdamW and a few vector helpers.
 //
 // Every kernel is a pure function on row-major slices, generic over float32
 // and float64. float32 is the training path and is tuned for speed: exp is

@@ -106,11 +106,19 @@ CLONES void tacc_softmax_rows(const float *src, float *dst, long rows, long n, f
 	}
 }
 
-CLONES void tacc_softmax_causal(float *att, long T, long t0, long t1) {
-	for (long t = t0; t < t1; t++) {
-		float *row = att + t * T;
-		softmax_row(row, row, t + 1, 0, 0);
-		memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+// tacc_softmax_prefix matches softmaxPrefix32Go in fastpath.go.
+CLONES void tacc_softmax_prefix(float *att, long ld, long width, long rows, const int64_t *lens, float *maxs,
+				float *sums) {
+	for (long r = 0; r < rows; r++) {
+		float *row = att + r * ld;
+		long n = (long)lens[r];
+		if (n > 0) {
+			softmax_row(row, row, n, maxs + r, sums + r);
+		} else {
+			maxs[r] = -INFINITY;
+			sums[r] = 0.0f;
+		}
+		memset(row + n, 0, (size_t)(width - n) * sizeof(float));
 	}
 }
 

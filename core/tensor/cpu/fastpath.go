@@ -1,5 +1,7 @@
 package cpu
 
+import "math"
+
 // The float32 inner loops of GELU and softmax. In the cgo build the same
 // loops run as C compiled for the CPU's vector units (fastpath.c); the C
 // mirrors these Go loops operation for operation (same formulas, same
@@ -106,12 +108,18 @@ func softmaxRows32Go(src, dst []float32, rows, n int, maxs, sums []float32) {
 	}
 }
 
-// softmaxCausal32Go replaces rows t0..t1-1 of the T x T matrix att with the
-// softmax of their first t+1 entries and zeroes the rest.
-func softmaxCausal32Go(att []float32, T, t0, t1 int) {
-	for t := t0; t < t1; t++ {
-		row := att[t*T : (t+1)*T]
-		softmaxRow32Go(row[:t+1], row[:t+1])
-		clear(row[t+1:])
+// softmaxPrefix32Go replaces row r of att (rows len(lens), row stride ld)
+// with the softmax of its first lens[r] entries followed by zeros up to
+// width, and stores the row's maximum and sum of exp(x - max). A row with
+// no entries (lens[r] = 0) becomes zeros with maximum -Inf and sum 0.
+func softmaxPrefix32Go(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
+	for r, n := range lens {
+		row := att[r*ld : r*ld+width]
+		if n > 0 {
+			maxs[r], sums[r] = softmaxRow32Go(row[:n], row[:n])
+		} else {
+			maxs[r], sums[r] = float32(math.Inf(-1)), 0
+		}
+		clear(row[n:])
 	}
 }

@@ -2,10 +2,12 @@
 #ifndef TINYACC_CPU_FASTPATH_H
 #define TINYACC_CPU_FASTPATH_H
 
+#include <stdint.h>
+
 void tacc_gelu_fwd(const float *x, float *y, long n);
 void tacc_gelu_bwd(const float *x, const float *dy, float *dx, long n);
 void tacc_softmax_rows(const float *src, float *dst, long rows, long n, float *maxs, float *sums);
-void tacc_softmax_causal(float *att, long T, long t0, long t1);
+void tacc_softmax_prefix(float *att, long ld, long width, long rows, const int64_t *lens, float *maxs, float *sums);
 
 void tacc_layernorm_fwd(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
 			long rows, long cols, float eps);

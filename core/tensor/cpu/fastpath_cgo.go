@@ -9,6 +9,8 @@ package cpu
 */
 import "C"
 
+import "unsafe"
+
 // In the cgo build the float32 fast paths run the C loops of fastpath.c,
 // which the C compiler vectorises (with a variant per instruction set chosen
 // at load time). Callers hand over whole chunks, so the cgo transition is
@@ -30,12 +32,15 @@ func geluBwd32(x, dy, dx []float32) {
 	C.tacc_gelu_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
 }
 
-func softmaxCausal32(att []float32, T, t0, t1 int) {
-	if t0 >= t1 {
+func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
+	rows := len(lens)
+	if rows == 0 {
 		return
 	}
-	_ = att[t1*T-1]
-	C.tacc_softmax_causal((*C.float)(&att[0]), C.long(T), C.long(t0), C.long(t1))
+	_, _ = att[(rows-1)*ld+width-1], sums[rows-1]
+	_ = maxs[rows-1]
+	C.tacc_softmax_prefix((*C.float)(&att[0]), C.long(ld), C.long(width), C.long(rows),
+		(*C.int64_t)(unsafe.Pointer(&lens[0])), (*C.float)(&maxs[0]), (*C.float)(&sums[0]))
 }
 
 func softmaxRows32(src, dst []float32, rows, n int, maxs, sums []float32) {

@@ -4,9 +4,12 @@ package cpu
 
 // Without cgo the float32 fast paths are the Go loops of fastpath.go.
 
-func geluFwd32(x, y []float32)                     { geluFwd32Go(x, y) }
-func geluBwd32(x, dy, dx []float32)                { geluBwd32Go(x, dy, dx) }
-func softmaxCausal32(att []float32, T, t0, t1 int) { softmaxCausal32Go(att, T, t0, t1) }
+func geluFwd32(x, y []float32)      { geluFwd32Go(x, y) }
+func geluBwd32(x, dy, dx []float32) { geluBwd32Go(x, dy, dx) }
+func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
+	softmaxPrefix32Go(att, ld, width, lens, maxs, sums)
+}
+
 func softmaxRows32(src, dst []float32, rows, n int, maxs, sums []float32) {
 	softmaxRows32Go(src, dst, rows, n, maxs, sums)
 }

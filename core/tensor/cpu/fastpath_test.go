@@ -43,12 +43,34 @@ func TestFastPathMatchesGo(t *testing.T) {
 		require.Equal(t, s2, s1, "row sums n=%d", n)
 	}
 
-	T := 70
-	a1 := randSlice[float32](rng, T*T, 5)
+	// Rows of a 70-wide block softmaxed over prefixes of different lengths,
+	// one of them empty, zeroed up to width 66.
+	lens := []int64{1, 0, 17, 64, 66, 5}
+	ld, width := 70, 66
+	a1 := randSlice[float32](rng, len(lens)*ld, 5)
 	a2 := append([]float32(nil), a1...)
-	softmaxCausal32(a1, T, 3, 69)
-	softmaxCausal32Go(a2, T, 3, 69)
-	require.Equal(t, a2, a1, "causal softmax")
+	m1, s1 := make([]float32, len(lens)), make([]float32, len(lens))
+	m2, s2 := make([]float32, len(lens)), make([]float32, len(lens))
+	softmaxPrefix32(a1, ld, width, lens, m1, s1)
+	softmaxPrefix32Go(a2, ld, width, lens, m2, s2)
+	require.Equal(t, a2, a1, "prefix softmax")
+	require.Equal(t, m2, m1, "prefix softmax maxima")
+	require.Equal(t, s2, s1, "prefix softmax sums")
+	require.Equal(t, float32(math.Inf(-1)), m1[1], "maximum of an empty row")
+	for r, n := range lens {
+		var sum float64
+		for i, x := range a1[r*ld : r*ld+ld] {
+			switch {
+			case i < int(n):
+				sum += float64(x)
+			case i < width:
+				require.Zero(t, x, "row %d entry %d past the prefix", r, i)
+			}
+		}
+		if n > 0 {
+			require.InDelta(t, 1, sum, 1e-6, "row %d sums to one", r)
+		}
+	}
 }
 
 func TestLayerNormFastPathMatchesGo(t *testing.T) {

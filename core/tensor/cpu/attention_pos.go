@@ -1,0 +1,388 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+)
+
+// Attention over positions. A query row and a key row each carry a global
+// token position; key j is visible to query i iff kpos[j] <= qpos[i]. This is
+// the causal mask of the whole sequence restricted to the rows a caller
+// holds, so attention can be computed over any subset of queries and any
+// block of keys: a contiguous chunk, the two chunks of a zigzag split, or a
+// key block received from another rank.
+//
+// For one head, with s_ij = q_i·k_j / sqrt(HS) over the visible keys V(i):
+//
+//	lse_i = log Σ_{j∈V(i)} exp(s_ij)        (the row's log-sum-exp)
+//	P_ij  = exp(s_ij - lse_i) for j ∈ V(i), 0 otherwise
+//	out_i = Σ_j P_ij v_j
+//
+// A row with no visible key has out_i = 0 and lse_i = -Inf.
+//
+// The log-sum-exp makes partial results exact to combine. If (out_A, lse_A)
+// is the attention over key set A and (out_B, lse_B) over a disjoint set B,
+// the attention over A ∪ B is (AttentionMerge)
+//
+//	lse   = m + log(exp(lse_A - m) + exp(lse_B - m)),  m = max(lse_A, lse_B)
+//	out   = out_A exp(lse_A - lse) + out_B exp(lse_B - lse)
+//
+// because exp(lse_A - lse) is the share of A in the row's total softmax
+// mass. Merging block after block is the online softmax of ring attention.
+//
+// The backward of a softmax spread over several key blocks needs only the
+// final lse and, per row, delta_i = dout_i·out_i (AttentionDelta): with P
+// recomputed from q, k and the final lse, the softmax backward
+// dS = P∘(dP - rowsum(P∘dP)) has rowsum(P∘dP) = Σ_j P_ij dout_i·v_j =
+// dout_i·out_i = delta_i, a sum over all blocks that out already holds. So
+// each block's contribution to dq, dk and dv is computed from that block
+// alone (AttentionLSEBackward).
+//
+// Positions must be strictly ascending within qpos and within kpos. Then the
+// visible keys of every row are a prefix of the key block that grows with the
+// row, and rows [i0, i1) need only the keys visible to row i1-1: the products
+// run in row blocks of attnBlock and skip the invisible part, as the
+// whole-sequence kernel always did.
+
+// AttnDims gives the shapes and layouts of attention over positions: B
+// batches, NH heads of HS elements; Tq query rows and Tk key rows per batch
+// element; row strides (in elements) of q, k, v and out/dout. Row t of batch
+// b of q starts at (b*Tq+t)*LdQ, head h at column h*HS; the same holds for k
+// (Tk, LdK), v (Tk, LdV) and out (Tq, LdO). Gradients dq, dk and dv have the
+// layouts of q, k and v.
+type AttnDims struct{ B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO int }
+
+// rowsNeed is the number of elements a buffer of rows rows of stride ld
+// holding NH*HS columns must have.
+func (d AttnDims) rowsNeed(rows, ld int) int {
+	if rows == 0 {
+		return 0
+	}
+	return (rows-1)*ld + d.NH*d.HS
+}
+
+// checkSizes validates the dimensions and buffer sizes.
+func (d AttnDims) checkSizes(op string, sizes ...size) {
+	w := d.NH * d.HS
+	if d.B < 0 || d.NH < 1 || d.HS < 1 || d.Tq < 0 || d.Tk < 0 ||
+		d.LdQ < w || d.LdK < w || d.LdV < w || d.LdO < w {
+		panic(fmt.Sprintf("cpu.%s: bad dimensions %+v; need B, Tq, Tk >= 0, NH, HS >= 1 and row strides >= NH*HS", op, d))
+	}
+	for _, s := range sizes {
+		if s.have < s.need {
+			panic(fmt.Sprintf("cpu.%s: %s has %d elements, need %d for %+v", op, s.name, s.have, s.need, d))
+		}
+	}
+}
+
+// check validates the dimensions, buffer sizes and positions, and returns
+// vis: vis[i] is the number of keys visible to query i.
+func (d AttnDims) check(op string, qpos, kpos []int, sizes ...size) []int64 {
+	d.checkSizes(op, sizes...)
+	checkPositions(op, "qpos", qpos, d.Tq)
+	checkPositions(op, "kpos", kpos, d.Tk)
+	vis := make([]int64, d.Tq)
+	j := 0
+	for i, p := range qpos {
+		for j < len(kpos) && kpos[j] <= p {
+			j++
+		}
+		vis[i] = int64(j)
+	}
+	return vis
+}
+
+func checkPositions(op, name string, pos []int, n int) {
+	if len(pos) != n {
+		panic(fmt.Sprintf("cpu.%s: %s has %d positions for %d rows", op, name, len(pos), n))
+	}
+	for i := 1; i < len(pos); i++ {
+		if pos[i] <= pos[i-1] {
+			panic(fmt.Sprintf("cpu.%s: %s is not strictly ascending: position %d at index %d follows %d (put the rows in position order)",
+				op, name, pos[i], i, pos[i-1]))
+		}
+	}
+}
+
+// posHead locates one (batch, head) pair of attention over positions.
+type posHead[F Float] struct {
+	q, k, v, o []F // starts of this head's columns (strides LdQ, LdK, LdV, LdO)
+	lse        []F // this head's Tq log-sum-exps, nil when not wanted
+}
+
+func posHeadAt[F Float](d AttnDims, bh int, q, k, v, o, lse []F) posHead[F] {
+	b, h := bh/d.NH, bh%d.NH
+	c := h * d.HS
+	hd := posHead[F]{q: q[b*d.Tq*d.LdQ+c:], o: o[b*d.Tq*d.LdO+c:]}
+	if d.Tk > 0 { // an empty key block may come with empty buffers
+		hd.k, hd.v = k[b*d.Tk*d.LdK+c:], v[b*d.Tk*d.LdV+c:]
+	}
+	if lse != nil {
+		hd.lse = lse[bh*d.Tq : (bh+1)*d.Tq]
+	}
+	return hd
+}
+
+// colsRead is how many entries of row i of the score and probability
+// buffers the backward reads: the keys of its row block (nk) for dq, and the
+// key blocks of attnBlock columns that hold a visible key for dk and dv.
+// Entries from vis[i] up to it must be zero.
+func colsRead(vis, nk, Tk int) int {
+	return max(nk, min(Tk, (vis+attnBlock-1)/attnBlock*attnBlock))
+}
+
+// AttentionPosForward computes causal multi-head attention of queries at
+// positions qpos over keys at positions kpos (see the formulas above):
+// out = P v, and per row lse (if lse is not nil) the log-sum-exp of the
+// visible scores, [B, NH, Tq]. If att is not nil it receives P, [B, NH, Tq,
+// Tk], zero on the invisible keys, for AttentionPosBackward. Heads run in
+// parallel, each on one goroutine, so results do not depend on the thread
+// count.
+func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out, att, lse []F) {
+	sizes := []size{{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.rowsNeed(d.B*d.Tk, d.LdK)},
+		{"v", len(v), d.rowsNeed(d.B*d.Tk, d.LdV)}, {"out", len(out), d.rowsNeed(d.B*d.Tq, d.LdO)}}
+	if att != nil {
+		sizes = append(sizes, size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})
+	}
+	if lse != nil {
+		sizes = append(sizes, size{"lse", len(lse), d.B * d.NH * d.Tq})
+	}
+	vis := d.check("AttentionPosForward", qpos, kpos, sizes...)
+	if d.B == 0 || d.Tq == 0 {
+		return
+	}
+	hs, Tq, Tk := d.HS, d.Tq, d.Tk
+	scale := F(1 / math.Sqrt(float64(hs)))
+	gemm := gemmFor[F]()
+	if d.B*d.NH > 1 {
+		defer serialBLAS()()
+	}
+	ParallelFor(d.B*d.NH, 1, func(lo, hi int) {
+		var scratch *[]F
+		if att == nil {
+			scratch = getBuf[F](attnBlock * Tk)
+			defer putBuf(scratch)
+		}
+		var mx, sum [attnBlock]F
+		for bh := lo; bh < hi; bh++ {
+			hd := posHeadAt(d, bh, q, k, v, out, lse)
+			for i0 := 0; i0 < Tq; i0 += attnBlock {
+				i1 := min(Tq, i0+attnBlock)
+				nk := int(vis[i1-1]) // keys visible to some row of the block
+				if nk == 0 {
+					for i := i0; i < i1; i++ {
+						clear(hd.o[i*d.LdO : i*d.LdO+hs])
+						if hd.lse != nil {
+							hd.lse[i] = F(math.Inf(-1))
+						}
+					}
+					if att != nil {
+						clear(att[(bh*Tq+i0)*Tk : (bh*Tq+i1)*Tk])
+					}
+					continue
+				}
+				// p holds the block's rows, stride Tk: the stored
+				// probabilities, or scratch when they are not kept.
+				var p []F
+				width := nk // zero the rest of the row only when it is stored
+				if att != nil {
+					p, width = att[(bh*Tq+i0)*Tk:(bh*Tq+i1)*Tk], Tk
+				} else {
+					p = (*scratch)[:(i1-i0)*Tk]
+				}
+				gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p, Tk)
+				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
+				if hd.lse != nil {
+					for r := range i1 - i0 {
+						hd.lse[i0+r] = mx[r] + F(math.Log(float64(sum[r])))
+					}
+				}
+				gemm(false, false, i1-i0, hs, nk, 1, p, Tk, hd.v, d.LdV, 0, hd.o[i0*d.LdO:], d.LdO)
+			}
+		}
+	})
+}
+
+// softmaxPrefix is softmaxPrefix32 for any Float: the float64 path uses
+// math.Exp. A row's maximum is -Inf and its sum 0 when it has no entry.
+func softmaxPrefix[F Float](p []F, ld, width int, lens []int64, maxs, sums []F) {
+	if isF32[F]() {
+		softmaxPrefix32(as32(p), ld, width, lens, as32(maxs), as32(sums))
+		return
+	}
+	for r, n := range lens {
+		row := p[r*ld : r*ld+width]
+		if n > 0 {
+			mx := row[0]
+			for _, x := range row[1:n] {
+				mx = max(mx, x)
+			}
+			s := expShift(row[:n], row[:n], mx)
+			inv := 1 / s
+			for i := range row[:n] {
+				row[i] *= inv
+			}
+			maxs[r], sums[r] = mx, s
+		} else {
+			maxs[r], sums[r] = F(math.Inf(-1)), 0
+		}
+		clear(row[n:])
+	}
+}
+
+// AttentionPosBackward accumulates into dq, dk and dv the gradient of
+// AttentionPosForward's out given dout (layout of out) and the stored
+// probabilities att, for a forward whose keys were the whole softmax. Per
+// head, with s = 1/sqrt(HS):
+//
+//	dP = dout v^T;  dv += P^T dout
+//	dS = P∘(dP - rowsum(P∘dP))   (softmax backward, visible keys only)
+//	dq += s dS k;   dk += s dS^T q
+//
+// Heads run in parallel and write disjoint columns, so the result does not
+// depend on the thread count.
+func AttentionPosBackward[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpos []int, dq, dk, dv []F) {
+	vis := d.check("AttentionPosBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
+		size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})...)
+	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv)
+}
+
+// AttentionLSEBackward accumulates into dq, dk and dv the contribution of
+// one key block (k, v at positions kpos) to the gradient of an attention
+// whose softmax spans several key blocks, given dout, the final merged lse
+// ([B, NH, Tq]) and delta from AttentionDelta. Per head, with s =
+// 1/sqrt(HS) and scores restricted to the visible keys:
+//
+//	P = exp(s q k^T - lse);  dP = dout v^T
+//	dS = P∘(dP - delta)
+//	dq += s dS k;  dk += s dS^T q;  dv += P^T dout
+//
+// Rows with lse = -Inf (no visible key anywhere) contribute nothing. Summed
+// over all key blocks this is the gradient of the whole attention.
+func AttentionLSEBackward[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qpos, kpos []int, dq, dk, dv []F) {
+	rows := size{"delta", len(delta), d.B * d.NH * d.Tq}
+	vis := d.check("AttentionLSEBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
+		rows, size{"lse", len(lse), d.B * d.NH * d.Tq})...)
+	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv)
+}
+
+func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...size) []size {
+	return append([]size{
+		{"dout", len(dout), d.rowsNeed(d.B*d.Tq, d.LdO)},
+		{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.rowsNeed(d.B*d.Tk, d.LdK)},
+		{"v", len(v), d.rowsNeed(d.B*d.Tk, d.LdV)},
+		{"dq", len(dq), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"dk", len(dk), d.rowsNeed(d.B*d.Tk, d.LdK)},
+		{"dv", len(dv), d.rowsNeed(d.B*d.Tk, d.LdV)},
+	}, more...)
+}
+
+// attentionBackward is the backward of both: with att it reads the stored
+// probabilities and takes rowsum(P∘dP) row by row; without, it recomputes P
+// from the final lse and uses delta.
+func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, delta, lse []F, dq, dk, dv []F) {
+	if d.B == 0 || d.Tq == 0 || d.Tk == 0 {
+		return
+	}
+	hs, Tq, Tk := d.HS, d.Tq, d.Tk
+	scale := F(1 / math.Sqrt(float64(hs)))
+	gemm := gemmFor[F]()
+	if d.B*d.NH > 1 {
+		defer serialBLAS()()
+	}
+	ParallelFor(d.B*d.NH, 1, func(lo, hi int) {
+		dsBuf := getBuf[F](Tq * Tk)
+		defer putBuf(dsBuf)
+		ds := *dsBuf
+		var pBuf *[]F
+		if att == nil {
+			pBuf = getBuf[F](Tq * Tk)
+			defer putBuf(pBuf)
+		}
+		for bh := lo; bh < hi; bh++ {
+			hd := posHeadAt(d, bh, q, k, v, dout, lse)
+			g := posHeadAt(d, bh, dq, dk, dv, dout, nil)
+			var p, dl []F // this head's probabilities (stride Tk) and deltas
+			if att != nil {
+				p = att[bh*Tq*Tk : (bh+1)*Tq*Tk]
+			} else {
+				p, dl = *pBuf, delta[bh*Tq:(bh+1)*Tq]
+			}
+			// Row blocks of P, dP and dS: rows [i0,i1) see keys [0,nk).
+			for i0 := 0; i0 < Tq; i0 += attnBlock {
+				i1 := min(Tq, i0+attnBlock)
+				nk := int(vis[i1-1])
+				if nk == 0 {
+					continue // no row of the block sees a key; none is read below
+				}
+				if att == nil {
+					gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p[i0*Tk:], Tk)
+					for i := i0; i < i1; i++ {
+						n := int(vis[i])
+						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
+						if math.IsInf(float64(hd.lse[i]), -1) {
+							n = 0 // no key visible anywhere: the row contributes nothing
+						}
+						expMinus(row[:n], hd.lse[i])
+						clear(row[n:])
+					}
+				}
+				gemm(false, true, i1-i0, nk, hs, 1, hd.o[i0*d.LdO:], d.LdO, hd.v, d.LdV, 0, ds[i0*Tk:], Tk)
+				for i := i0; i < i1; i++ {
+					n := int(vis[i])
+					if att != nil {
+						softmaxBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n])
+					} else {
+						lseBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n], dl[i])
+					}
+					clear(ds[i*Tk+n : i*Tk+colsRead(n, nk, Tk)]) // invisible scores get no gradient
+				}
+				gemm(false, false, i1-i0, hs, nk, scale, ds[i0*Tk:], Tk, hd.k, d.LdK, 1, g.q[i0*d.LdQ:], d.LdQ)
+			}
+			// Column blocks for dk and dv: key rows [j0,j1) get contributions
+			// from the query rows that see key j0, rows [first,Tq).
+			first := 0
+			for j0 := 0; j0 < Tk; j0 += attnBlock {
+				j1 := min(Tk, j0+attnBlock)
+				for first < Tq && int(vis[first]) <= j0 {
+					first++
+				}
+				if first == Tq {
+					break
+				}
+				m := Tq - first
+				gemm(true, false, j1-j0, hs, m, scale, ds[first*Tk+j0:], Tk, hd.q[first*d.LdQ:], d.LdQ, 1, g.k[j0*d.LdK:], d.LdK)
+				gemm(true, false, j1-j0, hs, m, 1, p[first*Tk+j0:], Tk, hd.o[first*d.LdO:], d.LdO, 1, g.v[j0*d.LdV:], d.LdV)
+			}
+		}
+	})
+}
+
+// expMinus replaces each score x of row with exp(x - lse); in float32 with
+// expCore, flushing results below the smallest normal float32 to zero as the
+// forward softmax does.
+func expMinus[F Float](row []F, lse F) {
+	if isF32[F]() {
+		r, l := as32(row), float32(lse)
+		for i, x := range r {
+			var e float32
+			if y := x - l; y >= expLo {
+				e = expCore(min(y, expHi))
+			}
+			r[i] = e
+		}
+		return
+	}
+	for i, x := range row {
+		row[i] = F(math.Exp(float64(x - lse)))
+	}
+}
+
+// lseBackward turns dp (the gradient w.r.t. the probabilities p of one row)
+// into the gradient w.r.t. the scores, p∘(dp - delta), where delta is the
+// row's sum of p∘dp over all key blocks.
+func lseBackward[F Float](p, dp []F, delta F) {
+	dp = dp[:len(p)]
+	for i, v := range p {
+		dp[i] = v * (dp[i] - delta)
+	}
+}
