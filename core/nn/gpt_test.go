@@ -180,3 +180,25 @@ func TestWholeGPTGradCheck(t *testing.T) {
 		require.Less(t, rel, 1e-6, "gradient of %s", p.Name)
 	}
 }
+
+// TestPositionsReachEmbeddingAndAttention: the whole model run with
+// explicit positions 0..T-1 equals the default pass, and the embedding of
+// rows at other positions adds those positions' embeddings.
+func TestPositionsReachEmbeddingAndAttention(t *testing.T) {
+	m, err := NewGPT(tiny(), 3, tensor.Float64, nil)
+	require.NoError(t, err)
+	idx := tensor.FromI32([]int32{1, 5, 3, 9}, 1, 4)
+	want, err := m.Logits(idx, Pass{})
+	require.NoError(t, err)
+	got, err := m.Logits(idx, Pass{Pos: []int{0, 1, 2, 3}})
+	require.NoError(t, err)
+	require.Equal(t, want.F64(), got.F64())
+	x, err := m.Embed.Forward(idx, Pass{Pos: []int{0, 1, 4, 5}})
+	require.NoError(t, err)
+	C := tiny().NEmbd
+	for r, p := range []int{0, 1, 4, 5} {
+		for c := 0; c < C; c++ {
+			require.Equal(t, m.Embed.Wte.At(int(idx.I32()[r])*C+c)+m.Embed.Wpe.At(p*C+c), x.At(r*C+c), "row %d col %d", r, c)
+		}
+	}
+}

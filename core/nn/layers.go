@@ -1,8 +1,6 @@
 package nn
 
 import (
-	"fmt"
-
 	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -50,19 +48,22 @@ func (d *Dense) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 }
 
 // CausalAttention is the attention core: multi-head causal attention of a
-// fused q|k|v input [B, T, 3C] (c_attn's output), masked by the rows'
-// global positions.
+// fused q|k|v input [B, T, 3C] (c_attn's output) among the rows it is
+// given, masked by their global positions (a row sees the rows at its
+// position or before). A rank that holds only part of a sequence needs the
+// other parts' keys too: context parallel replaces this layer.
 type CausalAttention struct {
 	NHead int
 }
 
 // Forward implements Layer.
 func (a *CausalAttention) Forward(qkv *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
-	if p.Pos != nil {
-		return nil, fmt.Errorf("nn: the plain attention core attends over the whole sequence; rows at positions %v..%v need a context-parallel attention core",
-			p.Pos[0], p.Pos[len(p.Pos)-1])
+	if p.Pos == nil {
+		return tensor.CausalSelfAttention(qkv, a.NHead), nil
 	}
-	return tensor.CausalSelfAttention(qkv, a.NHead), nil
+	out, lse := tensor.SelfAttention(qkv, a.NHead, p.Pos)
+	lse.Release()
+	return out, nil
 }
 
 // TokenPosEmbedding is the input layer: token embedding plus position
