@@ -1,12 +1,15 @@
 package plugins
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -119,4 +122,54 @@ func TestCheckpointMemoryIsBounded(t *testing.T) {
 		require.Positive(t, loaded[r].Memory.LoadPeakBytes, "rank %d: loading reads its pieces through the allocator", r)
 		require.LessOrEqual(t, loaded[r].Memory.LoadPeakBytes, bound, "rank %d: extra bytes while loading", r)
 	}
+}
+
+// TestExportEqualsSaveTo: exporting a ZeRO-3 dp 4 checkpoint gives, byte
+// for byte, the save_to file the same run wrote at the same step; loading
+// the exported file with init_from and evaluating gives the run's own
+// evaluation loss.
+func TestExportEqualsSaveTo(t *testing.T) {
+	z3 := layouts[8]
+	dir := t.TempDir()
+	cfg := z3.config(3)
+	cfg.Checkpoint.Dir = filepath.Join(dir, "ckpt")
+	cfg.SaveTo = filepath.Join(dir, "save_to.safetensors")
+	cfg.Data.ValFraction, cfg.Train.EvalBatches = 0.2, 2
+	var evals [4]float64
+	ptest.Parallel(t, cfg, z3.ranks, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		ps, m, err := Build(cfg, g)
+		// Evaluation after the last step is the run's own loss.
+		return append(ps, evalProbe{&evals[g.Rank()]}), m, err
+	})
+	exported := filepath.Join(dir, "exported.safetensors")
+	require.NoError(t, trainer.ExportCheckpoint(filepath.Join(cfg.Checkpoint.Dir, ckpt.StepDir(3)), exported))
+	a, err := os.ReadFile(cfg.SaveTo)
+	require.NoError(t, err)
+	b, err := os.ReadFile(exported)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(a, b), "the exported file differs from save_to")
+
+	one := layouts[0].config(3)
+	one.InitFrom, one.Train.BatchSize = exported, cfg.Train.BatchSize // evaluation batches of the run's size
+	one.Data.ValFraction, one.Train.EvalBatches = cfg.Data.ValFraction, cfg.Train.EvalBatches
+	c := ptest.Corpus()
+	cut := len(c) - int(float64(len(c))*one.Data.ValFraction)
+	tr, err := trainer.New(one, trainer.Options{Train: c[:cut], Val: c[cut:]})
+	require.NoError(t, err)
+	got, err := tr.Evaluate()
+	require.NoError(t, err)
+	for r, want := range evals {
+		require.InEpsilon(t, want, got, 1e-6, "rank %d's evaluation", r)
+	}
+}
+
+// evalProbe evaluates once training is done, as Finish runs after the
+// last step and save.
+type evalProbe struct{ loss *float64 }
+
+func (evalProbe) Name() string { return "eval-probe" }
+func (p evalProbe) Finish(t *trainer.Trainer) error {
+	v, err := t.Evaluate()
+	*p.loss = v
+	return err
 }

@@ -80,8 +80,9 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			cfg.Train.Steps, global, global*cfg.Model.BlockSize, t.World)
 	}
 	if cfg.InitFrom != "" {
-		fmt.Fprintf(log, "tinyacc: init_from %s: loaded all %d tensors (weights only: a fresh schedule, optimizer and data position)\n",
-			cfg.InitFrom, len(GPTConfig(cfg).ParamShapes()))
+		mc := GPTConfig(cfg)
+		fmt.Fprintf(log, "tinyacc: init_from %s: weights only (a fresh schedule, optimizer and data position); loaded %d tensors: wte, wpe, 12 for each of %d blocks, ln_f\n",
+			cfg.InitFrom, len(mc.ParamShapes()), mc.NLayer)
 	}
 	first, err := t.resume(log)
 	if err != nil {
