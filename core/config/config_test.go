@@ -35,10 +35,10 @@ func TestKeys(t *testing.T) {
 	want := []string{
 		"comm.backend", "comm.timeout",
 		"data.max_bytes", "data.order", "data.path", "data.val_fraction",
-		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode",
+		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode", "ddp.process",
 		"device", "init_from", "metrics_file",
 		"model.block_size", "model.n_embd", "model.n_head", "model.n_layer", "model.vocab_size",
-		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp",
+		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp", "plugins.process",
 		"save_to", "trace",
 		"train.batch_size", "train.beta1", "train.beta2", "train.eps", "train.eval_batches",
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
