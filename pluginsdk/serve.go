@@ -54,12 +54,13 @@ func (e *Env) FloatKey(key string) float64 {
 // tinyacc host that started this process, and exits when the host is done
 // or gone. Started by hand, it says that it is a plugin and exits 1.
 func Serve(info Info, newPlugin func(e *Env) (trainer.Plugin, error)) {
-	serve(info, ProtocolVersion, newPlugin)
+	ServeHandshake(Handshake(ProtocolVersion), info, newPlugin)
 }
 
-// serve is Serve speaking protocol version v (tests speak a wrong one).
-func serve(info Info, v int, newPlugin func(e *Env) (trainer.Plugin, error)) {
-	info.Protocol = v
+// ServeHandshake is Serve with another handshake; tests use it to check
+// that a host refuses a plugin of another protocol version or cookie.
+func ServeHandshake(hs plugin.HandshakeConfig, info Info, newPlugin func(e *Env) (trainer.Plugin, error)) {
+	info.Protocol = int(hs.ProtocolVersion)
 	for i := range info.Keys {
 		if info.Keys[i].Plugin == "" {
 			info.Keys[i].Plugin = info.Name
@@ -71,7 +72,7 @@ func serve(info Info, v int, newPlugin func(e *Env) (trainer.Plugin, error)) {
 	stdlog.SetOutput(io.Discard) // go-plugin's own notes on shutting down
 	s := &server{info: info, newPlugin: newPlugin, log: log}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: Handshake(v),
+		HandshakeConfig: hs,
 		Plugins:         plugin.PluginSet{dispenseName: &goPlugin{s: s}},
 		Logger:          hclog.NewNullLogger(),
 	})

@@ -139,11 +139,13 @@ func (p *Plugin) startError(host int, err error) error {
 	if tail != "" {
 		tail = "; its last output: " + tail
 	}
+	first, unrecognized := strings.CutPrefix(msg, "Unrecognized remote plugin message: ")
+	first = strings.TrimSpace(firstLine(first))
 	switch {
-	case msg == "plugin exited before we could connect":
+	case msg == "plugin exited before we could connect" || unrecognized && first == "":
 		return fmt.Errorf("process plugin %s: it exited before the handshake; is it a tinyacc plugin (built with pluginsdk.Serve)?%s", p.Path, tail)
-	case strings.HasPrefix(msg, "Unrecognized remote plugin message"):
-		return fmt.Errorf("process plugin %s: not a tinyacc plugin (its first output was not a go-plugin handshake: %s)%s", p.Path, firstLine(msg), tail)
+	case unrecognized:
+		return fmt.Errorf("process plugin %s: not a tinyacc plugin (its first output %q is not a go-plugin handshake)%s", p.Path, first, tail)
 	}
 	return fmt.Errorf("process plugin %s: handshake failed: %v%s", p.Path, err, tail)
 }
