@@ -106,5 +106,3 @@ func TestStartErrors(t *testing.T) {
 	_, err = process.Start(t.TempDir(), process.Options{})
 	require.ErrorContains(t, err, "not an executable file")
 }
-
-
