@@ -8,6 +8,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
+	"github.com/tinyacc/tinyacc/plugins/process"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
@@ -19,11 +20,31 @@ import (
 // parallel), then data parallel (DDP or ZeRO). parallel.dp = 0 gives data
 // parallelism every rank the other dimensions leave. zero.stage 0 picks
 // DDP (ddp.mode naive or bucketed), 1 to 3 the ZeRO stage, both over the
-// data-parallel group. A single process gets no mesh and no plugins.
+// data-parallel group. A single process gets no mesh and no plugins but
+// the process plugins. The binaries of plugins.process are started here
+// (see package process): one that serves ddp takes DDP's place, the others
+// come last, in their order; ddp.process: true starts DDP itself as a
+// plugin process. Close the returned plugins with process.CloseAll.
 func Build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
 	if world == nil || world.Size() == 1 {
-		return nil, nil, nil
+		ext, err := process.StartAll(cfg, nil, 0)
+		return asPlugins(ext), nil, err
 	}
+	out, m, err := build(cfg, world)
+	if err != nil {
+		return nil, nil, err
+	}
+	ext, err := process.StartAll(cfg, m.DP(), world.Rank())
+	if err != nil {
+		process.CloseAll(out)
+		return nil, nil, err
+	}
+	return placeProcesses(out, ext), m, nil
+}
+
+// build is Build's mesh and compiled plugins (with DDP as a process when
+// ddp.process is true).
+func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
 	p := cfg.Parallel
 	dp := p.DP
 	if dp == 0 {
@@ -54,6 +75,9 @@ func Build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 func dataParallel(cfg config.Config, m *mesh.Mesh) (trainer.Plugin, error) {
 	if cfg.Zero.Stage > 0 {
 		return zero.New(m.DP(), cfg.Zero.Stage)
+	}
+	if cfg.DDP.Process {
+		return process.NewDDP(m.DP(), m.Rank())
 	}
 	return ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
 }

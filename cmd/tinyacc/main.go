@@ -21,6 +21,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/plugins/process"
 )
 
 // Version is tinyacc's release.
@@ -63,6 +64,7 @@ Usage:
 `
 
 func main() {
+	process.ServeBuiltin() // when started as a plugin process (ddp.process)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -133,7 +135,7 @@ func loadConfig(args []string) (*config.Resolved, error) {
 	if err != nil {
 		return nil, err
 	}
-	return config.Load(file, os.Environ(), rest)
+	return config.LoadWith(file, os.Environ(), rest, process.Declare)
 }
 
 func cmdConfigShow(args []string, stdout io.Writer) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins"
+	"github.com/tinyacc/tinyacc/plugins/process"
 )
 
 // cmdTrain trains in one of three ways: one process; N processes of itself
@@ -137,6 +138,7 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 	if err != nil {
 		return err
 	}
+	defer process.CloseAll(ps) // whatever happens, no plugin process outlives the run
 	var rec *trace.Recorder
 	if cfg.Trace != "" {
 		rec = trace.New(rank)

@@ -81,7 +81,11 @@ type Config struct {
 		Mode          string  `koanf:"mode"`            // "naive" | "bucketed"
 		BucketMB      float64 `koanf:"bucket_mb"`       // bucket size in MiB
 		FirstBucketMB float64 `koanf:"first_bucket_mb"` // the first (last layers') bucket, smaller to start early
+		Process       bool    `koanf:"process"`         // run DDP in a plugin process (tensors through shared memory)
 	} `koanf:"ddp"`
+	Plugins struct {
+		Process []string `koanf:"process"` // plugin binaries to run as processes, in order
+	} `koanf:"plugins"`
 	Zero struct {
 		Stage int `koanf:"stage"` // 0 = plain data parallel, 1/2/3 = ZeRO stage
 	} `koanf:"zero"`
@@ -97,6 +101,11 @@ type Config struct {
 	SaveTo               string `koanf:"save_to"`                // safetensors file to write; "" = don't save
 	MetricsFile          string `koanf:"metrics_file"`           // JSON-lines metrics; "" = none
 	Trace                string `koanf:"trace"`                  // Chrome trace file per rank (rank in the name); "" = off
+
+	// Declared holds the values of keys that process plugins declare in
+	// their handshake ("nonfinite_guard.max_skips"), each in its canonical
+	// text form; see LoadWith. Nil when no plugin declared any.
+	Declared map[string]string `koanf:"-"`
 }
 
 // Defaults returns the built-in configuration: a small GPT that trains in
@@ -161,6 +170,8 @@ var ReservedEnv = []string{
 	"TINYACC_LOCAL_RANK",
 	"TINYACC_RESTART",
 	"TINYACC_SHM",
+	"TINYACC_PLUGIN",         // the handshake cookie a plugin process is started with
+	"TINYACC_PLUGIN_BUILTIN", // which compiled-in plugin tinyacc serves as a plugin process
 }
 
 // EnvPrefix is the prefix of environment variables that carry configuration.

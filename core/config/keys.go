@@ -19,7 +19,10 @@ type field struct {
 	typ   reflect.Type
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
+var (
+	durationType = reflect.TypeOf(time.Duration(0))
+	listType     = reflect.TypeOf([]string(nil))
+)
 
 // The key table is built once from the Config type, so it can never drift
 // from the struct.
@@ -143,6 +146,9 @@ func typeName(t reflect.Type) string {
 	if t == durationType {
 		return "a duration"
 	}
+	if t == listType {
+		return "a list of strings"
+	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return "an integer"
@@ -180,6 +186,13 @@ func convert(raw any, t reflect.Type) (reflect.Value, bool) {
 		}
 		return v, false
 	}
+	if t == listType {
+		l, ok := toList(raw)
+		if ok {
+			v.Set(reflect.ValueOf(l))
+		}
+		return v, ok
+	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		i, ok := toInt(raw)
@@ -216,6 +229,36 @@ func convert(raw any, t reflect.Type) (reflect.Value, bool) {
 		return v, false
 	}
 	return v, true
+}
+
+// toList accepts a YAML list of strings, or one string of comma-separated
+// items (environment, flags); blanks around items and empty items are
+// dropped, so "" is the empty list.
+func toList(raw any) ([]string, bool) {
+	out := []string{}
+	switch x := raw.(type) {
+	case string:
+		for _, item := range strings.Split(x, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				out = append(out, item)
+			}
+		}
+	case []string:
+		return toList(strings.Join(x, ","))
+	case []any:
+		for _, item := range x {
+			s, ok := item.(string)
+			if !ok {
+				return nil, false
+			}
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	default:
+		return nil, false
+	}
+	return out, true
 }
 
 // toInt accepts integers of any width, decimal strings, and floats that hold
@@ -271,6 +314,8 @@ func typeError(f *field, raw any, origin string) error {
 		hint = "quote it in YAML"
 	case f.typ.Kind() == reflect.Bool:
 		hint = "use true or false"
+	case f.typ == listType:
+		hint = "use a YAML list of strings, or items separated by commas"
 	default:
 		hint = "use a value such as " + formatValue(fieldOf(defaultConfig(), f))
 	}
@@ -303,6 +348,9 @@ func showRaw(raw any) string {
 func formatValue(v reflect.Value) string {
 	if v.Type() == durationType {
 		return time.Duration(v.Int()).String()
+	}
+	if v.Type() == listType {
+		return "[" + strings.Join(v.Interface().([]string), ", ") + "]"
 	}
 	switch v.Kind() {
 	case reflect.String:

@@ -29,6 +29,10 @@ type Resolved struct {
 type layer struct {
 	values map[string]reflect.Value
 	origin map[string]string
+	// pending holds the values of keys under a section Config does not
+	// have: they may belong to a process plugin (see LoadWith) and are
+	// checked once the plugins have declared their keys.
+	pending map[string]pendingValue
 }
 
 // Load resolves defaults < YAML file < environment < flags and validates the
@@ -38,6 +42,14 @@ type layer struct {
 // "--key=value" or "--key value". All problems found in all layers are
 // reported together, so one run shows every mistake in a config.
 func Load(file string, env []string, args []string) (*Resolved, error) {
+	return LoadWith(file, env, args, nil)
+}
+
+// LoadWith is Load for runs with process plugins: once the layers are read,
+// declare is asked for the keys the binaries of plugins.process declare
+// (see Declared), and values under those keys are checked and kept in
+// Config.Declared like any other value. declare may be nil (no plugin keys).
+func LoadWith(file string, env []string, args []string, declare Declarer) (*Resolved, error) {
 	var layers []layer
 	var errs []error
 	if file != "" {
@@ -60,7 +72,7 @@ func Load(file string, env []string, args []string) (*Resolved, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return resolve(layers)
+	return resolveDeclared(layers, declare)
 }
 
 // FromMap builds a validated Config from the defaults plus overrides. Keys
@@ -115,9 +127,12 @@ func FromText(text string) (*Resolved, error) {
 	return resolve([]layer{l})
 }
 
-// resolve lays the checked layers over the defaults, later layers winning,
-// and validates the result.
-func resolve(layers []layer) (*Resolved, error) {
+// resolve is resolveDeclared with no plugin keys.
+func resolve(layers []layer) (*Resolved, error) { return resolveDeclared(layers, nil) }
+
+// resolveBuiltin lays the checked layers over the defaults, later layers
+// winning, and validates the result.
+func resolveBuiltin(layers []layer) (*Resolved, error) {
 	r := &Resolved{Config: Defaults(), sources: make(map[string]string, len(fields))}
 	for i := range fields {
 		r.sources[fields[i].key] = "default"
@@ -151,7 +166,7 @@ func fileLayer(path string) (layer, error) {
 // YAML null and empty sections mean "not set here" and are skipped, so a
 // file can keep a commented-out section header.
 func checkedLayer(k *koanf.Koanf, originOf func(key string) string) (layer, error) {
-	l := layer{values: map[string]reflect.Value{}, origin: map[string]string{}}
+	l := layer{values: map[string]reflect.Value{}, origin: map[string]string{}, pending: map[string]pendingValue{}}
 	var errs []error
 	flat := k.All()
 	keys := make([]string, 0, len(flat))
@@ -165,6 +180,10 @@ func checkedLayer(k *koanf.Koanf, originOf func(key string) string) (layer, erro
 			continue
 		}
 		if m, ok := raw.(map[string]any); ok && len(m) == 0 && (isSection(key) || key == "") {
+			continue
+		}
+		if maybeDeclared(key) {
+			l.pending[key] = pendingValue{raw: raw, origin: originOf(key)}
 			continue
 		}
 		v, err := checkValue(key, raw, originOf(key))
@@ -218,7 +237,7 @@ func envLayer(environ []string) (layer, error) {
 				return "", nil
 			}
 			key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, EnvPrefix), "__", "."))
-			if err := checkKey(key, value, "env "+name); err != nil {
+			if err := checkKey(key, value, "env "+name); err != nil && !maybeDeclared(key) {
 				problems = append(problems, err)
 				return "", nil
 			}
@@ -273,7 +292,7 @@ func flagLayer(args []string) (layer, error) {
 				continue
 			}
 		}
-		if err := checkKey(name, value, "flag --"+name); err != nil {
+		if err := checkKey(name, value, "flag --"+name); err != nil && !maybeDeclared(name) {
 			errs = append(errs, err)
 			continue
 		}
@@ -306,9 +325,17 @@ func (r *Resolved) Show(w io.Writer) error {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tVALUE\tSOURCE")
+	rows := make([][3]string, 0, len(fields)+len(r.Config.Declared))
 	for i := range fields {
 		f := &fields[i]
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.key, formatValue(fieldOf(&r.Config, f)), r.sources[f.key])
+		rows = append(rows, [3]string{f.key, formatValue(fieldOf(&r.Config, f)), r.sources[f.key]})
+	}
+	for key, v := range r.Config.Declared {
+		rows = append(rows, [3]string{key, v, r.sources[key]})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i][0] < rows[j][0] })
+	for _, row := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", row[0], row[1], row[2])
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("config: formatting: %w", err)

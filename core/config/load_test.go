@@ -15,7 +15,7 @@ const (
 	trainKeys = "batch_size, beta1, beta2, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
 		"log_every, lr, min_lr, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
-	topKeys = "checkpoint, comm, data, ddp, device, init_from, metrics_file, model, parallel, resume, resume_allow_nonfinite, save_to, trace, train, zero"
+	topKeys = "checkpoint, comm, data, ddp, device, init_from, metrics_file, model, parallel, plugins, resume, resume_allow_nonfinite, save_to, trace, train, zero"
 )
 
 func writeFile(t *testing.T, name, text string) string {
@@ -218,14 +218,14 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 
 func TestReservedEnvSkipped(t *testing.T) {
 	env := []string{"PATH=/usr/bin", "HOME=/root", "tinyacc_train__lr=5"}
-	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM"} {
+	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN"} {
 		value := map[string]string{"TINYACC_DEBUG": "detail", "TINYACC_SHM": "0"}[name] // their own checks: reserved_test.go
 		if value == "" {
 			value = "not a config value"
 		}
 		env = append(env, name+"="+value)
 	}
-	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM"}, ReservedEnv)
+	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN"}, ReservedEnv)
 	r, err := Load("", env, nil)
 	require.NoError(t, err)
 	for key, src := range r.Sources() {

@@ -92,6 +92,9 @@ func (c *Config) Validate() error {
 	if c.Zero.Stage < 0 || c.Zero.Stage > 3 {
 		v.addf("config: zero.stage=%d must be 0, 1, 2 or 3", c.Zero.Stage)
 	}
+	if c.DDP.Process && c.Zero.Stage != 0 {
+		v.addf("config: ddp.process=true runs DDP in a plugin process, but zero.stage=%d picks ZeRO: set zero.stage=0 or ddp.process=false", c.Zero.Stage)
+	}
 
 	switch {
 	case c.Device == "cpu":

@@ -41,6 +41,22 @@ type Allocator struct {
 	wpeak  int64 // the most bytes in use since StartWindow
 	free   map[poolKey][]any
 	noPool bool
+	// backing, when set, supplies the storage of new tensors (see
+	// SetBacking); nil means the Go heap.
+	backing func(dtype DType, n int) any
+}
+
+// SetBacking makes the allocator take the storage of tensors it creates
+// from now on from fn instead of the Go heap (nil restores the heap). fn
+// returns a []float32, []float64 or []int32 of n elements, matching dtype,
+// or nil to fall back to the heap. A plugin process uses it while a plugin
+// prepares, so the buffers the plugin allocates (DDP's gradient buckets)
+// lie in memory shared with the trainer. Free lists are bypassed while it
+// is set: a pooled heap buffer must not stand in for shared memory.
+func (a *Allocator) SetBacking(fn func(dtype DType, n int) any) {
+	a.mu.Lock()
+	a.backing = fn
+	a.mu.Unlock()
 }
 
 type poolKey struct {
@@ -70,7 +86,9 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	a.mu.Lock()
 	var buf any
 	k := poolKey{dtype, n}
-	if l := a.free[k]; len(l) > 0 {
+	if a.backing != nil {
+		buf = a.backing(dtype, n)
+	} else if l := a.free[k]; len(l) > 0 {
 		buf = l[len(l)-1]
 		a.free[k] = l[:len(l)-1]
 	}

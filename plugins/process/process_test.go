@@ -1,0 +1,108 @@
+package process_test
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/process"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+	"github.com/tinyacc/tinyacc/pluginsdk"
+)
+
+// The test binary doubles as the plugins under test: started with
+// TINYACC_TEST_PLUGIN set, it serves one of them instead of testing.
+const testPluginEnv = "TINYACC_TEST_PLUGIN"
+
+func TestMain(m *testing.M) {
+	process.ServeBuiltin()
+	switch os.Getenv(testPluginEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "kill", "stop":
+		sig := map[string]syscall.Signal{"kill": syscall.SIGKILL, "stop": syscall.SIGSTOP}[os.Getenv(testPluginEnv)]
+		pluginsdk.Serve(pluginsdk.Info{Name: "faulty"}, func(*pluginsdk.Env) (trainer.Plugin, error) {
+			return &faulty{sig: sig}, nil
+		})
+	case "v2":
+		pluginsdk.ServeHandshake(pluginsdk.Handshake(2), pluginsdk.Info{Name: "future"}, nil)
+	case "cookie":
+		hs := pluginsdk.Handshake(pluginsdk.ProtocolVersion)
+		hs.MagicCookieValue = "another-host"
+		pluginsdk.ServeHandshake(hs, pluginsdk.Info{Name: "stranger"}, nil)
+	}
+}
+
+// faulty receives sig itself in the PreStep of step 2: mid-step, with the
+// trainer waiting for its answer.
+type faulty struct {
+	sig   syscall.Signal
+	steps int
+}
+
+func (f *faulty) Name() string { return "faulty" }
+func (f *faulty) PreStep(*trainer.Trainer) error {
+	f.steps++
+	if f.steps == 2 {
+		syscall.Kill(os.Getpid(), f.sig)
+	}
+	return nil
+}
+
+func start(t *testing.T, variant string) (*process.Plugin, error) {
+	return process.Start(os.Args[0], process.Options{Env: []string{testPluginEnv + "=" + variant}, Rank: 0, Deadline: 30 * time.Second})
+}
+
+// TestKilledOrStoppedPlugin ends a run whose plugin process is killed or
+// stopped mid-step, within comm.timeout, with an error naming the plugin,
+// its binary and the hook, and leaves no process and no arena file behind.
+func TestKilledOrStoppedPlugin(t *testing.T) {
+	exe := os.Args[0]
+	for variant, want := range map[string]string{
+		"kill": "process plugin faulty (" + exe + "): PreStep: the plugin process died or closed its connection",
+		"stop": "process plugin faulty (" + exe + "): PreStep did not answer within 1s (comm.timeout); the plugin process was killed",
+	} {
+		p, err := start(t, variant)
+		require.NoError(t, err)
+		cfg := ptest.Config()
+		cfg.Comm.Timeout = time.Second
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: []trainer.Plugin{p}})
+		require.NoError(t, err)
+		_, err = tr.Run(t.Context())
+		require.ErrorContains(t, err, want, variant)
+		require.NoError(t, p.Close())
+		require.ErrorIs(t, syscall.Kill(p.Pid(), 0), syscall.ESRCH, "%s: the plugin process is gone", variant)
+		left, _ := filepath.Glob(pluginsdk.ArenaPattern(os.Getpid()))
+		require.Empty(t, left, "%s: no arena file is left", variant)
+	}
+}
+
+// TestStartErrors: each bad binary is refused before training, saying why.
+func TestStartErrors(t *testing.T) {
+	exe := os.Args[0]
+	_, err := start(t, "v2")
+	require.EqualError(t, err, "process plugin "+exe+": it speaks plugin protocol version 2, this tinyacc speaks version 1: rebuild the plugin against this tinyacc's pluginsdk")
+
+	_, err = start(t, "cookie")
+	require.ErrorContains(t, err, "process plugin "+exe+": it exited before the handshake; is it a tinyacc plugin (built with pluginsdk.Serve)?; its last output: This binary is a plugin.")
+
+	_, err = process.Start("/bin/true", process.Options{})
+	require.EqualError(t, err, "process plugin /bin/true: it exited before the handshake; is it a tinyacc plugin (built with pluginsdk.Serve)?")
+
+	script := filepath.Join(t.TempDir(), "hello")
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\necho hello\n"), 0o755))
+	_, err = process.Start(script, process.Options{})
+	require.EqualError(t, err, "process plugin "+script+": not a tinyacc plugin (its first output \"hello\" is not a go-plugin handshake)")
+
+	missing := filepath.Join(t.TempDir(), "nope")
+	_, err = process.Start(missing, process.Options{})
+	require.EqualError(t, err, "process plugin "+missing+": stat "+missing+": no such file or directory")
+
+	_, err = process.Start(t.TempDir(), process.Options{})
+	require.ErrorContains(t, err, "not an executable file")
+}
