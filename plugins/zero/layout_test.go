@@ -92,3 +92,34 @@ func TestLayoutErrors(t *testing.T) {
 	_, err = NewLayout(m64, 2, 0)
 	require.EqualError(t, err, "zero: parameter wte.weight is float64; sharding supports float32 parameters only")
 }
+
+// TestLayoutOfStageChunks: a rank holding two chunks of blocks (an
+// interleaved pipeline's first rank: the embedding, h.0 and h.2) lays out
+// all of them and nothing else; the last stage's own wte lives in its
+// head unit, with no tie to another unit.
+func TestLayoutOfStageChunks(t *testing.T) {
+	cfg := nn.GPTConfig{NLayer: 4, NHead: 2, NEmbd: 8, BlockSize: 5, VocabSize: 11}
+	first, err := nn.NewStage(cfg, 1, tensor.Float32, tensor.NewAllocator(), [][2]int{{0, 1}, {2, 3}})
+	require.NoError(t, err)
+	l, err := NewLayout(first, 2, 0)
+	require.NoError(t, err)
+	var names []string
+	for _, u := range l.Units {
+		names = append(names, u.Name)
+	}
+	require.Equal(t, []string{"embed", "h.0", "h.2"}, names)
+	require.False(t, l.Units[0].Shared, "no head on this stage reads the embedding")
+
+	last, err := nn.NewStage(cfg, 1, tensor.Float32, tensor.NewAllocator(), [][2]int{{1, 2}, {3, 4}})
+	require.NoError(t, err)
+	l, err = NewLayout(last, 2, 1)
+	require.NoError(t, err)
+	names = nil
+	for _, u := range l.Units {
+		names = append(names, u.Name)
+	}
+	require.Equal(t, []string{"h.1", "h.3", "head"}, names)
+	head := l.Units[2]
+	require.Equal(t, "wte.weight", head.Ranges[2].Name, "the last stage's copy of the tied table")
+	require.Empty(t, head.Uses)
+}
