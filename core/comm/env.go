@@ -17,6 +17,7 @@ type EnvInfo struct {
 	MasterAddr string
 	MasterPort int
 	Token      string // TINYACC_JOB_TOKEN, the per-job secret every connection presents
+	HostID     string // TINYACC_HOST_ID, overrides the host identity (hostid.go)
 	Source     string // "torchrun", "slurm", "openmpi" or "single"
 	Debug      bool   // TINYACC_DEBUG=detail
 	Timeout    time.Duration
@@ -101,6 +102,7 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 		return info, fmt.Errorf("comm: MASTER_PORT=%d is not a valid port (1-65535)", info.MasterPort)
 	}
 	info.Token = env["TINYACC_JOB_TOKEN"]
+	info.HostID = strings.TrimSpace(env[HostIDVar])
 	switch d := env["TINYACC_DEBUG"]; d {
 	case "", "off", "0":
 	case "detail":
