@@ -148,6 +148,7 @@ var ReservedEnv = []string{
 	"TINYACC_LOCAL_RANK",
 	"TINYACC_RESTART",
 	"TINYACC_SHM",
+	"TINYACC_HOST_ID",
 }
 
 // EnvPrefix is the prefix of environment variables that carry configuration.

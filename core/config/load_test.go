@@ -218,10 +218,10 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 
 func TestReservedEnvSkipped(t *testing.T) {
 	env := []string{"PATH=/usr/bin", "HOME=/root", "tinyacc_train__lr=5"}
-	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM"} {
+	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_HOST_ID"} {
 		env = append(env, name+"=not a config value")
 	}
-	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM"}, ReservedEnv)
+	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_HOST_ID"}, ReservedEnv)
 	r, err := Load("", env, nil)
 	require.NoError(t, err)
 	for key, src := range r.Sources() {
