@@ -14,7 +14,12 @@ import (
 // its peer listener there, then lower ranks accept and higher ranks dial so
 // each pair connects exactly once, every connection proving the job token.
 
-func newTCPFromEnv(env EnvInfo, opts Options) (Group, error) { return newTCP(env, opts, nil) }
+func newTCPFromEnv(env EnvInfo, opts Options) (Group, error) {
+	if err := spanCheck(env); err != nil {
+		return nil, err
+	}
+	return newTCP(env, opts, nil)
+}
 
 // newTCP rendezvouses through the store and builds the mesh. storeLn, when
 // not nil, is rank 0's already-open store listener (tests pick free ports
