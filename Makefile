@@ -4,7 +4,7 @@
 GO       ?= go
 PYTHON   ?= /usr/bin/python3
 BIN      := build/tinyacc
-APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv
+APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv libopenmpi-dev openmpi-bin
 TEST_TIMEOUT ?= 20m
 
 .PHONY: all deps build demo test test-go test-python vet python bench-step bench-comm bench-dp bench-bindings clean

@@ -70,7 +70,7 @@ type Config struct {
 		CP int `koanf:"cp"` // context-parallel ranks
 	} `koanf:"parallel"`
 	Comm struct {
-		Backend string        `koanf:"backend"` // "tcp" between processes, "local" for goroutine ranks
+		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
 	} `koanf:"comm"`
 	DDP struct {
