@@ -222,7 +222,9 @@ func (g *mpiGroup) allGatherV(name string, in, out *tensor.Tensor, counts []int)
 	return h
 }
 
-func (g *mpiGroup) Broadcast(t *tensor.Tensor, root int) error { return g.BroadcastAsync(t, root).Wait() }
+func (g *mpiGroup) Broadcast(t *tensor.Tensor, root int) error {
+	return g.BroadcastAsync(t, root).Wait()
+}
 
 func (g *mpiGroup) BroadcastAsync(t *tensor.Tensor, root int) Handle {
 	const name = "broadcast"
