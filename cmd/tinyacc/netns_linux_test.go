@@ -200,7 +200,8 @@ func TestTrainAcrossNetnsLinkDown(t *testing.T) {
 	for r, rk := range ranks {
 		require.Error(t, errs[r], "rank %d finished despite the dropped link:\n%s", r, rk.out.String())
 		a, b := other[r][0], other[r][1]
-		assert.Regexp(t, fmt.Sprintf(`(?m)^tinyacc: rank %d: step \d+: .*comm: all_reduce on group "dp" seq \d+ failed after 3s: ranks \[%d %d\] did not arrive \(rank %d: no answer: timed out waiting for rank %d; rank %d: no answer: timed out waiting for rank %d\)$`,
-			r, a, b, a, a, b, b), rk.out.String(), "rank %d", r)
+		// The same-host mate may be listed too when it gave up first.
+		assert.Regexp(t, fmt.Sprintf(`(?m)^tinyacc: rank %d: step \d+: .*comm: all_reduce on group "dp" seq \d+ failed after 3s: ranks \[[0-3 ]*\] did not arrive \(.*rank %d: no answer: timed out waiting for rank %d; rank %d: no answer: timed out waiting for rank %d\)$`,
+			r, a, a, b, b), rk.out.String(), "rank %d", r)
 	}
 }
