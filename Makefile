@@ -4,10 +4,10 @@
 GO       ?= go
 PYTHON   ?= /usr/bin/python3
 BIN      := build/tinyacc
-APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv
+APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv libopenmpi-dev openmpi-bin
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-dp bench-bindings clean
+.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-comm-netns bench-dp bench-bindings clean
 
 all: build
 
@@ -66,9 +66,14 @@ python: deps
 bench-step: build
 	$(BIN) bench step
 
-# bench-comm: tinyacc tcp vs torch.distributed gloo, 4 ranks, side by side.
+# bench-comm: tinyacc tcp and mpi vs torch.distributed gloo, 4 ranks, one table
+# (mpi only where mpirun is installed).
 bench-comm: build
 	bench/comm.sh
+
+# bench-comm-netns (root): tinyacc tcp across two network namespaces vs within one.
+bench-comm-netns: build
+	bench/comm_netns.sh
 
 # bench-dp: DDP naive vs bucketed vs ZeRO-1/2/3 for dp=2 and dp=4 (tcp).
 bench-dp: build

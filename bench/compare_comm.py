@@ -1,18 +1,21 @@
 #!/usr/bin/python3
-"""Side-by-side collective bandwidth of tinyacc and gloo.
+"""Side-by-side collective bandwidth of several backends.
 
-    bench/compare_comm.py --tinyacc t1.jsonl t2.jsonl t3.jsonl \
-                          --gloo g1.jsonl g2.jsonl g3.jsonl
+    bench/compare_comm.py --runs tcp t1.jsonl t2.jsonl --runs mpi m1.jsonl m2.jsonl \
+                          --runs gloo g1.jsonl g2.jsonl --peer gloo
 
 Each file is one run: JSON lines with at least op, nranks, bytes and
-busbw_gbps, as written by `tinyacc bench` and bench/gloo_comm.py --json
-(lines prefixed by the launcher, "[rank 0] {...}", and non-JSON lines are
-accepted). Runs of the two should be interleaved (t1 g1 t2 g2 ...) so that a
-slow spell of the machine hits both; the table shows, per op, rank count and
-size, the median busbw of each side over all its runs, and tinyacc/gloo.
+busbw_gbps, as written by `tinyacc bench comm --json` and bench/gloo_comm.py
+--json (lines prefixed by the launcher, "[rank 0] {...}", and non-JSON lines
+are accepted). --runs NAME FILE... gives one side (a column) and the files
+of its runs; runs of the sides should be interleaved (t1 m1 g1 t2 m2 g2 ...)
+so that a slow spell of the machine hits all of them. The table shows, per
+op, rank count and size, the median busbw of each side over all its runs,
+then each other side's median divided by the peer's (--peer, by default the
+last side).
 
-Files may also be given without flags when their names say which side they
-belong to (containing "tinyacc" or "gloo").
+The older form, --tinyacc FILE... --gloo FILE... (or files whose names
+contain "tinyacc" or "gloo"), compares the two with gloo as the peer.
 """
 
 import argparse
@@ -54,27 +57,57 @@ def human_size(n):
     return str(n)
 
 
-def compare(tinyacc, gloo):
-    """Rows (op, nranks, bytes, tinyacc median, gloo median, ratio), sorted;
-    a side with no samples for a row has None, and then so has the ratio."""
+def compare_sides(sides, peer):
+    """sides is [(name, samples), ...] with samples as read_runs returns
+    them; peer is one of the names. Rows (op, nranks, bytes, medians,
+    ratios, runs), sorted: medians has one entry per side, in order; ratios
+    one per side other than the peer, that side's median over the peer's;
+    runs the number of samples behind each median. A side with no samples
+    for a row has None, and then so has its ratio."""
+    names = [name for name, _ in sides]
+    if peer not in names:
+        raise ValueError(f"peer {peer!r} is none of the sides ({', '.join(names)})")
+    keys = set()
+    for _, samples in sides:
+        keys |= set(samples)
+    p = names.index(peer)
     rows = []
-    for key in sorted(set(tinyacc) | set(gloo)):
-        t = statistics.median(tinyacc[key]) if key in tinyacc else None
-        g = statistics.median(gloo[key]) if key in gloo else None
-        ratio = t / g if t is not None and g else None
-        rows.append((*key, t, g, ratio))
+    for key in sorted(keys):
+        medians = [statistics.median(s[key]) if key in s else None for _, s in sides]
+        base = medians[p]
+        ratios = [m / base if m is not None and base else None
+                  for i, m in enumerate(medians) if i != p]
+        runs = [len(s.get(key, ())) for _, s in sides]
+        rows.append((*key, medians, ratios, runs))
     return rows
 
 
-def format_table(rows, runs_t, runs_g):
+def format_sides(rows, names, peer):
+    """The table of compare_sides' rows, for sides called names."""
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
 
-    out = [f"{'op':<15}{'nranks':>7}{'size':>8}{'tinyacc GB/s':>14}{'gloo GB/s':>12}{'tinyacc/gloo':>14}"]
-    for op, n, size, t, g, ratio in rows:
-        out.append(f"{op:<15}{n:>7}{human_size(size):>8}{num(t, '.3f'):>14}{num(g, '.3f'):>12}{num(ratio, '.2f'):>14}")
-    out.append(f"busbw, each row the median of its runs in {runs_t} tinyacc and {runs_g} gloo files; GB = 1e9 bytes")
+    heads = [f"{n} GB/s" for n in names] + [f"{n}/{peer}" for n in names if n != peer]
+    widths = [max(len(h) + 2, 10) for h in heads]
+    out = [f"{'op':<15}{'nranks':>7}{'size':>8}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    for op, n, size, medians, ratios, _ in rows:
+        cells = [num(m, ".3f") for m in medians] + [num(r, ".2f") for r in ratios]
+        out.append(f"{op:<15}{n:>7}{human_size(size):>8}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    counts = []
+    for i, name in enumerate(names):
+        seen = [row[5][i] for row in rows if row[5][i]]
+        lo, hi = (min(seen), max(seen)) if seen else (0, 0)
+        counts.append(f"{lo} {name}" if lo == hi else f"{lo}-{hi} {name}")
+    runs = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    out.append(f"busbw, each row the median of {runs} runs; GB = 1e9 bytes")
     return "\n".join(out)
+
+
+def compare(tinyacc, gloo):
+    """Rows (op, nranks, bytes, tinyacc median, gloo median, ratio), sorted;
+    a side with no samples for a row has None, and then so has the ratio."""
+    return [(op, n, size, *medians, *ratios)
+            for op, n, size, medians, ratios, _ in compare_sides([("tinyacc", tinyacc), ("gloo", gloo)], "gloo")]
 
 
 def split_by_name(paths):
@@ -93,23 +126,43 @@ def split_by_name(paths):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="+", action="append", default=[], metavar=("NAME", "FILE"),
+                   help="one side: its name, then the files of its runs (JSON lines); repeat per side")
+    p.add_argument("--peer", help="the side the others are divided by (default: the last --runs)")
     p.add_argument("--tinyacc", nargs="+", default=[], metavar="FILE", help="tinyacc runs (JSON lines)")
     p.add_argument("--gloo", nargs="+", default=[], metavar="FILE", help="gloo runs (JSON lines)")
     p.add_argument("files", nargs="*", help="runs whose file names contain 'tinyacc' or 'gloo'")
     args = p.parse_args(argv)
+    if args.runs:
+        if args.tinyacc or args.gloo or args.files:
+            p.error("--runs cannot be mixed with --tinyacc, --gloo or bare files")
+        sides = []
+        for name, *paths in args.runs:
+            if not paths:
+                p.error(f"--runs {name}: no files; give the side's name, then its run files")
+            if name in (n for n, _ in sides):
+                p.error(f"--runs {name} is given twice; put all of a side's files after one --runs")
+            sides.append((name, paths))
+        peer = args.peer or sides[-1][0]
+    else:
+        try:
+            t_named, g_named = split_by_name(args.files)
+        except ValueError as e:
+            p.error(str(e))
+        t_paths, g_paths = args.tinyacc + t_named, args.gloo + g_named
+        if not t_paths and not g_paths:
+            p.error("no runs given; use --runs NAME FILE... (once per side), or --tinyacc FILE... --gloo FILE...")
+        sides, peer = [("tinyacc", t_paths), ("gloo", g_paths)], args.peer or "gloo"
+    names = [name for name, _ in sides]
     try:
-        t_named, g_named = split_by_name(args.files)
+        rows = compare_sides([(name, read_runs(paths)) for name, paths in sides], peer)
     except ValueError as e:
-        p.error(str(e))
-    t_paths, g_paths = args.tinyacc + t_named, args.gloo + g_named
-    if not t_paths and not g_paths:
-        p.error("no runs given; use --tinyacc FILE... --gloo FILE...")
-    rows = compare(read_runs(t_paths), read_runs(g_paths))
+        p.error(f"--peer: {e}")
     if not rows:
         print("compare_comm: no result lines (JSON with op, nranks, bytes, busbw_gbps) in the files",
               file=sys.stderr)
         return 1
-    print(format_table(rows, len(t_paths), len(g_paths)))
+    print(format_sides(rows, names, peer))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -51,11 +52,58 @@ def test_compare_takes_medians_and_ratios(tmp_path):
         ("all_reduce", 4, 1 << 20, 20.0, None, None),     # gloo has no such size
         ("broadcast", 4, 4096, None, 5.0, None),
     ]
-    table = compare_comm.format_table(rows, 3, 4)
+    sides = [("tinyacc", compare_comm.read_runs(t)), ("gloo", compare_comm.read_runs(g))]
+    table = compare_comm.format_sides(compare_comm.compare_sides(sides, "gloo"), ["tinyacc", "gloo"], "gloo")
     lines = table.splitlines()
+    assert lines[0].split() == ["op", "nranks", "size", "tinyacc", "GB/s", "gloo", "GB/s", "tinyacc/gloo"]
     assert lines[1].split() == ["all_reduce", "4", "4K", "2.000", "2.500", "0.80"]
     assert lines[2].split() == ["all_reduce", "4", "1M", "20.000", "-", "-"]
-    assert lines[-1] == "busbw, each row the median of its runs in 3 tinyacc and 4 gloo files; GB = 1e9 bytes"
+    assert lines[-1] == "busbw, each row the median of 3 tinyacc and 4 gloo runs; GB = 1e9 bytes"
+
+
+def test_compare_sides_ratios_against_the_peer(tmp_path):
+    tcp = [write(tmp_path, f"tcp{i}.jsonl", [rec("all_gather", 4, 1 << 20, b), rec("all_gather", 4, 4 << 20, 2 * b)])
+           for i, b in enumerate([2.0, 4.0, 3.0])]
+    mpi = [write(tmp_path, f"mpi{i}.jsonl", [rec("all_gather", 4, 1 << 20, b)]) for i, b in enumerate([1.0, 5.0])]
+    gloo = [write(tmp_path, f"gloo{i}.jsonl", [rec("all_gather", 4, 1 << 20, 1.5)]) for i in range(3)]
+    sides = [(name, compare_comm.read_runs(files)) for name, files in (("tcp", tcp), ("mpi", mpi), ("gloo", gloo))]
+    rows = compare_comm.compare_sides(sides, "gloo")
+    assert rows == [
+        ("all_gather", 4, 1 << 20, [3.0, 3.0, 1.5], [2.0, 2.0], [3, 2, 3]),
+        ("all_gather", 4, 4 << 20, [6.0, None, None], [None, None], [3, 0, 0]),  # no peer: no ratios
+    ]
+    # Against mpi, the other two sides get the ratios, in their order.
+    assert compare_comm.compare_sides(sides, "mpi")[0][4] == [1.0, 0.5]
+    lines = compare_comm.format_sides(rows, ["tcp", "mpi", "gloo"], "gloo").splitlines()
+    assert lines[0].split() == ["op", "nranks", "size", "tcp", "GB/s", "mpi", "GB/s", "gloo", "GB/s",
+                                "tcp/gloo", "mpi/gloo"]
+    assert lines[1].split() == ["all_gather", "4", "1M", "3.000", "3.000", "1.500", "2.00", "2.00"]
+    assert lines[2].split() == ["all_gather", "4", "4M", "6.000", "-", "-", "-", "-"]
+    assert lines[3] == "busbw, each row the median of 3 tcp, 2 mpi and 3 gloo runs; GB = 1e9 bytes"
+    with pytest.raises(ValueError, match="peer 'nccl' is none of the sides \\(tcp, mpi, gloo\\)"):
+        compare_comm.compare_sides(sides, "nccl")
+
+
+def test_compare_main_runs_and_peer(tmp_path, capsys):
+    a = write(tmp_path, "a.jsonl", [rec("all_reduce", 4, 1 << 20, 3.0)])
+    b = write(tmp_path, "b.jsonl", [rec("all_reduce", 4, 1 << 20, 2.0)])
+    c = write(tmp_path, "c.jsonl", [rec("all_reduce", 4, 1 << 20, 6.0)])
+    assert compare_comm.main(["--runs", "across", a, "--runs", "within", b, c]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "across/within"  # the last side is the peer unless named
+    assert lines[1].split() == ["all_reduce", "4", "1M", "3.000", "4.000", "0.75"]
+    assert lines[2] == "busbw, each row the median of 1 across and 2 within runs; GB = 1e9 bytes"
+    assert compare_comm.main(["--runs", "across", a, "--runs", "within", b, "--peer", "across"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[-1] == "within/across"
+    for argv, msg in [
+        (["--runs", "x", a, "--runs", "y", b, "--peer", "z"], "peer 'z' is none of the sides (x, y)"),
+        (["--runs", "x", a, "--runs", "x", b], "--runs x is given twice"),
+        (["--runs", "x"], "--runs x: no files"),
+        (["--runs", "x", a, "--gloo", b], "--runs cannot be mixed"),
+    ]:
+        with pytest.raises(SystemExit):
+            compare_comm.main(argv)
+        assert msg in capsys.readouterr().err
 
 
 def test_compare_main_sorts_files_by_name(tmp_path, capsys):
@@ -67,6 +115,81 @@ def test_compare_main_sorts_files_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_comm.main([c])
     assert "cannot tell whether" in capsys.readouterr().err
+
+
+FAKE_TINYACC = """#!/usr/bin/python3
+# Stands in for build/tinyacc in comm.sh: logs each run and prints busbw
+# that says which backend and size it came from.
+import json, os, sys
+argv = sys.argv[1:]
+def flag(name, args):
+    return args[args.index(name) + 1]
+if argv[0] == "launch":
+    cmd = argv[argv.index("--") + 1:]
+    assert cmd[1] == "bench/gloo_comm.py", cmd
+    backend, args, prefix = "gloo", cmd, "[rank 0] "
+else:
+    assert argv[:2] == ["bench", "comm"], argv
+    backend, args, prefix = flag("--backend", argv), argv, ""
+op = flag("--op", args)
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(f"{backend} {op}\\n")
+base = {"tcp": 2.0, "mpi": 3.0, "gloo": 1.0}[backend]
+for size in flag("--sizes", args).split(","):
+    mib = int(size[:-1])
+    print(prefix + json.dumps({"op": op, "nranks": 4, "bytes": mib << 20, "busbw_gbps": base * mib}))
+"""
+
+
+def run_comm_sh(tmp_path, with_mpirun, **env):
+    """Runs bench/comm.sh with a fake tinyacc, on a PATH with only the tools
+    it needs (and a stand-in mpirun when asked); returns stdout and the log
+    of runs in order."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("dirname", "mktemp", "rm", "seq", "cat"):
+        os.symlink(shutil.which(tool), bindir / tool)
+    if with_mpirun:
+        os.symlink(shutil.which("true"), bindir / "mpirun")
+    fake = tmp_path / "tinyacc"
+    fake.write_text(FAKE_TINYACC)
+    fake.chmod(0o755)
+    log = tmp_path / "runs.log"
+    env = dict(PATH=str(bindir), BIN=str(fake), PYTHON=sys.executable, FAKE_LOG=str(log), **env)
+    res = subprocess.run(["/bin/bash", os.path.join(HERE, "comm.sh")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout, log.read_text().splitlines()
+
+
+def test_comm_sh_interleaves_backends_in_one_table(tmp_path):
+    out, runs = run_comm_sh(tmp_path, True, REPEATS="2", SIZES="1M,4M")
+    # Each repeat starts with the next backend.
+    assert runs == ["tcp all_reduce", "mpi all_reduce", "gloo all_reduce",
+                    "mpi all_reduce", "gloo all_reduce", "tcp all_reduce",
+                    "tcp all_gather", "mpi all_gather", "gloo all_gather",
+                    "mpi all_gather", "gloo all_gather", "tcp all_gather"]
+    lines = out.splitlines()
+    assert lines[0] == "4 ranks on one host; tcp and mpi are tinyacc's backends, gloo is torch.distributed's"
+    assert lines[1].split() == ["op", "nranks", "size", "tcp", "GB/s", "mpi", "GB/s", "gloo", "GB/s",
+                                "tcp/gloo", "mpi/gloo"]
+    assert [ln.split() for ln in lines[2:6]] == [
+        ["all_gather", "4", "1M", "2.000", "3.000", "1.000", "2.00", "3.00"],
+        ["all_gather", "4", "4M", "8.000", "12.000", "4.000", "2.00", "3.00"],
+        ["all_reduce", "4", "1M", "2.000", "3.000", "1.000", "2.00", "3.00"],
+        ["all_reduce", "4", "4M", "8.000", "12.000", "4.000", "2.00", "3.00"],
+    ]
+    assert lines[6] == "busbw, each row the median of 2 tcp, 2 mpi and 2 gloo runs; GB = 1e9 bytes"
+    assert len(lines) == 7
+
+
+def test_comm_sh_without_mpirun_says_so(tmp_path):
+    out, runs = run_comm_sh(tmp_path, False, REPEATS="1", SIZES="1M", OPS="all_reduce", PEER="tcp")
+    assert runs == ["tcp all_reduce", "gloo all_reduce"]
+    lines = out.splitlines()
+    assert lines[1].split() == ["op", "nranks", "size", "tcp", "GB/s", "gloo", "GB/s", "gloo/tcp"]
+    assert lines[2].split() == ["all_reduce", "4", "1M", "2.000", "1.000", "0.50"]
+    assert lines[-1].startswith("mpi: not measured, mpirun is not on PATH")
 
 
 def free_port():

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"strconv"
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/comm/commbench"
@@ -20,7 +22,7 @@ import (
 func benchComm(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench comm", flag.ContinueOnError)
 	nproc := fs.Int("nproc", 4, "ranks")
-	backend := fs.String("backend", "tcp", "tcp (processes) or local (goroutines)")
+	backend := fs.String("backend", "tcp", "tcp (processes), mpi (processes under mpirun) or local (goroutines)")
 	op := fs.String("op", "all_reduce", "all_reduce, all_gather, reduce_scatter or broadcast")
 	sizesFlag := fs.String("sizes", "4K,64K,1M,16M,64M", "buffer sizes in bytes (K=KiB, M=MiB)")
 	iters := fs.Int("iters", 20, "timed iterations per size (the median is reported)")
@@ -50,9 +52,10 @@ func benchComm(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case *backend == "local":
 		return comm.RunLocal(*nproc, opts, run)
-	case *backend != "tcp":
-		return fmt.Errorf("bench comm: --backend %q: use tcp or local", *backend)
+	case *backend != "tcp" && *backend != "mpi":
+		return fmt.Errorf("bench comm: --backend %q: use tcp, mpi or local", *backend)
 	case launched():
+		opts.Backend = *backend
 		g, err := comm.InitFromEnv(opts)
 		if err != nil {
 			return err
@@ -67,6 +70,9 @@ func benchComm(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	argv := append([]string{exe, "bench", "comm"}, args...)
+	if *backend == "mpi" {
+		return benchUnderMpirun(*nproc, argv, stdout, stderr)
+	}
 	lo := launch.Options{NProc: *nproc, Stdout: &stripRank0{w: stdout}, Stderr: stderr}
 	if err := launch.Run(context.Background(), lo, argv); err != nil {
 		return fmt.Errorf("bench comm: %w", err)
@@ -95,4 +101,23 @@ func (s *stripRank0) Write(p []byte) (int, error) {
 		}
 		s.buf = s.buf[i+1:]
 	}
+}
+
+// benchUnderMpirun starts the ranks of an mpi benchmark with mpirun, which
+// must be on PATH; only rank 0 prints.
+func benchUnderMpirun(nproc int, argv []string, stdout, stderr io.Writer) error {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		return fmt.Errorf("bench comm: --backend mpi needs mpirun on PATH (Debian: apt-get install openmpi-bin)")
+	}
+	args := []string{"--oversubscribe", "-np", strconv.Itoa(nproc)}
+	if os.Geteuid() == 0 {
+		args = append(args, "--allow-run-as-root")
+	}
+	cmd := exec.Command(mpirun, append(args, argv...)...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("bench comm: mpirun: %w", err)
+	}
+	return nil
 }

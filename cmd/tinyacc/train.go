@@ -25,7 +25,7 @@ import (
 // cmdTrain trains in one of three ways: one process; N processes of itself
 // through the launcher (--nproc); or N goroutine ranks of this process
 // (--local-ranks). A process started by a launcher (RANK and WORLD_SIZE set,
-// or SLURM/Open MPI variables) joins its job through the tcp backend.
+// or Open MPI, PMI or Slurm variables) joins its job through comm.backend.
 func cmdTrain(args []string, stdout, stderr io.Writer) error {
 	restarts, args, err := splitRestartFlag(args)
 	if err != nil {
@@ -176,7 +176,7 @@ func commOptions(cfg config.Config) comm.Options {
 // launched reports whether a launcher started this process as one rank of
 // a job (tinyacc launch/torchrun, srun or mpirun).
 func launched() bool {
-	for _, k := range []string{"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"} {
+	for _, k := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"} {
 		if n, err := strconv.Atoi(os.Getenv(k)); err == nil && n > 1 {
 			return true
 		}

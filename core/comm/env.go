@@ -17,7 +17,10 @@ type EnvInfo struct {
 	MasterAddr string
 	MasterPort int
 	Token      string // TINYACC_JOB_TOKEN, the per-job secret every connection presents
-	Source     string // "torchrun", "slurm", "openmpi" or "single"
+	HostID     string // TINYACC_HOST_ID, overrides the host identity (hostid.go)
+	MasterVar  string // the variable MasterAddr came from; "" for the default
+	Hosts      int    // hosts the launcher says the ranks span; 0 when it does not say
+	Source     string // "torchrun", "openmpi", "pmi", "slurm" or "single"
 	Debug      bool   // TINYACC_DEBUG=detail
 	Timeout    time.Duration
 }
@@ -28,9 +31,9 @@ const (
 )
 
 // ReadEnv parses environ (os.Environ() form). Rank variables are taken from
-// the first launcher that set them: torchrun-style RANK/WORLD_SIZE (what
-// tinyacc launch sets), then Slurm, then Open MPI; with none, the process is
-// a world of one.
+// the innermost launcher that set them (launchenv.go): torchrun-style
+// RANK/WORLD_SIZE (what tinyacc launch sets), then Open MPI, then PMI
+// (MPICH, Intel MPI), then Slurm; with none, the process is a world of one.
 func ReadEnv(environ []string) (EnvInfo, error) {
 	env := map[string]string{}
 	for _, kv := range environ {
@@ -51,39 +54,8 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 		*dst = n
 		return nil
 	}
-	schemes := []struct {
-		source, rank, size, local, localSize string
-	}{
-		{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-		{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", ""},
-		{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-	}
-	for _, s := range schemes {
-		_, hasRank := env[s.rank]
-		_, hasSize := env[s.size]
-		if !hasRank && !hasSize {
-			continue
-		}
-		if hasRank != hasSize {
-			return info, fmt.Errorf("comm: %s and %s must be set together (found only one)", s.rank, s.size)
-		}
-		info.Source = s.source
-		if err := num(s.rank, &info.Rank); err != nil {
-			return info, err
-		}
-		if err := num(s.size, &info.Size); err != nil {
-			return info, err
-		}
-		info.LocalRank = info.Rank
-		if err := num(s.local, &info.LocalRank); err != nil {
-			return info, err
-		}
-		if s.localSize != "" {
-			if err := num(s.localSize, &info.LocalSize); err != nil {
-				return info, err
-			}
-		}
-		break
+	if err := readLauncher(env, &info, num); err != nil {
+		return info, err
 	}
 	if info.Size < 1 {
 		return info, fmt.Errorf("comm: world size %d (from %s) must be at least 1", info.Size, info.Source)
@@ -91,8 +63,8 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	if info.Rank < 0 || info.Rank >= info.Size {
 		return info, fmt.Errorf("comm: rank %d is outside a world of size %d (from %s)", info.Rank, info.Size, info.Source)
 	}
-	if v := strings.TrimSpace(env["MASTER_ADDR"]); v != "" {
-		info.MasterAddr = v
+	if err := readMaster(env, &info); err != nil {
+		return info, err
 	}
 	if err := num("MASTER_PORT", &info.MasterPort); err != nil {
 		return info, err
@@ -106,6 +78,7 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	default:
 		return info, fmt.Errorf("comm: TINYACC_SHM=%q: use 0 or false to keep transfers on TCP, 1 or true (the default) for shared memory", s)
 	}
+	info.HostID = strings.TrimSpace(env[HostIDVar])
 	switch d := env["TINYACC_DEBUG"]; d {
 	case "", "off", "0":
 	case "detail":

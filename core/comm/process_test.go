@@ -26,7 +26,7 @@ func TestHelperProcess(t *testing.T) {
 	if scenario == "" {
 		t.Skip("only runs as a child of the process tests")
 	}
-	g, err := InitFromEnv(Options{Timeout: 5 * time.Second})
+	g, err := InitFromEnv(Options{Backend: os.Getenv("TINYACC_TEST_BACKEND"), Timeout: 5 * time.Second})
 	if err != nil {
 		fmt.Println("RESULT init:", err)
 		os.Exit(0)
@@ -39,6 +39,15 @@ func TestHelperProcess(t *testing.T) {
 			fmt.Println("RESULT ok")
 		}
 		_ = g.Close()
+	case "suite":
+		if err := checkSuite(g); err != nil {
+			fmt.Println("RESULT", err)
+		} else {
+			fmt.Println("RESULT ok")
+		}
+		if err := g.Close(); err != nil {
+			fmt.Println("RESULT close:", err)
+		}
 	case "kill":
 		if err := g.Barrier(); err != nil {
 			fmt.Println("RESULT", err)

@@ -14,7 +14,12 @@ import (
 // its peer listener there, then lower ranks accept and higher ranks dial so
 // each pair connects exactly once, every connection proving the job token.
 
-func newTCPFromEnv(env EnvInfo, opts Options) (Group, error) { return newTCP(env, opts, nil) }
+func newTCPFromEnv(env EnvInfo, opts Options) (Group, error) {
+	if err := spanCheck(env); err != nil {
+		return nil, err
+	}
+	return newTCP(env, opts, nil)
+}
 
 // newTCP rendezvouses through the store and builds the mesh. storeLn, when
 // not nil, is rank 0's already-open store listener (tests pick free ports
@@ -24,13 +29,12 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	if !hostLittleEndian() {
 		return nil, errors.New("comm: the tcp backend sends tensors in host byte order and needs a little-endian host")
 	}
-	if env.Token == "" {
-		fmt.Fprintf(opts.Log, "comm: warning: TINYACC_JOB_TOKEN is empty, so any process that reaches %s:%d can join the job\n", env.MasterAddr, env.MasterPort)
+	if env.Token == "" && env.Rank == 0 && !isLoopback(env.MasterAddr) {
+		fmt.Fprintf(opts.Log, "comm: warning: TINYACC_JOB_TOKEN is empty, so any process that reaches %s:%d can join the job (set the same secret TINYACC_JOB_TOKEN for every rank)\n", env.MasterAddr, env.MasterPort)
 	}
 	deadline := time.Now().Add(opts.Timeout)
-	loopback := isLoopback(env.MasterAddr)
 	t := &tcpTransport{rank: env.Rank, size: env.Size, opts: opts, box: newMailbox(opts.ChunkBytes),
-		peers: make([]*peerConn, env.Size)}
+		peers: make([]*peerConn, env.Size), hostOverride: env.HostID}
 	fail := func(err error) (Group, error) {
 		t.closeAll()
 		return nil, err
@@ -38,15 +42,10 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	storeAddr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
 	if env.Rank == 0 {
 		if storeLn == nil {
-			// All ranks are local when the master is loopback: then the
-			// store must not be reachable from other hosts.
-			bind := ""
-			if loopback {
-				bind = env.MasterAddr
-			}
+			bind := storeBindHost(env.MasterAddr)
 			ln, err := net.Listen("tcp", net.JoinHostPort(bind, strconv.Itoa(env.MasterPort)))
 			if err != nil {
-				return nil, fmt.Errorf("comm: rank 0 cannot host the store on port %d: %w (choose another MASTER_PORT)", env.MasterPort, err)
+				return nil, fmt.Errorf("comm: rank 0 cannot host the store on %s port %d: %w (MASTER_ADDR must be an address of rank 0's host; or choose another MASTER_PORT)", env.MasterAddr, env.MasterPort, err)
 			}
 			storeLn = ln
 		}
@@ -58,22 +57,13 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	}
 	t.store = store
 
-	host := ""
-	if loopback {
-		host = "127.0.0.1"
-	}
+	host := peerHost(store.conn, env.MasterAddr, env.Rank, opts.Log)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return fail(fmt.Errorf("comm: rank %d cannot open its peer listener: %w", env.Rank, err))
+		return fail(fmt.Errorf("comm: rank %d cannot open its peer listener on %s: %w", env.Rank, host, err))
 	}
 	defer ln.Close()
-	port := ln.Addr().(*net.TCPAddr).Port
-	adv := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if !loopback {
-		// The address this host uses to reach the master is one the other
-		// hosts can reach too.
-		adv = net.JoinHostPort(store.conn.LocalAddr().(*net.TCPAddr).IP.String(), strconv.Itoa(port))
-	}
+	adv := net.JoinHostPort(host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	if err := store.set(peerKey(env.Rank), []byte(adv), deadline); err != nil {
 		return fail(err)
 	}

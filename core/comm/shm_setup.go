@@ -78,22 +78,6 @@ func shmEnabled() bool {
 	return true
 }
 
-// hostID names this host and boot: ranks that publish the same id share
-// /dev/shm. The boot id keeps a reused hostname (containers) from matching a
-// host that merely has the same name.
-func hostID() (string, error) {
-	name, err := os.Hostname()
-	if err != nil {
-		return "", err
-	}
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return "", err
-	}
-	return name + "/" + strings.TrimSpace(string(boot)), nil
-}
-
-func hostKey(rank int) string { return "tinyacc/host/" + strconv.Itoa(rank) }
 func ringKey(src, dst int) string {
 	return "tinyacc/shm/" + strconv.Itoa(src) + "/" + strconv.Itoa(dst)
 }
@@ -108,26 +92,13 @@ func (t *tcpTransport) setupShm(deadline time.Time) error {
 	t.shmIn = make([]*shmRing, t.size)
 	t.shmOut = make([]*shmRing, t.size)
 	var problems []string
-	id := ""
-	if shmEnabled() {
-		var err error
-		if id, err = hostID(); err != nil {
-			problems = append(problems, "no host id: "+err.Error())
-		}
-	}
-	if err := t.store.set(hostKey(t.rank), []byte(id), deadline); err != nil {
+	ids, err := t.exchangeHostIDs(deadline)
+	if err != nil {
 		return err
 	}
-	local := make([]bool, t.size)
-	for r := 0; r < t.size; r++ {
-		if r == t.rank || id == "" {
-			continue
-		}
-		v, err := t.store.get(hostKey(r), deadline)
-		if err != nil {
-			return fmt.Errorf("comm: rank %d waiting for the host id of rank %d: %w", t.rank, r, err)
-		}
-		local[r] = string(v) == id
+	local := sameHostPeers(ids, t.rank)
+	if !shmEnabled() {
+		local = make([]bool, t.size)
 	}
 	var tag [6]byte
 	_, _ = rand.Read(tag[:])
@@ -165,6 +136,11 @@ func (t *tcpTransport) setupShm(deadline time.Time) error {
 		}
 		t.shmOut[dst] = ring
 	}
+	linked := make([]bool, t.size)
+	for p := range linked {
+		linked[p] = t.shmIn[p] != nil && t.shmOut[p] != nil
+	}
+	logLinks(t.opts.Log, t.rank, ids, linked)
 	if len(problems) > 0 {
 		fmt.Fprintf(t.opts.Log, "comm: rank %d: shared memory unavailable, those transfers use tcp: %s\n", t.rank, strings.Join(problems, "; "))
 	}

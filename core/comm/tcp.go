@@ -38,6 +38,8 @@ type tcpTransport struct {
 	// shmIn and shmOut are the shared-memory rings with same-host peers
 	// (shm.go), indexed by world rank; a nil entry means TCP only.
 	shmIn, shmOut []*shmRing
+	// hostOverride is TINYACC_HOST_ID (hostid.go); empty means the host's own.
+	hostOverride string
 
 	mu     sync.Mutex
 	closed bool

@@ -15,6 +15,12 @@ import (
 // Plugin tests use it to run the tcp code path without starting processes.
 // A rank whose fn fails drops its connections, as a crashed process would.
 func RunTCPLocal(n int, opts Options, fn func(g Group) error) error {
+	return runTCPLocalHosts(n, nil, opts, fn)
+}
+
+// runTCPLocalHosts is RunTCPLocal with hosts[r] as the host identity
+// override of rank r (nil: every rank on this host).
+func runTCPLocalHosts(n int, hosts []string, opts Options, fn func(g Group) error) error {
 	if n < 1 {
 		return fmt.Errorf("comm: RunTCPLocal needs at least one rank, got %d", n)
 	}
@@ -36,6 +42,9 @@ func RunTCPLocal(n int, opts Options, fn func(g Group) error) error {
 			defer wg.Done()
 			env := EnvInfo{Rank: r, Size: n, LocalRank: r, LocalSize: n, MasterAddr: "127.0.0.1", MasterPort: port,
 				Token: token, Source: "local-tcp"}
+			if hosts != nil {
+				env.HostID = hosts[r]
+			}
 			var storeLn net.Listener
 			if r == 0 {
 				storeLn = ln

@@ -74,7 +74,7 @@ type Config struct {
 		CP int `koanf:"cp"` // context-parallel ranks
 	} `koanf:"parallel"`
 	Comm struct {
-		Backend string        `koanf:"backend"` // "tcp" between processes, "local" for goroutine ranks
+		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
 	} `koanf:"comm"`
 	DDP struct {
@@ -172,6 +172,7 @@ var ReservedEnv = []string{
 	"TINYACC_SHM",
 	"TINYACC_PLUGIN",         // the handshake cookie a plugin process is started with
 	"TINYACC_PLUGIN_BUILTIN", // which compiled-in plugin tinyacc serves as a plugin process
+	"TINYACC_HOST_ID",        // overrides the host identity that decides shared memory between ranks
 }
 
 // EnvPrefix is the prefix of environment variables that carry configuration.

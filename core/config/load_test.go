@@ -218,14 +218,14 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 
 func TestReservedEnvSkipped(t *testing.T) {
 	env := []string{"PATH=/usr/bin", "HOME=/root", "tinyacc_train__lr=5"}
-	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN"} {
+	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_HOST_ID"} {
 		value := map[string]string{"TINYACC_DEBUG": "detail", "TINYACC_SHM": "0"}[name] // their own checks: reserved_test.go
 		if value == "" {
 			value = "not a config value"
 		}
 		env = append(env, name+"="+value)
 	}
-	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN"}, ReservedEnv)
+	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_HOST_ID"}, ReservedEnv)
 	r, err := Load("", env, nil)
 	require.NoError(t, err)
 	for key, src := range r.Sources() {

@@ -81,7 +81,7 @@ func (c *Config) Validate() error {
 			v.addf("config: %s=%d: %s is not available in this build yet; set %s=1", k.key, k.n, k.plugin, k.key)
 		}
 	}
-	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "local")
+	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)
 	}

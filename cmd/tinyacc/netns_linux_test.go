@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Two "hosts" on one machine: two network namespaces joined by a veth pair,
+// each with its own host identity (TINYACC_HOST_ID) and two ranks. Only the
+// private addresses of the pair, which exist inside these namespaces alone,
+// are ever used.
+
+// netnsPair creates the namespaces and the link, or skips with the reason.
+// Cleanup removes both namespaces (and with them the link) however the test
+// ends.
+func netnsPair(t *testing.T) (nsA, nsB, linkA string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip command (iproute2) to create network namespaces")
+	}
+	tag := strconv.Itoa(os.Getpid())
+	nsA, nsB = "tinyacc-"+tag+"-a", "tinyacc-"+tag+"-b"
+	linkA, linkB := "tac"+tag+"a", "tac"+tag+"b"
+	ip := func(args ...string) error {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+		}
+		return nil
+	}
+	for _, ns := range []string{nsA, nsB} {
+		if err := ip("netns", "add", ns); err != nil {
+			t.Skipf("network namespaces are unavailable here: %v", err)
+		}
+		t.Cleanup(func() { _ = ip("netns", "delete", ns) })
+	}
+	if err := ip("link", "add", linkA, "netns", nsA, "type", "veth", "peer", "name", linkB, "netns", nsB); err != nil {
+		t.Skipf("veth links are unavailable here: %v", err)
+	}
+	for _, c := range [][]string{
+		{"-n", nsA, "addr", "add", "10.200.0.1/24", "dev", linkA},
+		{"-n", nsB, "addr", "add", "10.200.0.2/24", "dev", linkB},
+		{"-n", nsA, "link", "set", "lo", "up"},
+		{"-n", nsB, "link", "set", "lo", "up"},
+		{"-n", nsA, "link", "set", linkA, "up"},
+		{"-n", nsB, "link", "set", linkB, "up"},
+	} {
+		require.NoError(t, ip(c...))
+	}
+	return nsA, nsB, linkA
+}
+
+// nsRank is one rank process running inside a namespace.
+type nsRank struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+// startNetnsJob starts 4 ranks of `tinyacc train`: ranks 0 and 1 in nsA
+// (host "hostA", rank 0 hosts the store at 10.200.0.1), ranks 2 and 3 in nsB.
+// stdout0, when not nil, receives rank 0's standard output as it comes.
+func startNetnsJob(t *testing.T, ctx context.Context, bin, nsA, nsB string, args []string, stdout0 io.Writer) []*nsRank {
+	t.Helper()
+	ranks := make([]*nsRank, 4)
+	for r := range ranks {
+		ns, host := nsA, "hostA"
+		if r >= 2 {
+			ns, host = nsB, "hostB"
+		}
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1",
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE=4", "LOCAL_RANK="+strconv.Itoa(r%2), "LOCAL_WORLD_SIZE=2",
+			"MASTER_ADDR=10.200.0.1", "MASTER_PORT=29500", "TINYACC_JOB_TOKEN=netns-test-token",
+			"TINYACC_HOST_ID="+host)
+		rk := &nsRank{cmd: cmd}
+		cmd.Stdout, cmd.Stderr = &rk.out, &rk.out
+		if r == 0 && stdout0 != nil {
+			cmd.Stdout = io.MultiWriter(&rk.out, stdout0)
+		}
+		cmd.WaitDelay = 5 * time.Second
+		require.NoError(t, cmd.Start())
+		ranks[r] = rk
+	}
+	return ranks
+}
+
+func waitAll(ranks []*nsRank) []error {
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for r, rk := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = rk.cmd.Wait()
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func buildTinyacc(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "tinyacc")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+var netnsTrain = []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=32",
+	"--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
+
+// 2 hosts × 2 ranks of DDP over tcp match one process with the same global
+// batch, and the cross-host pairs used tcp while same-host pairs shared
+// memory.
+func TestTrainAcrossNetnsHosts(t *testing.T) {
+	nsA, nsB, _ := netnsPair(t)
+	bin := buildTinyacc(t)
+	dir := t.TempDir()
+	single := filepath.Join(dir, "single.jsonl")
+	args := append(append([]string{}, netnsTrain...), "--train.steps=5")
+	cmd := exec.Command(bin, append(args, "--train.batch_size=8", "--metrics_file="+single)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	want := trainLosses(t, single)
+
+	multi := filepath.Join(dir, "multi.jsonl")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ranks := startNetnsJob(t, ctx, bin, nsA, nsB, append(args, "--train.batch_size=2", "--comm.timeout=30s", "--metrics_file="+multi), nil)
+	errs := waitAll(ranks)
+	for r, rk := range ranks {
+		require.NoError(t, errs[r], "rank %d:\n%s", r, rk.out.String())
+	}
+	links := []string{"[1], tcp with ranks [2 3]", "[0], tcp with ranks [2 3]", "[3], tcp with ranks [0 1]", "[2], tcp with ranks [0 1]"}
+	for r, rk := range ranks {
+		assert.Contains(t, rk.out.String(), fmt.Sprintf("comm: rank %d on 2 hosts: shared memory with ranks %s\n", r, links[r]))
+	}
+	got := trainLosses(t, multi)
+	require.Len(t, got, len(want))
+	for i := range want {
+		assert.InEpsilon(t, want[i], got[i], 1e-5, "loss of step %d", i)
+	}
+}
+
+// Dropping hostA's link in the middle of training ends every rank within
+// the communication deadline, each naming the ranks on the other side.
+func TestTrainAcrossNetnsLinkDown(t *testing.T) {
+	nsA, nsB, linkA := netnsPair(t)
+	bin := buildTinyacc(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pr, pw := io.Pipe()
+	args := append(append([]string{}, netnsTrain...), "--train.steps=100000", "--train.batch_size=2",
+		"--train.log_every=1", "--comm.timeout=3s")
+	ranks := startNetnsJob(t, ctx, bin, nsA, nsB, args, pw)
+	// Drop the link once rank 0 has logged its third step.
+	dropped := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "step      3/") {
+				out, err := exec.Command("ip", "-n", nsA, "link", "set", linkA, "down").CombinedOutput()
+				if err != nil {
+					err = fmt.Errorf("%v: %s", err, out)
+				}
+				dropped <- err
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	errs := waitAll(ranks)
+	pw.Close()
+	select {
+	case err := <-dropped:
+		require.NoError(t, err)
+	default:
+		t.Fatalf("the job ended before its third step:\n%s", ranks[0].out.String())
+	}
+	require.NoError(t, ctx.Err(), "ranks still running 2 minutes after the link went down")
+	other := [][2]int{{2, 3}, {2, 3}, {0, 1}, {0, 1}}
+	for r, rk := range ranks {
+		require.Error(t, errs[r], "rank %d finished despite the dropped link:\n%s", r, rk.out.String())
+		a, b := other[r][0], other[r][1]
+		// The same-host mate may be listed too when it gave up first.
+		assert.Regexp(t, fmt.Sprintf(`(?m)^tinyacc: rank %d: step \d+: .*comm: all_reduce on group "dp" seq \d+ failed after 3s: ranks \[[0-3 ]*\] did not arrive \(.*rank %d: no answer: timed out waiting for rank %d; rank %d: no answer: timed out waiting for rank %d\)$`,
+			r, a, a, b, b), rk.out.String(), "rank %d", r)
+	}
+}
