@@ -104,26 +104,34 @@ const (
 	clockEvent = "pp clock"
 )
 
+// Traced is one training step of a traced run, rebuilt as a timeline.
+type Traced struct {
+	Sim      *Sim   // one row per rank, times in µs from the step's first action
+	Schedule string // the run's pp.schedule
+	P, V, M  int    // stages, chunks per rank, micro-batches
+	Unit     float64
+}
+
 // FromTrace rebuilds the timeline of one training step from the trace
 // events of every rank (one slice per rank, as written by the executor):
-// the compute spans of that step, on one clock, starting at 0. It also
-// returns the step's p, v and the shortest forward span (a good cell
-// size for Draw).
-func FromTrace(ranks [][]trace.Event, step int) (sim *Sim, p, v int, unit float64, err error) {
-	p = len(ranks)
-	sim = &Sim{Spans: make([][]Span, p), PeakAlive: make([]int, p)}
+// the compute spans of that step, on one clock, starting at 0, one row per
+// rank. Unit is the shortest forward span, a good cell size for Draw.
+func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
+	n := len(ranks)
+	sim := &Sim{Spans: make([][]Span, n), PeakAlive: make([]int, n)}
+	tr := &Traced{Sim: sim, Unit: math.Inf(1)}
 	origin, end := math.Inf(1), math.Inf(-1)
-	unit = math.Inf(1)
-	v = 1
 	for r, evs := range ranks {
 		offset, found := 0.0, false
 		for _, e := range evs {
 			if e.Name == clockEvent {
 				offset, found = num(e.Args["unix_us"])-e.TS, true
+				tr.P, tr.V = int(num(e.Args["pp"])), int(num(e.Args["virtual"]))
+				tr.Schedule, _ = e.Args["schedule"].(string)
 			}
 		}
 		if !found {
-			return nil, 0, 0, 0, fmt.Errorf("pp: rank %d's trace has no %q event (was it written by a pipeline run?)", r, clockEvent)
+			return nil, fmt.Errorf("pp: rank %d's trace has no %q event (was it written by a pipeline run?)", r, clockEvent)
 		}
 		for _, e := range evs {
 			if e.Cat != traceCat || e.Ph != "X" || int(num(e.Args["step"])) != step {
@@ -131,19 +139,22 @@ func FromTrace(ranks [][]trace.Event, step int) (sim *Sim, p, v int, unit float6
 			}
 			k := map[string]Kind{"F": Forward, "B": Backward, "W": Weight}[e.Name]
 			a := Action{Kind: k, Chunk: int(num(e.Args["chunk"])), Micro: int(num(e.Args["micro"]))}
-			v = max(v, a.Chunk/p+1)
 			s := Span{a, e.TS + offset, e.TS + offset + e.Dur}
 			sim.Spans[r] = append(sim.Spans[r], s)
 			origin, end = min(origin, s.Start), max(end, s.End)
 			if k == Forward {
-				unit = min(unit, e.Dur)
+				tr.Unit = min(tr.Unit, e.Dur)
 			}
+			tr.M = max(tr.M, a.Micro+1)
 			sim.Compute += e.Dur
 		}
-		sort.Slice(sim.Spans[r], func(i, j int) bool { return sim.Spans[r][i].Start < sim.Spans[r][j].Start })
+		sort.SliceStable(sim.Spans[r], func(i, j int) bool { return sim.Spans[r][i].Start < sim.Spans[r][j].Start })
 	}
 	if math.IsInf(origin, 1) {
-		return nil, 0, 0, 0, fmt.Errorf("pp: the trace holds no pipeline spans of step %d", step)
+		return nil, fmt.Errorf("pp: the trace holds no pipeline spans of step %d", step)
+	}
+	if tr.P < 1 || tr.V < 1 || tr.Schedule == "" {
+		return nil, fmt.Errorf("pp: the trace's %q event does not describe the pipeline", clockEvent)
 	}
 	for _, spans := range sim.Spans {
 		for i := range spans {
@@ -152,8 +163,8 @@ func FromTrace(ranks [][]trace.Event, step int) (sim *Sim, p, v int, unit float6
 		}
 	}
 	sim.Makespan = end - origin
-	sim.Idle = sim.Makespan*float64(p) - sim.Compute
-	return sim, p, v, unit, nil
+	sim.Idle = sim.Makespan*float64(n) - sim.Compute
+	return tr, nil
 }
 
 func num(x any) float64 {

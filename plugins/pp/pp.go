@@ -101,7 +101,8 @@ func (o *Pipeline) Prepare(t *trainer.Trainer) error {
 	t.Alloc.ResetPeak()
 	// Trace times are per process; this event ties them to the wall
 	// clock so `tinyacc pp draw --trace` lines ranks up.
-	span := t.Trace.Begin(clockEvent, "pp-clock", trace.Compute).With("unix_us", float64(time.Now().UnixMicro()))
+	span := t.Trace.Begin(clockEvent, "pp-clock", trace.Compute).With("unix_us", float64(time.Now().UnixMicro())).
+		With("pp", o.sched.P).With("virtual", o.sched.V).With("schedule", o.sched.Name)
 	span.End()
 	return nil
 }
