@@ -8,6 +8,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
+	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/process"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
@@ -59,8 +60,14 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		return nil, nil, err
 	}
 	var out []trainer.Plugin
-	// Model rewriters (tp, cp) and the step owner (pp) come here, in
-	// that order, once they exist.
+	// Model rewriters (tp, cp) come here, in that order, once they exist.
+	if p.PP > 1 {
+		o, err := pp.New(cfg, m)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, o)
+	}
 	if dp > 1 {
 		d, err := dataParallel(cfg, m)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
+	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
@@ -141,5 +142,56 @@ func TestEquivalenceProcesses(t *testing.T) {
 			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, processes, rank %d", v.name, r))
 		}
 		ptest.AssertReplicas(t, got, v.name+", processes")
+	}
+}
+
+// TestBuildPipeline: the step owner comes before data parallel, and a
+// schedule the checker or the split refuses stops Build on every rank.
+func TestBuildPipeline(t *testing.T) {
+	require.NoError(t, comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
+		cfg := ptest.Config()
+		cfg.Parallel.PP = 2
+		ps, m, err := Build(cfg, g)
+		require.NoError(t, err)
+		require.Len(t, ps, 2)
+		require.IsType(t, &pp.Pipeline{}, ps[0])
+		require.IsType(t, &ddp.DDP{}, ps[1])
+		require.Equal(t, 2, m.PP().Size())
+		require.Equal(t, 2, m.DP().Size())
+		require.Equal(t, []int{1, 1}, ps[0].(*pp.Pipeline).Split())
+		cfg.Model.NLayer = 1
+		_, _, err = Build(cfg, g)
+		require.EqualError(t, err, "pp: 2 model chunks cannot split 1 blocks: every chunk needs at least one")
+		cfg.Model.NLayer, cfg.PP.Schedule, cfg.Train.GradAccum = 2, "interleaved", 3
+		_, _, err = Build(cfg, g)
+		require.EqualError(t, err, "pp: the interleaved schedule needs train.grad_accum (micro-batches, 3) to be a multiple of parallel.pp (2)")
+		return nil
+	}))
+}
+
+// TestEquivalencePipelineLayouts: pipeline layouts built by Build, beside
+// the data-parallel matrix: pp 2 and pp 2 × dp 2 with ZeRO-1, against one
+// process on the same global batch.
+func TestEquivalencePipelineLayouts(t *testing.T) {
+	single := ptest.Config()
+	single.Train.Steps, single.Train.GradAccum, single.Train.BatchSize = 4, 2, 4
+	want := ptest.Single(t, single)
+	for _, l := range []struct {
+		name  string
+		n, dp int
+		apply func(c *config.Config)
+	}{
+		{"pp 2", 2, 1, func(c *config.Config) {}},
+		{"pp 2 zb1 × dp 2 zero1", 4, 2, func(c *config.Config) { c.PP.Schedule, c.Zero.Stage = "zb1", 1 }},
+	} {
+		cfg := single
+		cfg.Parallel.PP = 2
+		cfg.Train.BatchSize = 4 / l.dp
+		l.apply(&cfg)
+		got := ptest.Parallel(t, cfg, l.n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+		for r := range got {
+			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", l.name, r))
+		}
+		ptest.AssertReplicas(t, got, l.name)
 	}
 }

@@ -34,6 +34,8 @@ var layouts = []layout{
 	{"zero1 dp4", 4, func(c *config.Config) { c.Zero.Stage = 1 }},
 	{"zero2 dp4", 4, func(c *config.Config) { c.Zero.Stage = 2 }},
 	{"zero3 dp4", 4, func(c *config.Config) { c.Zero.Stage = 3 }},
+	{"pp2", 2, func(c *config.Config) { c.Parallel.PP = 2 }},
+	{"pp2 zb1 dp2 zero1", 4, func(c *config.Config) { c.Parallel.PP, c.PP.Schedule, c.Zero.Stage = 2, "zb1", 1 }},
 }
 
 const resumeGlobal = 8
@@ -41,8 +43,8 @@ const resumeGlobal = 8
 func (l layout) config(steps int) config.Config {
 	c := ptest.Config()
 	c.Train.Steps = steps
-	c.Train.BatchSize = resumeGlobal / l.ranks
 	l.apply(&c)
+	c.Train.BatchSize = resumeGlobal / (l.ranks / c.Parallel.PP) // per data-parallel rank
 	return c
 }
 

@@ -5,6 +5,7 @@
 //	tinyacc config show [--config FILE] [--key=value ...]
 //	tinyacc export --from CHECKPOINT --to FILE.safetensors
 //	tinyacc ckpt inspect CHECKPOINT
+//	tinyacc pp draw --pp 4 --micro 8 --schedule 1f1b   a pipeline schedule's timeline
 //	tinyacc bench step                                  tinyacc vs PyTorch, ms/step
 //	tinyacc launch --nproc N -- PROGRAM ARGS...         start N ranks
 //	tinyacc version
@@ -57,6 +58,13 @@ Usage:
   tinyacc bench soak [--steps N] [--peer BIN]
       Train a tiny GPT for N steps, one process and --nproc 2, printing every
       process's resident memory every N/10 steps (beside BIN's, with --peer).
+  tinyacc pp draw --pp N --micro M [--schedule afab|1f1b|interleaved|zb1]
+                 [--virtual V] [--svg FILE] | --trace FILE [--step S]
+      Draw a pipeline schedule (or a traced run's step) as a timeline, one row
+      per rank, with its bubble beside the formula.
+  tinyacc bench pp [--micro 2,4,8] [--steps N]
+      Pipeline schedules on 2 processes: ms/step, idle share of wall time from
+      the trace beside the simulator's and the formula's, activation peaks.
   tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
@@ -87,6 +95,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	case "bench":
 		err = cmdBench(args[1:], stdout, stderr)
+	case "pp":
+		err = cmdPP(args[1:], stdout)
 	case "export":
 		err = cmdExport(args[1:], stdout)
 	case "ckpt":

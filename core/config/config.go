@@ -73,6 +73,11 @@ type Config struct {
 		PP int `koanf:"pp"` // pipeline stages
 		CP int `koanf:"cp"` // context-parallel ranks
 	} `koanf:"parallel"`
+	PP struct {
+		Schedule      string `koanf:"schedule"`       // "afab" | "1f1b" | "interleaved" | "zb1"
+		VirtualStages int    `koanf:"virtual_stages"` // model chunks per rank (interleaved)
+		Layers        string `koanf:"layers"`         // blocks per chunk, e.g. "3,3,2"; "" = balanced by compute
+	} `koanf:"pp"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
@@ -148,6 +153,7 @@ func Defaults() Config {
 	c.Data.MaxBytes = 8 << 20
 
 	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
+	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"

@@ -74,13 +74,14 @@ func (c *Config) Validate() error {
 	for _, k := range []struct {
 		key, plugin string
 		n           int
-	}{{"parallel.tp", "tensor parallel", pl.TP}, {"parallel.pp", "pipeline parallel", pl.PP}, {"parallel.cp", "context parallel", pl.CP}} {
+	}{{"parallel.tp", "tensor parallel", pl.TP}, {"parallel.cp", "context parallel", pl.CP}} {
 		if k.n < 1 {
 			v.addf("config: %s=%d must be >= 1", k.key, k.n)
 		} else if k.n > 1 {
 			v.addf("config: %s=%d: %s is not available in this build yet; set %s=1", k.key, k.n, k.plugin, k.key)
 		}
 	}
+	c.validatePP(v) // pp.go
 	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)

@@ -107,6 +107,9 @@ type Trainer struct {
 	// with the last gradient norm, that some rank was asked to stop.
 	ctx        context.Context
 	stopAgreed bool
+	// keptReady are the parameters whose GradReady the step owner
+	// dispatches itself (KeepGradReady).
+	keptReady map[*tensor.Tensor]bool
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
@@ -246,14 +249,19 @@ func BuildModel(cfg config.Config, alloc *tensor.Allocator) (*nn.GPT, error) {
 // SetModel replaces the model by m (a plugin's Prepare keeping only this
 // rank's pipeline stage) and rebuilds the optimizer over its parameters.
 // Parameters m shares with the old model by name and local shape take the
-// old values, so weights loaded before (init_from) survive.
+// old values, so weights loaded before (init_from) survive. Parameters m
+// took over from the old model itself (the same tensors, e.g. the blocks a
+// pipeline stage keeps with the layers a tensor-parallel plugin installed)
+// are kept; the old model's other parameters are released.
 func (t *Trainer) SetModel(m *nn.GPT) error {
 	old := map[string]*tensor.Tensor{}
 	for _, p := range t.Model.Params() {
 		old[p.Name] = p
 	}
+	kept := map[*tensor.Tensor]bool{}
 	for _, p := range m.Params() {
-		if q := old[p.Name]; q != nil && q.HasStorage() && slices.Equal(q.Shape(), p.Shape()) {
+		kept[p] = true
+		if q := old[p.Name]; q != nil && q != p && q.HasStorage() && slices.Equal(q.Shape(), p.Shape()) {
 			p.CopyFrom(q)
 		}
 	}
@@ -264,6 +272,9 @@ func (t *Trainer) SetModel(m *nn.GPT) error {
 		t.Opt = BuildOptimizer(t.Cfg, m.Params(), t.Alloc)
 	}
 	for _, p := range t.Model.Params() {
+		if kept[p] {
+			continue
+		}
 		p.Release()
 		if p.Grad != nil {
 			p.Grad.Release()
@@ -488,6 +499,54 @@ func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassI
 // PostGrad hooks: a step owner calls PostGrad once a micro-batch's
 // backward is complete on this rank.
 func (t *Trainer) BackwardFrom(root, gradOut *tensor.Tensor, info tensor.PassInfo) error {
+	_, err := t.backward(root, gradOut, info, false)
+	return err
+}
+
+// BackwardSplit is BackwardFrom computing only the input gradients now:
+// the weight gradients of linear layers are queued in the returned
+// Deferred (zero-bubble pipeline schedules run them later, where a stage
+// would otherwise wait). Run them with RunDeferred, which fires their
+// GradReady; the graph's buffers are released then.
+func (t *Trainer) BackwardSplit(root, gradOut *tensor.Tensor, info tensor.PassInfo) (*tensor.Deferred, error) {
+	return t.backward(root, gradOut, info, true)
+}
+
+// RunDeferred computes the weight gradients BackwardSplit queued,
+// dispatching GradReady for them.
+func (t *Trainer) RunDeferred(d *tensor.Deferred, info tensor.PassInfo) error {
+	t.gradErr = nil
+	span := t.Trace.Begin("weight gradients", "compute", trace.Compute).With("micro", info.Micro)
+	d.Run()
+	span.End()
+	return t.gradErr
+}
+
+// KeepGradReady stops backward from dispatching GradReady for p: a step
+// owner that finishes p's gradient itself (a pipeline summing the tied
+// embedding's gradient over the first and last stage) dispatches it with
+// GradReady once the gradient is final.
+func (t *Trainer) KeepGradReady(p *tensor.Tensor) {
+	if t.keptReady == nil {
+		t.keptReady = map[*tensor.Tensor]bool{}
+	}
+	t.keptReady[p] = true
+}
+
+// GradReady tells every GradReadier that p's gradient is final, as
+// backward does (see KeepGradReady).
+func (t *Trainer) GradReady(p *tensor.Tensor, info tensor.PassInfo) error {
+	for _, pl := range t.Plugins {
+		if r, ok := pl.(GradReadier); ok {
+			if err := r.GradReady(t, p, info); err != nil {
+				return fmt.Errorf("trainer: grad-ready for %s: %w", p.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (t *Trainer) backward(root, gradOut *tensor.Tensor, info tensor.PassInfo, split bool) (*tensor.Deferred, error) {
 	var readiers []GradReadier
 	for _, p := range t.Plugins {
 		if r, ok := p.(GradReadier); ok {
@@ -495,11 +554,11 @@ func (t *Trainer) BackwardFrom(root, gradOut *tensor.Tensor, info tensor.PassInf
 		}
 	}
 	t.gradErr = nil
-	opts := tensor.BackwardOptions{Info: info, Release: true, Alloc: t.Alloc}
+	opts := tensor.BackwardOptions{Info: info, Release: true, Alloc: t.Alloc, DeferWeightGrads: split}
 	if len(readiers) > 0 {
 		opts.GradReady = func(p *tensor.Tensor, info tensor.PassInfo) {
-			if p.Spec == nil {
-				return // not a parameter: a stage's received activation
+			if p.Spec == nil || t.keptReady[p] {
+				return // not a parameter (a stage's received activation), or kept by the step owner
 			}
 			for _, r := range readiers {
 				if err := r.GradReady(t, p, info); err != nil && t.gradErr == nil {
@@ -509,12 +568,12 @@ func (t *Trainer) BackwardFrom(root, gradOut *tensor.Tensor, info tensor.PassInf
 		}
 	}
 	span := t.Trace.Begin("backward", "compute", trace.Compute).With("micro", info.Micro)
-	_, err := tensor.Backward(root, gradOut, opts)
+	d, err := tensor.Backward(root, gradOut, opts)
 	span.End()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return t.gradErr
+	return d, t.gradErr
 }
 
 // PostGrad runs the PostGrad hooks after a micro-batch's backward.

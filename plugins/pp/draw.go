@@ -1,0 +1,180 @@
+package pp
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/trace"
+)
+
+// label is a compute span's text in a timeline cell: F, B or W and the
+// micro-batch, with the rank-local chunk after a dot when a rank holds
+// several chunks.
+func label(a Action, p, v int) string {
+	s := fmt.Sprintf("%s%d", a.Kind, a.Micro)
+	if v > 1 {
+		s += fmt.Sprintf(".%d", a.Chunk/p)
+	}
+	return s
+}
+
+// Draw writes the timeline of sim: one row per rank, one cell per unit
+// of time (unit: the length of one cell; 1 for unit costs), each cell the
+// action running then or "." when the rank waits.
+func Draw(w io.Writer, sim *Sim, p, v int, unit float64) error {
+	width := 2
+	for _, spans := range sim.Spans {
+		for _, s := range spans {
+			width = max(width, len(label(s.Action, p, v)))
+		}
+	}
+	cells := int(math.Round(sim.Makespan / unit))
+	for r, spans := range sim.Spans {
+		row := make([]string, cells)
+		for i := range row {
+			row[i] = "."
+		}
+		for _, s := range spans {
+			a, b := int(math.Round(s.Start/unit)), int(math.Round(s.End/unit))
+			b = max(b, a+1) // every span is seen, however short
+			for c := a; c < b && c < cells; c++ {
+				row[c] = label(s.Action, p, v)
+			}
+		}
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "rank %d |", r)
+		for _, c := range row {
+			fmt.Fprintf(&sb, " %-*s", width, c)
+		}
+		if _, err := fmt.Fprintln(w, strings.TrimRight(sb.String(), " ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Decimal formats x with at least three significant digits (0.375,
+// 0.0417, 1.000).
+func Decimal(x float64) string {
+	d := 3
+	for a := math.Abs(x); a > 0 && a < 0.1 && d < 12; a *= 10 {
+		d++
+	}
+	return fmt.Sprintf("%.*f", d, x)
+}
+
+// BubbleLine is the simulated bubble beside the formula, in the form
+// "bubble: 0.375 (formula (p-1)/m = 0.375)".
+func BubbleLine(bubble float64, name string, p, v, m int) string {
+	f, text := Formula(name, p, v, m)
+	return fmt.Sprintf("bubble: %s (formula %s = %s)", Decimal(bubble), text, Decimal(f))
+}
+
+// SVG writes the timeline of sim as an SVG picture: one row per rank, a
+// box per compute span coloured by kind (forward, backward, weight).
+func SVG(w io.Writer, sim *Sim, p, v int, unit float64) error {
+	const cw, rh, left, top = 28.0, 26.0, 60.0, 10.0
+	cells := sim.Makespan / unit
+	width, height := left+cells*cw+10, top+float64(len(sim.Spans))*rh+10
+	colour := map[Kind]string{Forward: "#7fb3d5", Backward: "#f0b27a", Weight: "#82e0aa"}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="monospace" font-size="11">`+"\n", width, height)
+	for r, spans := range sim.Spans {
+		y := top + float64(r)*rh
+		fmt.Fprintf(&sb, `<text x="4" y="%.1f">rank %d</text>`+"\n", y+rh/2+4, r)
+		for _, s := range spans {
+			x := left + s.Start/unit*cw
+			bw := max((s.End-s.Start)/unit*cw, 1)
+			fmt.Fprintf(&sb, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" stroke="#333"/>`+"\n", x, y+2, bw, rh-4, colour[s.Kind])
+			fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x+3, y+rh/2+4, label(s.Action, p, v))
+		}
+	}
+	sb.WriteString("</svg>\n")
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
+
+// Trace span names and category of the executor's compute actions; the
+// step and the clock offset go in the span's arguments.
+const (
+	traceCat   = "pp"
+	clockEvent = "pp clock"
+)
+
+// Traced is one training step of a traced run, rebuilt as a timeline.
+type Traced struct {
+	Sim      *Sim   // one row per rank, times in µs from the step's first action
+	Schedule string // the run's pp.schedule
+	P, V, M  int    // stages, chunks per rank, micro-batches
+	Unit     float64
+}
+
+// FromTrace rebuilds the timeline of one training step from the trace
+// events of every rank (one slice per rank, as written by the executor):
+// the compute spans of that step, on one clock, starting at 0, one row per
+// rank. Unit is the shortest forward span, a good cell size for Draw.
+func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
+	n := len(ranks)
+	sim := &Sim{Spans: make([][]Span, n), PeakAlive: make([]int, n)}
+	tr := &Traced{Sim: sim, Unit: math.Inf(1)}
+	origin, end := math.Inf(1), math.Inf(-1)
+	for r, evs := range ranks {
+		offset, found := 0.0, false
+		for _, e := range evs {
+			if e.Name == clockEvent {
+				offset, found = num(e.Args["unix_us"])-e.TS, true
+				tr.P, tr.V = int(num(e.Args["pp"])), int(num(e.Args["virtual"]))
+				tr.Schedule, _ = e.Args["schedule"].(string)
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("pp: rank %d's trace has no %q event (was it written by a pipeline run?)", r, clockEvent)
+		}
+		for _, e := range evs {
+			if e.Cat != traceCat || e.Ph != "X" || int(num(e.Args["step"])) != step {
+				continue
+			}
+			k := map[string]Kind{"F": Forward, "B": Backward, "W": Weight}[e.Name]
+			a := Action{Kind: k, Chunk: int(num(e.Args["chunk"])), Micro: int(num(e.Args["micro"]))}
+			s := Span{a, e.TS + offset, e.TS + offset + e.Dur}
+			sim.Spans[r] = append(sim.Spans[r], s)
+			origin, end = min(origin, s.Start), max(end, s.End)
+			if k == Forward {
+				tr.Unit = min(tr.Unit, e.Dur)
+			}
+			tr.M = max(tr.M, a.Micro+1)
+			sim.Compute += e.Dur
+		}
+		sort.SliceStable(sim.Spans[r], func(i, j int) bool { return sim.Spans[r][i].Start < sim.Spans[r][j].Start })
+	}
+	if math.IsInf(origin, 1) {
+		return nil, fmt.Errorf("pp: the trace holds no pipeline spans of step %d", step)
+	}
+	if tr.P < 1 || tr.V < 1 || tr.Schedule == "" {
+		return nil, fmt.Errorf("pp: the trace's %q event does not describe the pipeline", clockEvent)
+	}
+	for _, spans := range sim.Spans {
+		for i := range spans {
+			spans[i].Start -= origin
+			spans[i].End -= origin
+		}
+	}
+	sim.Makespan = end - origin
+	sim.Idle = sim.Makespan*float64(n) - sim.Compute
+	return tr, nil
+}
+
+func num(x any) float64 {
+	switch v := x.(type) {
+	case float64:
+		return v
+	case int:
+		return float64(v)
+	case int64:
+		return float64(v)
+	}
+	return 0
+}

@@ -1,0 +1,113 @@
+package pp
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
+)
+
+// Cost model of the balanced split, in forward FLOPs per token (the
+// backward is twice that everywhere, so it cancels): a block does 24·C²
+// in its four matrix products (c_attn 6C², c_proj 2C², c_fc 8C², mlp
+// c_proj 8C²) and 4·T·C in attention (scores and weighted values); the
+// head adds 2·V·C for the logits; the embedding is a lookup and counts
+// nothing.
+func blockCost(c nn.GPTConfig) float64 {
+	C, T := float64(c.NEmbd), float64(c.BlockSize)
+	return 24*C*C + 4*T*C
+}
+
+func headCost(c nn.GPTConfig) float64 { return 2 * float64(c.VocabSize) * float64(c.NEmbd) }
+
+// Balance splits the model's blocks into k contiguous chunks, each at
+// least one block, minimising the most expensive chunk (the last one
+// carries the head). It returns the block count of each chunk.
+func Balance(c nn.GPTConfig, k int) ([]int, error) {
+	n := c.NLayer
+	if k < 1 || k > n {
+		return nil, fmt.Errorf("pp: %d model chunks cannot split %d blocks: every chunk needs at least one", k, n)
+	}
+	bc, hc := blockCost(c), headCost(c)
+	// best[j][i]: the least max cost of the first i blocks in j chunks.
+	inf := math.Inf(1)
+	best := make([][]float64, k+1)
+	cut := make([][]int, k+1)
+	for j := range best {
+		best[j] = make([]float64, n+1)
+		cut[j] = make([]int, n+1)
+		for i := range best[j] {
+			best[j][i] = inf
+		}
+	}
+	best[0][0] = 0
+	for j := 1; j <= k; j++ {
+		for i := j; i <= n; i++ {
+			// The j-th chunk holds blocks [s, i). Earlier cuts win ties,
+			// so the extra block of an uneven split goes to earlier chunks.
+			for s := i - 1; s >= j-1; s-- {
+				cost := float64(i-s) * bc
+				if j == k && i == n {
+					cost += hc
+				}
+				if v := math.Max(best[j-1][s], cost); v < best[j][i] {
+					best[j][i], cut[j][i] = v, s
+				}
+			}
+		}
+	}
+	out := make([]int, k)
+	for j, i := k, n; j >= 1; j-- {
+		s := cut[j][i]
+		out[j-1] = i - s
+		i = s
+	}
+	return out, nil
+}
+
+// keepStage returns the part of the whole model m that pipeline rank r of
+// p holds, chunk c of the split (block counts per chunk, chunk c on rank
+// c mod p): its blocks, the embedding on the first rank, the final
+// LayerNorm and head on the last. The stage takes m's modules themselves,
+// so layers a model rewriter installed (tensor parallel) stay. On a last
+// stage without the embedding the head registers the tied table as its
+// own parameter: the copy the embedding group keeps equal to the first
+// stage's. Each kept parameter's placement along the pipeline axis is
+// Held by this rank (wte: by the first and the last rank).
+func keepStage(m *nn.GPT, split []int, p, r int) (*nn.GPT, error) {
+	blocks := m.Blocks()
+	if !m.Whole() {
+		return nil, fmt.Errorf("pp: the model is already part of the GPT; a pipeline splits the whole model")
+	}
+	stage := &nn.GPT{Config: m.Config}
+	lo := 0
+	for c, n := range split {
+		if c%p == r {
+			stage.Chunks = append(stage.Chunks, &nn.Chunk{Blocks: blocks[lo : lo+n]})
+		}
+		lo += n
+	}
+	first, last := r == 0, r == (len(split)-1)%p
+	if first {
+		stage.Embed = m.Embed
+	}
+	if last {
+		stage.Head = m.Head
+		if !first {
+			wte := m.Head.Wte
+			spec := wte.Spec
+			m.Head.AddParam("wte.weight", wte)
+			wte.Spec = spec // keep a rewriter's placement of the table
+		}
+	}
+	for _, q := range stage.Params() {
+		held := []int{r}
+		if q.Name == "wte.weight" {
+			held = []int{0, p - 1}
+		}
+		q.Spec = q.Spec.Clone()
+		q.Spec.Along[place.PP] = place.Placement{Kind: place.Held, Ranks: held}
+	}
+	return stage, nil
+}
