@@ -1,6 +1,7 @@
 package process_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 			return &faulty{sig: sig}, nil
 		})
 	case "v2":
-		pluginsdk.ServeHandshake(pluginsdk.Handshake(2), pluginsdk.Info{Name: "future"}, nil)
+		pluginsdk.ServeHandshake(pluginsdk.Handshake(pluginsdk.ProtocolVersion+1), pluginsdk.Info{Name: "future"}, nil)
 	case "cookie":
 		hs := pluginsdk.Handshake(pluginsdk.ProtocolVersion)
 		hs.MagicCookieValue = "another-host"
@@ -86,7 +87,8 @@ func TestKilledOrStoppedPlugin(t *testing.T) {
 func TestStartErrors(t *testing.T) {
 	exe := os.Args[0]
 	_, err := start(t, "v2")
-	require.EqualError(t, err, "process plugin "+exe+": it speaks plugin protocol version 2, this tinyacc speaks version 1: rebuild the plugin against this tinyacc's pluginsdk")
+	require.EqualError(t, err, fmt.Sprintf("process plugin %s: it speaks plugin protocol version %d, this tinyacc speaks version %d: rebuild the plugin against this tinyacc's pluginsdk",
+		exe, pluginsdk.ProtocolVersion+1, pluginsdk.ProtocolVersion))
 
 	_, err = start(t, "cookie")
 	require.ErrorContains(t, err, "process plugin "+exe+": it exited before the handshake; is it a tinyacc plugin (built with pluginsdk.Serve)?; its last output: This binary is a plugin.")
