@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -72,7 +73,7 @@ func ServeHandshake(hs plugin.HandshakeConfig, info Info, newPlugin func(e *Env)
 	stdlog.SetOutput(io.Discard) // go-plugin's own notes on shutting down
 	s := &server{info: info, newPlugin: newPlugin, log: log}
 	s.ran = sync.NewCond(&s.mu)
-	go s.readNotices(os.NewFile(NoticeFD, "notices"))
+	go s.readNotices(noticePipe())
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: hs,
 		Plugins:         plugin.PluginSet{dispenseName: &goPlugin{s: s}},
@@ -142,9 +143,26 @@ type server struct {
 	ran     *sync.Cond
 }
 
+// noticePipe is the pipe the host writes the notices to, or nil when
+// NoticeFD is not a pipe (a host that passed none: its handshake fails,
+// and whatever else this process opened as that descriptor is not read).
+func noticePipe() *os.File {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(NoticeFD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		return nil
+	}
+	return os.NewFile(NoticeFD, "notices")
+}
+
 // readNotices runs the GradReady hooks of the host's notices, in order, as
 // they arrive on the pipe f.
 func (s *server) readNotices(f *os.File) {
+	if f == nil {
+		s.mu.Lock()
+		s.pipeErr = fmt.Errorf("fd %d is not the notice pipe", NoticeFD)
+		s.mu.Unlock()
+		return
+	}
 	buf := make([]byte, NoticeBytes)
 	for {
 		if _, err := io.ReadFull(f, buf); err != nil {

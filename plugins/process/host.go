@@ -223,7 +223,7 @@ func (p *Plugin) notify(n pluginsdk.Notice) error {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		p.kill()
-		p.dead = fmt.Errorf("process plugin %s (%s): %s: the process read no notice within %s (comm.timeout); the plugin process was killed%s",
+		p.dead = fmt.Errorf("process plugin %s (%s): %s did not answer within %s (comm.timeout): the process stopped reading its notices; the plugin process was killed%s",
 			p.Info.Name, p.Path, pluginsdk.HookGradReady, p.deadline, p.lastOutput())
 		return p.dead
 	case err != nil:
