@@ -14,6 +14,9 @@
 // and tinyacc runs it with plugins.process: [path/to/binary]. The host
 // starts the binary through hashicorp/go-plugin (net/rpc over a local
 // socket) with a versioned handshake; the messages are msgpack and small.
+// GradReady alone is a one-way notice on a pipe (fd 3 of the plugin
+// process), so that backward does not wait a round trip per parameter;
+// see Notice.
 // Tensors never travel over RPC: the host lays the parameters and their
 // gradients out in a shared-memory arena (a /dev/shm file named
 // tinyacc-<host pid>-*, removed as soon as the plugin has mapped it), and

@@ -1,6 +1,7 @@
 package pluginsdk
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/hashicorp/go-plugin"
@@ -12,8 +13,9 @@ import (
 
 // ProtocolVersion is the version of the messages below. A host and a
 // plugin built against different versions refuse each other in the
-// handshake, naming both.
-const ProtocolVersion = 1
+// handshake, naming both. Version 2 made GradReady a one-way notice (see
+// Notice).
+const ProtocolVersion = 2
 
 // CookieKey and CookieValue are the handshake's magic cookie: the host sets
 // the variable in the plugin's environment, and a plugin binary started
@@ -117,9 +119,62 @@ type PrepareResp struct {
 
 // PassReq is the message of the per-micro-batch hooks.
 type PassReq struct {
-	Param int // GradReady: index in PrepareReq.Params
 	Micro int
 	Last  bool
+}
+
+// NoticeFD is the plugin process's file descriptor on which the host
+// writes its GradReady notices: the read end of a pipe, the first of the
+// command's extra files.
+const NoticeFD = 3
+
+// NoticeBytes is the size of one notice on the pipe (below PIPE_BUF, so
+// each write is atomic).
+const NoticeBytes = 12
+
+// Notice is one GradReady, sent one way. A GradReady answered over RPC
+// would stop backward for a round trip per parameter (most of a step's
+// cost over a plugin process's own compute, for DDP), so the host writes
+// the notice to the pipe and goes on; the plugin runs its GradReady hooks
+// in the order of the notices while backward continues (DDP's buckets
+// start their all-reduce from there, overlapping backward as when
+// compiled). Before its next call of any other hook the host makes a
+// GradReady call whose GradsReq says how many notices it sent since the
+// previous one: the plugin answers once it has run that many, with the
+// first of their errors, so an error or a hang is still reported within
+// the step, naming GradReady.
+type Notice struct {
+	// Param is the index in PrepareReq.Params; -1 is a notice that only
+	// counts (it measures the cost of one).
+	Param int32
+	Micro int32
+	Last  bool
+}
+
+// Encode writes n to b (NoticeBytes long).
+func (n Notice) Encode(b []byte) {
+	binary.LittleEndian.PutUint32(b[0:], uint32(n.Param))
+	binary.LittleEndian.PutUint32(b[4:], uint32(n.Micro))
+	var last uint32
+	if n.Last {
+		last = 1
+	}
+	binary.LittleEndian.PutUint32(b[8:], last)
+}
+
+// DecodeNotice reads a notice from b (NoticeBytes long).
+func DecodeNotice(b []byte) Notice {
+	return Notice{
+		Param: int32(binary.LittleEndian.Uint32(b[0:])),
+		Micro: int32(binary.LittleEndian.Uint32(b[4:])),
+		Last:  binary.LittleEndian.Uint32(b[8:]) != 0,
+	}
+}
+
+// GradsReq is the body of a GradReady call: the number of notices sent
+// since the previous GradReady call.
+type GradsReq struct {
+	Notices int
 }
 
 func (p PassReq) info() tensor.PassInfo { return tensor.PassInfo{Micro: p.Micro, Last: p.Last} }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -71,6 +72,8 @@ func ServeHandshake(hs plugin.HandshakeConfig, info Info, newPlugin func(e *Env)
 	watchParent(log, info.Name)
 	stdlog.SetOutput(io.Discard) // go-plugin's own notes on shutting down
 	s := &server{info: info, newPlugin: newPlugin, log: log}
+	s.ran = sync.NewCond(&s.mu)
+	go s.readNotices(noticePipe())
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: hs,
 		Plugins:         plugin.PluginSet{dispenseName: &goPlugin{s: s}},
@@ -117,8 +120,9 @@ func (r *RPC) Call(req Msg, resp *Msg) error {
 }
 
 // server runs the hooks in the plugin process. net/rpc serves requests
-// concurrently, while the host calls one hook at a time: the mutex only
-// guards against a host that does not.
+// concurrently, while the host calls one hook at a time; the mutex also
+// orders the calls with the GradReady notices, which readNotices runs from
+// its own goroutine.
 type server struct {
 	mu        sync.Mutex
 	info      Info
@@ -129,6 +133,92 @@ type server struct {
 	env    *Env
 	p      trainer.Plugin
 	params []*tensor.Tensor
+
+	// The notices run since the host's last GradReady call, the first
+	// error among them, and why the pipe can no longer be read (nil while
+	// it can). ran signals each notice run.
+	notices int
+	gradErr error
+	pipeErr error
+	ran     *sync.Cond
+}
+
+// noticePipe is the pipe the host writes the notices to, or nil when
+// NoticeFD is not a pipe (a host that passed none: its handshake fails,
+// and whatever else this process opened as that descriptor is not read).
+func noticePipe() *os.File {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(NoticeFD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		return nil
+	}
+	return os.NewFile(NoticeFD, "notices")
+}
+
+// readNotices runs the GradReady hooks of the host's notices, in order, as
+// they arrive on the pipe f.
+func (s *server) readNotices(f *os.File) {
+	if f == nil {
+		s.mu.Lock()
+		s.pipeErr = fmt.Errorf("fd %d is not the notice pipe", NoticeFD)
+		s.mu.Unlock()
+		return
+	}
+	buf := make([]byte, NoticeBytes)
+	for {
+		if _, err := io.ReadFull(f, buf); err != nil {
+			s.mu.Lock()
+			s.pipeErr = fmt.Errorf("reading the GradReady notices on fd %d: %w", NoticeFD, err)
+			s.ran.Broadcast()
+			s.mu.Unlock()
+			return
+		}
+		n := DecodeNotice(buf)
+		s.mu.Lock()
+		if err := s.gradReady(n); err != nil && s.gradErr == nil {
+			s.gradErr = err
+		}
+		s.notices++
+		s.ran.Broadcast()
+		s.mu.Unlock()
+	}
+}
+
+// gradReady runs the hook of one notice; s.mu is held.
+func (s *server) gradReady(n Notice) error {
+	if n.Param == -1 {
+		return nil
+	}
+	if s.p == nil {
+		return fmt.Errorf("a notice before Prepare")
+	}
+	r, ok := s.p.(trainer.GradReadier)
+	if !ok {
+		return fmt.Errorf("plugin %s does not implement GradReady", s.info.Name)
+	}
+	if n.Param < 0 || int(n.Param) >= len(s.params) {
+		return fmt.Errorf("a notice for parameter %d; there are %d", n.Param, len(s.params))
+	}
+	q := s.params[n.Param]
+	if err := r.GradReady(s.env.Trainer, q, tensor.PassInfo{Micro: int(n.Micro), Last: n.Last}); err != nil {
+		return fmt.Errorf("parameter %s: %w", q.Name, err)
+	}
+	return nil
+}
+
+// awaitNotices answers the host's GradReady call: it waits until the
+// count notices the host sent since its previous call have run and returns
+// the first of their errors.
+func (s *server) awaitNotices(count int) error {
+	for s.notices < count && s.pipeErr == nil {
+		s.ran.Wait()
+	}
+	if s.notices < count {
+		return fmt.Errorf("%d of %d notices run: %w", s.notices, count, s.pipeErr)
+	}
+	err := s.gradErr
+	s.notices -= count
+	s.gradErr = nil
+	return err
 }
 
 func (s *server) call(hook string, body []byte) (any, error) {
@@ -139,6 +229,13 @@ func (s *server) call(hook string, body []byte) (any, error) {
 	}
 	if hook == HookPing {
 		return nil, nil
+	}
+	if hook == HookGradReady {
+		var req GradsReq
+		if err := msgpack.Unmarshal(body, &req); err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", hook, err)
+		}
+		return nil, s.awaitNotices(req.Notices)
 	}
 	if hook == HookPrepare {
 		var req PrepareReq
@@ -156,7 +253,7 @@ func (s *server) call(hook string, body []byte) (any, error) {
 	}
 	var pass PassReq
 	switch hook {
-	case HookPreForward, HookGradReady, HookPostGrad:
+	case HookPreForward, HookPostGrad:
 		if err := msgpack.Unmarshal(body, &pass); err != nil {
 			return nil, fmt.Errorf("decoding %s: %w", hook, err)
 		}
@@ -164,11 +261,6 @@ func (s *server) call(hook string, body []byte) (any, error) {
 	switch hook {
 	case HookPreForward:
 		return nil, s.p.(trainer.PreForwarder).PreForward(t, pass.info())
-	case HookGradReady:
-		if pass.Param < 0 || pass.Param >= len(s.params) {
-			return nil, fmt.Errorf("GradReady of parameter %d; there are %d", pass.Param, len(s.params))
-		}
-		return nil, s.p.(trainer.GradReadier).GradReady(t, s.params[pass.Param], pass.info())
 	case HookPostGrad:
 		return nil, s.p.(trainer.PostGrader).PostGrad(t, pass.info())
 	case HookPreStep:

@@ -18,7 +18,9 @@ import (
 
 // benchProcess measures what running a plugin as a process costs: the
 // round trip of one hook call (median over many empty calls to a DDP
-// plugin process), and ms/step of the default model on 2 data-parallel
+// plugin process), what one GradReady notice costs the trainer (median
+// time to write one to the pipe; the process reads them meanwhile, and
+// the calls are not waited for, as in backward), and ms/step of the default model on 2 data-parallel
 // processes with DDP compiled in and with ddp.process: true, run in turns
 // so machine noise hits both alike.
 func benchProcess(args []string, stdout, stderr io.Writer) error {
@@ -47,8 +49,22 @@ func benchProcess(args []string, stdout, stderr io.Writer) error {
 		}
 		rtt[i] = float64(time.Since(start).Nanoseconds()) / 1e3
 	}
+	notice := make([]float64, *calls)
+	for i := range notice {
+		start := time.Now()
+		if err := p.Notice(); err != nil {
+			p.Close()
+			return err
+		}
+		notice[i] = float64(time.Since(start).Nanoseconds()) / 1e3
+	}
+	err = p.Ping() // waits until the process has read every notice
 	p.Close()
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "hook round trip: median %.1f µs over %d calls\n", median(rtt), *calls)
+	fmt.Fprintf(stdout, "GradReady notice (one way): median %.1f µs over %d notices\n", median(notice), *calls)
 
 	dir, err := os.MkdirTemp("", "tinyacc-bench-process")
 	if err != nil {

@@ -158,7 +158,8 @@ func (p *Plugin) PreForward(t *trainer.Trainer, info tensor.PassInfo) error {
 	return p.call(pluginsdk.HookPreForward, pluginsdk.PassReq{Micro: info.Micro, Last: info.Last}, nil)
 }
 
-// GradReady implements trainer.GradReadier.
+// GradReady implements trainer.GradReadier. It only notifies the
+// process (see pluginsdk.Notice); PostGrad waits for the notices.
 func (p *Plugin) GradReady(t *trainer.Trainer, q *tensor.Tensor, info tensor.PassInfo) error {
 	if !p.has(pluginsdk.HookGradReady) {
 		return nil
@@ -170,12 +171,17 @@ func (p *Plugin) GradReady(t *trainer.Trainer, q *tensor.Tensor, info tensor.Pas
 	if q.Grad != p.state.grads[i] {
 		return fmt.Errorf("process plugin %s: the gradient of %s is no longer its place in the shared arena; something replaced p.Grad after Prepare", p.Info.Name, q.Name)
 	}
-	return p.call(pluginsdk.HookGradReady, pluginsdk.PassReq{Param: i, Micro: info.Micro, Last: info.Last}, nil)
+	return p.notify(pluginsdk.Notice{Param: int32(i), Micro: int32(info.Micro), Last: info.Last})
 }
 
-// PostGrad implements trainer.PostGrader.
+// PostGrad implements trainer.PostGrader. It first waits until the
+// process has run this micro-batch's GradReady notices, so that their
+// errors end the step after backward, as a compiled plugin's do.
 func (p *Plugin) PostGrad(t *trainer.Trainer, info tensor.PassInfo) error {
 	if !p.has(pluginsdk.HookPostGrad) {
+		if p.sent > 0 {
+			return p.awaitNotices()
+		}
 		return nil
 	}
 	return p.call(pluginsdk.HookPostGrad, pluginsdk.PassReq{Micro: info.Micro, Last: info.Last}, nil)

@@ -53,6 +53,13 @@ type Plugin struct {
 	dead     error // set once the process failed; every later call returns it
 	group    comm.Group
 
+	// notices is the write end of the pipe that carries GradReady to the
+	// process one way (pluginsdk.Notice); sent counts the notices written
+	// since the last GradReady call, which waits for them.
+	notices *os.File
+	sent    int
+	notice  [pluginsdk.NoticeBytes]byte
+
 	// Set by Prepare.
 	arena *pluginsdk.Arena
 	state *prepared
@@ -91,6 +98,12 @@ func Start(path string, o Options) (*Plugin, error) {
 	if runtime.GOOS == "linux" {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("process plugin %s: making the notice pipe: %w", path, err)
+	}
+	p.notices = w
+	p.cmd.ExtraFiles = []*os.File{r} // the process's pluginsdk.NoticeFD
 	p.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  pluginsdk.Handshake(o.Protocol),
 		Plugins:          plugin.PluginSet{"hooks": &clientPlugin{}},
@@ -103,6 +116,7 @@ func Start(path string, o Options) (*Plugin, error) {
 		Logger:           hclog.NewNullLogger(),
 	})
 	proto, err := p.client.Client()
+	r.Close() // the process has its own copy, or never will
 	if err != nil {
 		p.kill()
 		return nil, p.startError(o.Protocol, err)
@@ -156,6 +170,11 @@ func (p *Plugin) call(hook string, in, out any) error {
 	if p.dead != nil {
 		return p.dead
 	}
+	if p.sent > 0 && hook != pluginsdk.HookGradReady {
+		if err := p.awaitNotices(); err != nil {
+			return err
+		}
+	}
 	body, err := msgpack.Marshal(in)
 	if err != nil {
 		return err
@@ -191,6 +210,40 @@ func (p *Plugin) call(hook string, in, out any) error {
 	return nil
 }
 
+// notify writes one GradReady notice to the process without waiting for
+// it. A process that stopped reading fills the pipe: the write then waits
+// at most the deadline.
+func (p *Plugin) notify(n pluginsdk.Notice) error {
+	if p.dead != nil {
+		return p.dead
+	}
+	n.Encode(p.notice[:])
+	p.notices.SetWriteDeadline(time.Now().Add(p.deadline))
+	_, err := p.notices.Write(p.notice[:])
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		p.kill()
+		p.dead = fmt.Errorf("process plugin %s (%s): %s did not answer within %s (comm.timeout): the process stopped reading its notices; the plugin process was killed%s",
+			p.Info.Name, p.Path, pluginsdk.HookGradReady, p.deadline, p.lastOutput())
+		return p.dead
+	case err != nil:
+		p.kill()
+		p.dead = fmt.Errorf("process plugin %s (%s): %s: the plugin process died or closed its connection (%v)%s",
+			p.Info.Name, p.Path, pluginsdk.HookGradReady, err, p.lastOutput())
+		return p.dead
+	}
+	p.sent++
+	return nil
+}
+
+// awaitNotices waits until the process has run the notices sent since the
+// last wait, and returns the first of their errors.
+func (p *Plugin) awaitNotices() error {
+	n := p.sent
+	p.sent = 0
+	return p.call(pluginsdk.HookGradReady, pluginsdk.GradsReq{Notices: n}, nil)
+}
+
 func (p *Plugin) lastOutput() string {
 	if t := p.stderr.tail(); t != "" {
 		return "; its last output: " + t
@@ -199,17 +252,24 @@ func (p *Plugin) lastOutput() string {
 }
 
 // Ping is an empty round trip to the process (it measures the cost of a
-// hook call).
+// hook call). It first waits for the notices sent before it.
 func (p *Plugin) Ping() error { return p.call(pluginsdk.HookPing, nil, nil) }
 
-// kill ends the process at once (SIGKILL also ends a stopped process) and
-// lets go-plugin reap it.
+// Notice sends the process a notice that only counts (it measures the
+// cost of one GradReady); the next call waits until it was read.
+func (p *Plugin) Notice() error { return p.notify(pluginsdk.Notice{Param: -1}) }
+
+// kill ends the process at once (SIGKILL also ends a stopped process),
+// lets go-plugin reap it and closes the notice pipe.
 func (p *Plugin) kill() {
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = p.cmd.Process.Kill()
 	}
 	if p.client != nil {
 		p.client.Kill()
+	}
+	if p.notices != nil {
+		p.notices.Close()
 	}
 }
 

@@ -1,6 +1,7 @@
 package process_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/process"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -29,8 +31,13 @@ func TestMain(m *testing.M) {
 		pluginsdk.Serve(pluginsdk.Info{Name: "faulty"}, func(*pluginsdk.Env) (trainer.Plugin, error) {
 			return &faulty{sig: sig}, nil
 		})
+	case "gradkill", "gradstop", "graderr":
+		sig := map[string]syscall.Signal{"gradkill": syscall.SIGKILL, "gradstop": syscall.SIGSTOP}[os.Getenv(testPluginEnv)]
+		pluginsdk.Serve(pluginsdk.Info{Name: "faulty"}, func(*pluginsdk.Env) (trainer.Plugin, error) {
+			return &faultyGrad{sig: sig}, nil
+		})
 	case "v2":
-		pluginsdk.ServeHandshake(pluginsdk.Handshake(2), pluginsdk.Info{Name: "future"}, nil)
+		pluginsdk.ServeHandshake(pluginsdk.Handshake(pluginsdk.ProtocolVersion+1), pluginsdk.Info{Name: "future"}, nil)
 	case "cookie":
 		hs := pluginsdk.Handshake(pluginsdk.ProtocolVersion)
 		hs.MagicCookieValue = "another-host"
@@ -54,18 +61,43 @@ func (f *faulty) PreStep(*trainer.Trainer) error {
 	return nil
 }
 
+// faultyGrad receives sig itself (or, with none, fails) in the first
+// GradReady of step 2, which the host sent as a notice without waiting.
+type faultyGrad struct {
+	sig   syscall.Signal
+	calls int
+}
+
+func (f *faultyGrad) Name() string { return "faulty" }
+func (f *faultyGrad) GradReady(t *trainer.Trainer, p *tensor.Tensor, _ tensor.PassInfo) error {
+	f.calls++
+	if f.calls != len(t.Model.Params())+1 {
+		return nil
+	}
+	if f.sig != 0 {
+		syscall.Kill(os.Getpid(), f.sig)
+	}
+	return fmt.Errorf("faulty: a bad gradient in step 2")
+}
+
 func start(t *testing.T, variant string) (*process.Plugin, error) {
 	return process.Start(os.Args[0], process.Options{Env: []string{testPluginEnv + "=" + variant}, Rank: 0, Deadline: 30 * time.Second})
 }
 
-// TestKilledOrStoppedPlugin ends a run whose plugin process is killed or
-// stopped mid-step, within comm.timeout, with an error naming the plugin,
+// TestKilledOrStoppedPlugin ends a run whose plugin process is killed,
+// stopped or fails mid-step (in a hook the host waits for, or in a
+// GradReady it only notified), within comm.timeout, with an error naming the plugin,
 // its binary and the hook, and leaves no process and no arena file behind.
 func TestKilledOrStoppedPlugin(t *testing.T) {
 	exe := os.Args[0]
 	for variant, want := range map[string]string{
 		"kill": "process plugin faulty (" + exe + "): PreStep: the plugin process died or closed its connection",
 		"stop": "process plugin faulty (" + exe + "): PreStep did not answer within 1s (comm.timeout); the plugin process was killed",
+		// GradReady is a notice; the host waits for it at PostGrad (or
+		// finds the pipe closed when it sends the next one).
+		"gradkill": "process plugin faulty (" + exe + "): GradReady: the plugin process died or closed its connection",
+		"gradstop": "trainer: faulty post-grad: process plugin faulty (" + exe + "): GradReady did not answer within 1s (comm.timeout); the plugin process was killed",
+		"graderr":  "trainer: faulty post-grad: process plugin faulty: GradReady: parameter ln_f.weight: faulty: a bad gradient in step 2",
 	} {
 		p, err := start(t, variant)
 		require.NoError(t, err)
@@ -86,7 +118,8 @@ func TestKilledOrStoppedPlugin(t *testing.T) {
 func TestStartErrors(t *testing.T) {
 	exe := os.Args[0]
 	_, err := start(t, "v2")
-	require.EqualError(t, err, "process plugin "+exe+": it speaks plugin protocol version 2, this tinyacc speaks version 1: rebuild the plugin against this tinyacc's pluginsdk")
+	require.EqualError(t, err, fmt.Sprintf("process plugin %s: it speaks plugin protocol version %d, this tinyacc speaks version %d: rebuild the plugin against this tinyacc's pluginsdk",
+		exe, pluginsdk.ProtocolVersion+1, pluginsdk.ProtocolVersion))
 
 	_, err = start(t, "cookie")
 	require.ErrorContains(t, err, "process plugin "+exe+": it exited before the handshake; is it a tinyacc plugin (built with pluginsdk.Serve)?; its last output: This binary is a plugin.")
