@@ -39,7 +39,7 @@ const Version = "0.1.0"
 
 // ABIVersion changes whenever an exported signature or a status code
 // changes meaning; tinyacc.h carries the same number.
-const ABIVersion = 2
+const ABIVersion = 3
 
 // Status codes; tinyacc.h mirrors them as TINYACC_OK and TINYACC_ERR_*.
 const (

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or the meaning of a status changes. */
-#define TINYACC_ABI_VERSION 2
+#define TINYACC_ABI_VERSION 3
 
 typedef int64_t tinyacc_handle;
 
@@ -51,7 +51,8 @@ typedef int64_t tinyacc_handle;
 #define TINYACC_MAX 2
 #define TINYACC_MIN 3
 
-/* tinyacc_metrics fills this many doubles, in this order. */
+/* tinyacc_metrics fills this many doubles, in this order. The step is the
+ * number of optimizer steps completed, from 1 (ABI version 3; 0-based before). */
 #define TINYACC_NUM_METRICS 7
 #define TINYACC_METRIC_STEP 0
 #define TINYACC_METRIC_LOSS 1

@@ -37,7 +37,21 @@ Usage:
       e.g. --model.n_layer=2 --train.steps=100; see 'tinyacc config show'.
       --nproc N launches N processes of itself (tcp backend); --local-ranks N
       runs N ranks as goroutines of this process (local backend, for debugging).
-      --trace FILE writes a Chrome/Perfetto trace per rank.
+      --trace FILE writes one Perfetto trace with a track per rank.
+      --max-restarts K restarts a failed --nproc job from its latest checkpoint.
+      Before anything starts, the layout and the memory estimate are checked
+      against memory.limit (auto, a size such as 8GiB, or 0 for no check).
+  tinyacc estimate [--config FILE] [--nproc N | --local-ranks N] [--json] [--key=value ...]
+      Print each rank's memory (parameters, gradients, optimizer state,
+      activations, communication, data, set-up and peak) for the run train
+      would start with the same arguments, without starting it. --json: one
+      JSON object per rank, one per line.
+  tinyacc tokenize --in FILE --out FILE.bin
+      Write a token shard (llm.c's .bin layout) from text with the byte
+      tokenizer; train reads it with data.path=FILE.bin.
+  tinyacc plot METRICS.jsonl... --to FILE.svg
+      Draw train and eval loss, learning rate, gradient norm and tokens/s
+      against step from metrics_file outputs, one colour per run.
   tinyacc sample --from FILE.safetensors [--prompt TEXT] [--tokens N]
                  [--temperature T] [--top_k K] [--seed S]
       Generate text from trained weights.
@@ -69,7 +83,44 @@ Usage:
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
   tinyacc version
+
+Every command takes -h or --help. Config keys: 'tinyacc config show' lists
+every key with its value and source; README.md explains them.
 `
+
+// configHint ends every command's help.
+const configHint = "\nConfig keys: 'tinyacc config show' lists every key with its value and source;\nREADME.md explains them. Layers: defaults < --config FILE < TINYACC_* variables < flags.\n"
+
+// commandUsage is the part of usage about cmd (every block whose first
+// line starts "  tinyacc CMD").
+func commandUsage(cmd string) string {
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(usage, "\n") {
+		if strings.HasPrefix(line, "  tinyacc ") {
+			in = strings.HasPrefix(line, "  tinyacc "+cmd+" ") || line == "  tinyacc "+cmd
+		} else if !strings.HasPrefix(line, "    ") {
+			in = false
+		}
+		if in {
+			b.WriteString(line + "\n")
+		}
+	}
+	return "Usage:\n" + b.String()
+}
+
+// wantsHelp reports whether args ask for help (-h, --help or help first).
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false // a launched program's own flags
+		}
+		if a == "-h" || a == "--help" {
+			return true
+		}
+	}
+	return len(args) > 0 && args[0] == "help"
+}
 
 func main() {
 	process.ServeBuiltin() // when started as a plugin process (ddp.process)
@@ -81,10 +132,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	if wantsHelp(args[1:]) {
+		if u := commandUsage(args[0]); u != "Usage:\n" {
+			fmt.Fprint(stdout, u+configHint)
+			return 0
+		}
+	}
 	var err error
 	switch args[0] {
 	case "train":
 		err = cmdTrain(args[1:], stdout, stderr)
+	case "tokenize":
+		err = cmdTokenize(args[1:], stdout)
+	case "plot":
+		err = cmdPlot(args[1:], stdout)
+	case "estimate":
+		err = cmdEstimate(args[1:], stdout, stderr)
 	case "sample":
 		err = cmdSample(args[1:], stdout)
 	case "config":
@@ -105,8 +173,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return launch.Main(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tinyacc %s (%s, %s/%s, blas %s)\n", Version, runtime.Version(), runtime.GOOS, runtime.GOARCH, cpu.BLASName())
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
 	default:
 		fmt.Fprintf(stderr, "tinyacc: unknown command %q\n\n%s", args[0], usage)
 		return 2

@@ -85,3 +85,23 @@ func TestLaunchFailingRankTakesJobDown(t *testing.T) {
 	require.Contains(t, errOut, "launch: rank 1 exited with status 3")
 	require.Contains(t, errOut, "rank one says bye")
 }
+
+// TestHelpEverywhere: tinyacc --help, -h, and CMD --help / -h print usage
+// (the command's own part and where config keys are listed) on stdout and
+// exit 0.
+func TestHelpEverywhere(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		var out, errb bytes.Buffer
+		require.Equal(t, 0, run(args, &out, &errb), "%v", args)
+		require.Contains(t, out.String(), "tinyacc train [--config FILE]")
+	}
+	for _, cmd := range []string{"train", "estimate", "sample", "config", "export", "ckpt", "bench", "launch", "tokenize", "plot", "version"} {
+		for _, flag := range []string{"--help", "-h"} {
+			var out, errb bytes.Buffer
+			require.Equal(t, 0, run([]string{cmd, flag}, &out, &errb), "%s %s: %s", cmd, flag, errb.String())
+			require.Contains(t, out.String(), "Usage:\n  tinyacc "+cmd, "%s %s", cmd, flag)
+			require.Contains(t, out.String(), "'tinyacc config show' lists every key", "%s %s", cmd, flag)
+			require.Empty(t, errb.String())
+		}
+	}
+}

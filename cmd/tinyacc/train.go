@@ -41,7 +41,10 @@ func cmdTrain(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := r.Config
 	if world := max(nproc, localRanks); world > 0 || !launched() {
-		if err := cfg.CheckWorld(max(world, 1)); err != nil {
+		// The layout and the memory estimate are checked here, once, by
+		// the process that would start the ranks: nothing is allocated
+		// or spawned for a run that cannot fit.
+		if err := checkBeforeWork(cfg, max(world, 1), max(world, 1), nproc, stderr); err != nil {
 			return err
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // EnvInfo is what a rank learns about the job from its environment.
@@ -22,7 +21,6 @@ type EnvInfo struct {
 	Hosts      int    // hosts the launcher says the ranks span; 0 when it does not say
 	Source     string // "torchrun", "openmpi", "pmi", "slurm" or "single"
 	Debug      bool   // TINYACC_DEBUG=detail
-	Timeout    time.Duration
 }
 
 const (
@@ -86,13 +84,6 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	default:
 		return info, fmt.Errorf("comm: TINYACC_DEBUG=%q: use \"detail\" or leave it unset", d)
 	}
-	if v, ok := env["TINYACC_COMM_TIMEOUT"]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return info, fmt.Errorf("comm: TINYACC_COMM_TIMEOUT=%q is not a positive duration such as 30s", v)
-		}
-		info.Timeout = d
-	}
 	return info, nil
 }
 
@@ -103,10 +94,9 @@ func InitFromEnv(opts Options) (Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The deadline comes from opts alone (comm.timeout, through the
+	// config's layers): a second source here would disagree with it.
 	opts.Debug = opts.Debug || info.Debug
-	if opts.Timeout <= 0 {
-		opts.Timeout = info.Timeout
-	}
 	name := opts.Backend
 	if name == "" {
 		name = "tcp"

@@ -65,8 +65,19 @@ type Config struct {
 		Path        string  `koanf:"path"`         // "" = default corpus (Go sources of GOROOT)
 		Order       string  `koanf:"order"`        // "sequential" | "random"
 		ValFraction float64 `koanf:"val_fraction"` // share held out for evaluation, in [0,1)
-		MaxBytes    int64   `koanf:"max_bytes"`    // cap on corpus bytes read
+		MaxBytes    int64   `koanf:"max_bytes"`    // cap on text corpus bytes read; 0 = no cap
+		// Format says how data.path is read: "text" (byte tokenizer),
+		// "tokens" (llm.c .bin shards) or "auto" (a shard header decides).
+		Format  string `koanf:"format"`
+		ValPath string `koanf:"val_path"` // separate validation shards (glob); "" = hold out data.val_fraction
 	} `koanf:"data"`
+	Memory struct {
+		// Limit is the memory a training job may use on this host, against
+		// which the estimate is checked before any work: "auto" (the
+		// cgroup limit, else MemAvailable), a size such as 4GiB, or 0 (no
+		// check).
+		Limit string `koanf:"limit"`
+	} `koanf:"memory"`
 	Parallel struct {
 		DP int `koanf:"dp"` // data-parallel ranks; 0 = world size / (tp·cp·pp)
 		TP int `koanf:"tp"` // tensor-parallel ranks
@@ -105,7 +116,8 @@ type Config struct {
 	InitFrom             string `koanf:"init_from"`              // safetensors file to start from; "" = fresh init
 	SaveTo               string `koanf:"save_to"`                // safetensors file to write; "" = don't save
 	MetricsFile          string `koanf:"metrics_file"`           // JSON-lines metrics; "" = none
-	Trace                string `koanf:"trace"`                  // Chrome trace file per rank (rank in the name); "" = off
+	Trace                string `koanf:"trace"`                  // one merged Perfetto trace, a process track per rank; "" = off
+	TracePerRank         bool   `koanf:"trace_per_rank"`         // also keep one trace file per rank
 
 	// Declared holds the values of keys that process plugins declare in
 	// their handshake ("nonfinite_guard.max_skips"), each in its canonical
@@ -151,6 +163,8 @@ func Defaults() Config {
 	c.Data.Order = "sequential"
 	c.Data.ValFraction = 0.1
 	c.Data.MaxBytes = 8 << 20
+	c.Data.Format = "auto"
+	c.Memory.Limit = "auto"
 
 	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
@@ -165,21 +179,37 @@ func Defaults() Config {
 	return c
 }
 
-// ReservedEnv lists TINYACC_ variables that steer the process (launcher,
-// library loading, debugging) rather than the run. They are never read as
-// configuration, so setting them cannot trip the unknown-key check.
-var ReservedEnv = []string{
-	"TINYACC_DEBUG",
-	"TINYACC_LIB",
-	"TINYACC_TOKEN",
-	"TINYACC_JOB_TOKEN",
-	"TINYACC_LOCAL_RANK",
-	"TINYACC_RESTART",
-	"TINYACC_SHM",
-	"TINYACC_PLUGIN",         // the handshake cookie a plugin process is started with
-	"TINYACC_PLUGIN_BUILTIN", // which compiled-in plugin tinyacc serves as a plugin process
-	"TINYACC_HOST_ID",        // overrides the host identity that decides shared memory between ranks
+// Reserved is the one table of TINYACC_ variables that are not config
+// keys: they steer the process (launcher, library loading, debugging, the
+// build) rather than the run, and are never read as configuration. The
+// README's table of variables is this table; any other TINYACC_ variable
+// is a config key or an error that suggests the nearest name.
+var Reserved = []ReservedVar{
+	{"TINYACC_SHM", "0/false keeps transfers between local ranks on TCP; 1/true (default) moves payloads through /dev/shm"},
+	{"TINYACC_DEBUG", "detail: ranks agree on each collective before running it and report both sides of a mismatch"},
+	{"TINYACC_LIB", "the libtinyacc.so the Python package loads (default: the one beside it)"},
+	{"TINYACC_TOKEN", "the secret a C or Python rank group presents when it connects"},
+	{"TINYACC_JOB_TOKEN", "the per-job secret the launcher gives every rank of a job"},
+	{"TINYACC_LOCAL_RANK", "set by the launcher: the rank's index on its host"},
+	{"TINYACC_RESTART", "set by the launcher: how many times the job was restarted"},
+	{"TINYACC_PLUGIN", "set by the host: the handshake cookie of a plugin process"},
+	{"TINYACC_PLUGIN_BUILTIN", "set by the host: which compiled-in plugin tinyacc serves as a plugin process"},
+	{"TINYACC_GO", "the go command the Makefile and the README test build with"},
+	{"TINYACC_README_STEPS", "the step count the README test turns the README's examples down to"},
+	{"TINYACC_HOST_ID", "overrides the host identity that decides which ranks share memory (ranks in separate network namespaces of one machine)"},
 }
+
+// ReservedVar is one row of Reserved.
+type ReservedVar struct{ Name, Meaning string }
+
+// ReservedEnv is the names of Reserved.
+var ReservedEnv = func() []string {
+	out := make([]string, len(Reserved))
+	for i, r := range Reserved {
+		out[i] = r.Name
+	}
+	return out
+}()
 
 // EnvPrefix is the prefix of environment variables that carry configuration.
 const EnvPrefix = "TINYACC_"

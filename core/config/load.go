@@ -238,7 +238,7 @@ func envLayer(environ []string) (layer, error) {
 			}
 			key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, EnvPrefix), "__", "."))
 			if err := checkKey(key, value, "env "+name); err != nil && !maybeDeclared(key) {
-				problems = append(problems, err)
+				problems = append(problems, withEnvSuggestion(err, name))
 				return "", nil
 			}
 			if prev, dup := names[key]; dup {

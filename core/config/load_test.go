@@ -15,7 +15,9 @@ const (
 	trainKeys = "batch_size, beta1, beta2, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
 		"log_every, lr, min_lr, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
-	topKeys = "checkpoint, comm, data, ddp, device, init_from, metrics_file, model, parallel, plugins, pp, resume, resume_allow_nonfinite, save_to, trace, train, zero"
+	topKeys = "checkpoint, comm, data, ddp, device, init_from, memory, metrics_file, model, parallel, plugins, pp, resume, resume_allow_nonfinite, save_to, trace, trace_per_rank, train, zero"
+	// noSuggestion ends the message about a TINYACC_ variable close to no name.
+	noSuggestion = "; TINYACC_ variables are config keys (TINYACC_TRAIN__LR sets train.lr) or one of TINYACC_SHM, TINYACC_DEBUG, TINYACC_LIB, TINYACC_TOKEN, TINYACC_JOB_TOKEN, TINYACC_LOCAL_RANK, TINYACC_RESTART, TINYACC_PLUGIN, TINYACC_PLUGIN_BUILTIN, TINYACC_GO, TINYACC_README_STEPS, TINYACC_HOST_ID"
 )
 
 func writeFile(t *testing.T, name, text string) string {
@@ -138,7 +140,7 @@ func TestUnknownKeyInEachLayer(t *testing.T) {
 		{"file", file, nil, nil,
 			`config: unknown key "train.lrr" (from file ` + file + `); known keys in "train": ` + trainKeys},
 		{"env", "", []string{"TINYACC_TRAIN__LRR=1"}, nil,
-			`config: unknown key "train.lrr" (from env TINYACC_TRAIN__LRR); known keys in "train": ` + trainKeys},
+			`config: unknown key "train.lrr" (from env TINYACC_TRAIN__LRR); known keys in "train": ` + trainKeys + "; did you mean TINYACC_TRAIN__LR?"},
 		{"flag", "", nil, []string{"--train.lrr=1"},
 			`config: unknown key "train.lrr" (from flag --train.lrr); known keys in "train": ` + trainKeys},
 		{"flag with separate value", "", nil, []string{"--train.lrr", "1"},
@@ -146,9 +148,13 @@ func TestUnknownKeyInEachLayer(t *testing.T) {
 		{"unknown section", "", nil, []string{"--trian.lr=1"},
 			`config: unknown key "trian.lr" (from flag --trian.lr); known top-level keys: ` + topKeys},
 		{"unknown top-level env", "", []string{"TINYACC_FOO=1"}, nil,
-			`config: unknown key "foo" (from env TINYACC_FOO); known top-level keys: ` + topKeys},
+			`config: unknown key "foo" (from env TINYACC_FOO); known top-level keys: ` + topKeys + noSuggestion},
 		{"single underscore env", "", []string{"TINYACC_TRAIN_LR=1"}, nil,
-			`config: unknown key "train_lr" (from env TINYACC_TRAIN_LR); known top-level keys: ` + topKeys},
+			`config: unknown key "train_lr" (from env TINYACC_TRAIN_LR); known top-level keys: ` + topKeys + "; did you mean TINYACC_TRAIN__LR?"},
+		{"one underscore for a section (comm.timeout)", "", []string{"TINYACC_COMM_TIMEOUT=30s"}, nil,
+			`config: unknown key "comm_timeout" (from env TINYACC_COMM_TIMEOUT); known top-level keys: ` + topKeys + "; did you mean TINYACC_COMM__TIMEOUT?"},
+		{"misspelt reserved variable", "", []string{"TINYACC_SHMM=0"}, nil,
+			`config: unknown key "shmm" (from env TINYACC_SHMM); known top-level keys: ` + topKeys + "; did you mean TINYACC_SHM?"},
 		{"value below a leaf", "", nil, []string{"--train.lr.x=1"},
 			`config: unknown key "train.lr.x" (from flag --train.lr.x); known keys in "train": ` + trainKeys},
 		{"section as value", "", []string{"TINYACC_MODEL=3"}, nil,
@@ -209,7 +215,7 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, []string{
 		`config: unknown key "model.n_layr" (from file ` + file + `); known keys in "model": block_size, n_embd, n_head, n_layer, vocab_size`,
-		`config: unknown key "bogus" (from env TINYACC_BOGUS); known top-level keys: ` + topKeys,
+		`config: unknown key "bogus" (from env TINYACC_BOGUS); known top-level keys: ` + topKeys + noSuggestion,
 		`config: train.steps="x" (from env TINYACC_TRAIN__STEPS) is not an integer: use a value such as 300`,
 		`config: flag --model.n_head needs a value: write --model.n_head=VALUE`,
 		`config: unexpected argument "stray": config flags look like --key=value (e.g. --train.lr=1e-3)`,
@@ -218,14 +224,14 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 
 func TestReservedEnvSkipped(t *testing.T) {
 	env := []string{"PATH=/usr/bin", "HOME=/root", "tinyacc_train__lr=5"}
-	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_HOST_ID"} {
+	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_HOST_ID"} {
 		value := map[string]string{"TINYACC_DEBUG": "detail", "TINYACC_SHM": "0"}[name] // their own checks: reserved_test.go
 		if value == "" {
 			value = "not a config value"
 		}
 		env = append(env, name+"="+value)
 	}
-	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_HOST_ID"}, ReservedEnv)
+	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_HOST_ID"}, ReservedEnv)
 	r, err := Load("", env, nil)
 	require.NoError(t, err)
 	for key, src := range r.Sources() {

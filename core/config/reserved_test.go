@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,4 +16,14 @@ func TestReservedEnvValuesChecked(t *testing.T) {
 	_, err := Load("", []string{"TINYACC_SHM=maybe", "TINYACC_DEBUG=yes"}, nil)
 	require.EqualError(t, err, `config: TINYACC_SHM="maybe" is not one of "0", "1", "true", "false" (or unset)`+"\n"+
 		`config: TINYACC_DEBUG="yes" is not one of "0", "off", "detail" (or unset)`)
+}
+
+// TestReservedTableIsDocumented: the README's table of variables that are
+// not config keys is this package's table.
+func TestReservedTableIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, r := range Reserved {
+		require.Contains(t, string(readme), "`"+r.Name+"`", "README's table of TINYACC_ variables")
+	}
 }

@@ -67,7 +67,11 @@ func (c *Config) Validate() error {
 	d := &c.Data
 	v.oneOf("data.order", d.Order, "sequential", "random")
 	v.unitInterval("data.val_fraction", d.ValFraction, "such as 0.1, or 0 for no validation split")
-	v.positive("data.max_bytes", d.MaxBytes)
+	v.nonNegative("data.max_bytes", d.MaxBytes)
+	v.oneOf("data.format", d.Format, "auto", "text", "tokens")
+	if _, err := ParseMemoryLimit(c.Memory.Limit); err != nil {
+		v.errs = append(v.errs, err)
+	}
 
 	pl := &c.Parallel
 	v.nonNegative("parallel.dp", int64(pl.DP))

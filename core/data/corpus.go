@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Corpus is the raw text a run trains on, kept as bytes: with the byte
@@ -57,7 +58,7 @@ func LoadCorpus(path string, maxBytes int64) (*Corpus, error) {
 	} else {
 		files = []string{path}
 	}
-	text, used, err := readCapped(files, maxBytes)
+	text, used, skipped, err := readCappedText(files, maxBytes, info.IsDir())
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,15 @@ func LoadCorpus(path string, maxBytes int64) (*Corpus, error) {
 	}
 	src := fmt.Sprintf("file %q (%s)", path, sizeString(len(text)))
 	if info.IsDir() {
-		src = fmt.Sprintf("directory %q (%d files, %s)", path, used, sizeString(len(text)))
+		src = fmt.Sprintf("directory %q (%d text files, %s", path, used, sizeString(len(text)))
+		if skipped > 0 {
+			src += fmt.Sprintf("; %d files that are not text skipped", skipped)
+		}
+		src += ")"
+	}
+	if all := totalSize(files); int64(len(text)) == maxBytes && all > maxBytes {
+		// Said once, where the run names its data.
+		src += fmt.Sprintf("; read %s of %s (data.max_bytes; 0 reads everything)", sizeString(len(text)), sizeString(int(all)))
 	}
 	return &Corpus{Text: text, Source: src, Files: used}, nil
 }
@@ -111,11 +120,11 @@ func loadDefaultCorpus(maxBytes int64) (*Corpus, error) {
 	if len(text) == 0 {
 		return nil, fmt.Errorf("data: default corpus is empty: no Go files under %s; set data.path to a text file or directory", src)
 	}
-	return &Corpus{
-		Text:   text,
-		Source: fmt.Sprintf("GOROOT/src Go files (%d files, %s)", used, sizeString(len(text))),
-		Files:  used,
-	}, nil
+	desc := fmt.Sprintf("GOROOT/src Go files (%d files, %s)", used, sizeString(len(text)))
+	if all := totalSize(files); int64(len(text)) == maxBytes && all > maxBytes {
+		desc += fmt.Sprintf("; read %s of %s (data.max_bytes; 0 reads everything)", sizeString(len(text)), sizeString(int(all)))
+	}
+	return &Corpus{Text: text, Source: desc, Files: used}, nil
 }
 
 // goroot finds the Go installation. runtime.GOROOT is the cheap answer but
@@ -212,27 +221,77 @@ func resolveRoot(root string) (string, error) {
 // readCapped concatenates files until maxBytes are collected, cutting the last
 // file short if needed. It returns the text and how many files contributed.
 func readCapped(files []string, maxBytes int64) ([]byte, int, error) {
+	text, used, _, err := readCappedText(files, maxBytes, false)
+	return text, used, err
+}
+
+// readCappedText is readCapped that, with textOnly, skips files that are
+// not text (a NUL byte, or not valid UTF-8) and counts them.
+func readCappedText(files []string, maxBytes int64, textOnly bool) ([]byte, int, int, error) {
 	var text bytes.Buffer
-	used := 0
+	used, skipped := 0, 0
 	for _, p := range files {
 		left := maxBytes - int64(text.Len())
 		if left <= 0 {
 			break
 		}
-		f, err := os.Open(p)
+		b, err := readUpTo(p, left)
 		if err != nil {
-			return nil, 0, fmt.Errorf("data: reading corpus file: %w", err)
+			return nil, 0, 0, err
 		}
-		n, err := text.ReadFrom(io.LimitReader(f, left))
-		f.Close()
-		if err != nil {
-			return nil, 0, fmt.Errorf("data: reading corpus file %s: %w", p, err)
+		check := b
+		if int64(len(b)) == left {
+			check = trimPartialRune(b) // the cap may have cut the last rune
 		}
-		if n > 0 {
+		if textOnly && (bytes.IndexByte(b, 0) >= 0 || !utf8.Valid(check)) {
+			skipped++
+			continue
+		}
+		text.Write(b)
+		if len(b) > 0 {
 			used++
 		}
 	}
-	return text.Bytes(), used, nil
+	return text.Bytes(), used, skipped, nil
+}
+
+// readUpTo reads at most n bytes of the file at p.
+func readUpTo(p string, n int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("data: reading corpus file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, n))
+	if err != nil {
+		return nil, fmt.Errorf("data: reading corpus file %s: %w", p, err)
+	}
+	return b, nil
+}
+
+// trimPartialRune drops an incomplete UTF-8 sequence that a cap cut at
+// the end, so a cut file is not mistaken for binary.
+func trimPartialRune(b []byte) []byte {
+	for i := 1; i <= 3 && i <= len(b); i++ {
+		if utf8.RuneStart(b[len(b)-i]) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i]
+			}
+			break
+		}
+	}
+	return b
+}
+
+// totalSize is the bytes of every file (those that cannot be read: 0).
+func totalSize(files []string) int64 {
+	var n int64
+	for _, p := range files {
+		if info, err := os.Stat(p); err == nil {
+			n += info.Size()
+		}
+	}
+	return n
 }
 
 // sizeString formats a byte count for humans, e.g. "8.0 MiB".

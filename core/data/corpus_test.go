@@ -52,11 +52,12 @@ func TestLoadCorpusDirectoryOrder(t *testing.T) {
 	assert.Equal(t, "GYXBE", string(c.Text), "sorted path order, regular files only")
 	assert.Equal(t, 5, c.Files)
 	assert.True(t, strings.HasPrefix(c.Source, "directory "), c.Source)
-	assert.Contains(t, c.Source, "5 files")
+	assert.Contains(t, c.Source, "5 text files, 5 B)")
 
 	c, err = LoadCorpus(root, 3)
 	require.NoError(t, err)
 	assert.Equal(t, "GYX", string(c.Text))
+	assert.Contains(t, c.Source, "; read 3 B of 5 B (data.max_bytes; 0 reads everything)", "a cut read says so")
 	assert.Equal(t, 3, c.Files)
 }
 
@@ -170,4 +171,20 @@ func TestSplit(t *testing.T) {
 	assert.Equal(t, Encode("56789"), val)
 
 	assert.PanicsWithValue(t, "data: Split(-0.1): valFraction must be in [0, 1]", func() { c.Split(-0.1) })
+}
+
+// A directory corpus reads only text: files with a NUL byte or invalid
+// UTF-8 are skipped and counted.
+func TestLoadCorpusDirectorySkipsBinary(t *testing.T) {
+	root := writeTree(t, map[string]string{
+		"a.txt":   "hello ",
+		"b.bin":   "\x00\x01\x02",
+		"c.txt":   "wörld",
+		"d.latin": "caf\xe9",
+	})
+	c, err := LoadCorpus(root, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "hello wörld", string(c.Text))
+	assert.Equal(t, 2, c.Files)
+	assert.Contains(t, c.Source, "(2 text files, 12 B; 2 files that are not text skipped)")
 }

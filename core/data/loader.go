@@ -3,6 +3,7 @@ package data
 import (
 	"fmt"
 	"math/bits"
+	"sort"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -23,33 +24,65 @@ const (
 // sample, so N ranks taking disjoint slices of a global batch together see
 // precisely what a single process sees.
 type Loader struct {
-	tokens []int32
+	segs   []Segment
+	starts []uint64 // starts[i]: the first window index of segs[i]; starts[len] = span
 	t      int
 	order  string
 	seed   int64
-	span   uint64 // number of valid start offsets: L - T - 1
+	span   uint64 // number of valid start offsets over all segments
+	length int64  // tokens over all segments
+	vocab  int    // ids must be below it (0: unchecked)
+	err    error  // the first bad token id a window met
 }
 
 // NewLoader builds a loader over tokens with block size T. order is
 // "sequential" or "random"; seed only matters for random order.
 func NewLoader(tokens []int32, T int, order string, seed int64) (*Loader, error) {
+	return NewSegmentLoader([]Segment{TextSegment(tokens)}, T, order, seed, 0)
+}
+
+// NewSegmentLoader builds a loader over segments (token shards) that no
+// window crosses, as llm.c never lets a sequence span two shards: segment
+// i offers len_i − T − 1 window starts, numbered after those of the
+// segments before it. A segment too short for one window offers none.
+// vocab > 0 makes reading a window with an id >= vocab an error (Err),
+// checked as windows are read rather than by scanning the whole corpus.
+func NewSegmentLoader(segs []Segment, T int, order string, seed int64, vocab int) (*Loader, error) {
 	if T <= 0 {
 		return nil, fmt.Errorf("data: block size %d must be positive: set model.block_size >= 1", T)
 	}
 	if order != Sequential && order != Random {
 		return nil, fmt.Errorf("data: data.order=%q is not supported: use %q or %q", order, Sequential, Random)
 	}
-	if len(tokens) < T+2 {
-		return nil, fmt.Errorf("data: corpus is too short for block_size: %d tokens, need at least block_size+2 = %d; use more text (data.path, data.max_bytes), a smaller model.block_size, or a smaller data.val_fraction", len(tokens), T+2)
+	l := &Loader{t: T, order: order, seed: seed, vocab: vocab}
+	for _, sg := range segs {
+		l.length += sg.len()
+		if sg.len() < int64(T)+2 {
+			continue
+		}
+		l.segs = append(l.segs, sg)
+		l.starts = append(l.starts, l.span)
+		l.span += uint64(sg.len() - int64(T) - 1)
 	}
-	return &Loader{tokens: tokens, t: T, order: order, seed: seed, span: uint64(len(tokens) - T - 1)}, nil
+	l.starts = append(l.starts, l.span)
+	if l.span == 0 {
+		if len(segs) > 1 {
+			return nil, fmt.Errorf("data: no token shard holds block_size+2 = %d tokens (%d tokens in %d segments); use larger shards or a smaller model.block_size", T+2, l.length, len(segs))
+		}
+		return nil, fmt.Errorf("data: corpus is too short for block_size: %d tokens, need at least block_size+2 = %d; use more text (data.path, data.max_bytes), a smaller model.block_size, or a smaller data.val_fraction", l.length, T+2)
+	}
+	return l, nil
 }
+
+// Err is the first bad token id a window met (naming the shard, the byte
+// offset and the id), nil while every id was below the vocabulary.
+func (l *Loader) Err() error { return l.err }
 
 // BlockSize is T, the length of each window.
 func (l *Loader) BlockSize() int { return l.t }
 
 // Len is the number of tokens in the stream.
-func (l *Loader) Len() int { return len(l.tokens) }
+func (l *Loader) Len() int { return int(l.length) }
 
 // Order is "sequential" or "random".
 func (l *Loader) Order() string { return l.order }
@@ -93,11 +126,46 @@ func splitmix64(x uint64) uint64 {
 }
 
 // Sample returns the window of sample globalIndex: x = tokens[o:o+T] and the
-// next-token targets y = tokens[o+1:o+T+1]. Both alias the loader's stream
-// and must not be modified.
+// next-token targets y = tokens[o+1:o+T+1]. Over text both alias the
+// loader's stream and must not be modified.
 func (l *Loader) Sample(globalIndex int64) (x, y []int32) {
-	o := l.Offset(globalIndex)
-	return l.tokens[o : o+l.t], l.tokens[o+1 : o+l.t+1]
+	sg, o := l.locate(l.Offset(globalIndex))
+	if sg.tokens != nil {
+		return sg.tokens[o : o+l.t], sg.tokens[o+1 : o+l.t+1]
+	}
+	w := make([]int32, l.t+1)
+	l.read(sg, o, w)
+	return w[:l.t], w[1:]
+}
+
+// locate maps a window start (numbered over all segments) to its segment
+// and the start inside it.
+func (l *Loader) locate(o int) (Segment, int) {
+	if len(l.segs) == 1 {
+		return l.segs[0], int(l.segs[0].lo) + o
+	}
+	i := sort.Search(len(l.segs), func(i int) bool { return l.starts[i+1] > uint64(o) }) // the segment holding o
+	return l.segs[i], int(l.segs[i].lo + int64(uint64(o)-l.starts[i]))
+}
+
+// read copies len(dst) tokens of sg from o, checking shard ids against
+// the vocabulary.
+func (l *Loader) read(sg Segment, o int, dst []int32) {
+	if sg.tokens != nil {
+		copy(dst, sg.tokens[o:])
+		return
+	}
+	for j := range dst {
+		id := sg.shard.Token(int64(o + j))
+		if l.vocab > 0 && id >= uint32(l.vocab) {
+			if l.err == nil {
+				l.err = fmt.Errorf("data: token shard %s: token id %d at byte offset %d is not below model.vocab_size=%d: set model.vocab_size to the tokenizer's vocabulary (50257 for GPT-2)",
+					sg.shard.Path, id, HeaderBytes+int64(o+j)*int64(sg.shard.Width), l.vocab)
+			}
+			id = 0 // the step is refused through Err; keep the index in range
+		}
+		dst[j] = int32(id)
+	}
 }
 
 // Batch returns micro-batch micro of data-parallel rank rank for training step
@@ -132,10 +200,12 @@ func (l *Loader) gather(offset func(j int) int, B int) (x, y *tensor.Tensor) {
 	T := l.t
 	xs := make([]int32, B*T)
 	ys := make([]int32, B*T)
+	w := make([]int32, T+1)
 	for j := 0; j < B; j++ {
-		o := offset(j)
-		copy(xs[j*T:(j+1)*T], l.tokens[o:o+T])
-		copy(ys[j*T:(j+1)*T], l.tokens[o+1:o+T+1])
+		sg, o := l.locate(offset(j))
+		l.read(sg, o, w)
+		copy(xs[j*T:(j+1)*T], w[:T])
+		copy(ys[j*T:(j+1)*T], w[1:])
 	}
 	return tensor.FromI32(xs, B, T), tensor.FromI32(ys, B, T)
 }

@@ -83,8 +83,8 @@ func TestNonFiniteStopKeepsSavedFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, previous, got)
 	rows := readMetrics(t, cfg.MetricsFile)
-	require.Len(t, rows, 2, "the records of steps 0 and 1, the last before the stop")
-	require.Equal(t, 1.0, rows[1]["step"])
+	require.Len(t, rows, 2, "the records of steps 1 and 2, the last before the stop")
+	require.Equal(t, 2.0, rows[1]["step"], "steps count completed steps, from 1")
 }
 
 func TestNonFiniteSkipSkipsAndRecovers(t *testing.T) {
@@ -113,7 +113,7 @@ func TestNonFiniteSkipSkipsAndRecovers(t *testing.T) {
 	}
 	require.Len(t, train, 6)
 	for s, r := range train {
-		require.Equal(t, float64(s), r["step"])
+		require.Equal(t, float64(s+1), r["step"])
 		_, marked := r["skipped"]
 		require.Equal(t, s == 2 || s == 3, marked, "step %d", s)
 	}

@@ -45,6 +45,10 @@ type MemoryReport struct {
 	// (0 when there was none).
 	SavePeakBytes int64 `json:"checkpoint_save_peak_bytes"`
 	LoadPeakBytes int64 `json:"checkpoint_load_peak_bytes"`
+	// RSSPeakBytes is the process's resident peak (VmHWM) beside the
+	// allocator's figures: what the kernel saw, runtime and data included
+	// (goroutine ranks share one process, so they report the same).
+	RSSPeakBytes int64 `json:"rss_peak_bytes"`
 }
 
 // Memory returns this rank's memory report from its allocator.
@@ -53,7 +57,8 @@ func (t *Trainer) Memory() MemoryReport {
 	return MemoryReport{Rank: t.Rank,
 		ParamsBytes: u.Peak[tensor.Params], GradsBytes: u.Peak[tensor.Grads],
 		OptimBytes: u.Peak[tensor.OptimState], ActPeak: u.Peak[tensor.Activations],
-		CommBytes: u.Peak[tensor.Comm], PeakBytes: u.TotalPeak, SavePeakBytes: t.savePeak, LoadPeakBytes: t.loadPeak}
+		CommBytes: u.Peak[tensor.Comm], PeakBytes: u.TotalPeak, SavePeakBytes: t.savePeak, LoadPeakBytes: t.loadPeak,
+		RSSPeakBytes: RSSPeakBytes()}
 }
 
 // Run trains for cfg.Train.Steps steps with periodic evaluation, then saves
@@ -130,9 +135,15 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			}
 		}
 		last := s == cfg.Train.Steps-1
-		if lead && (s%logEvery == 0 || last) {
-			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  norm %.3f  %6.0f ms  %7.0f tok/s  mfu %.1f%%",
-				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU)
+		// Lines for the first step and every log_every-th completed step.
+		if lead && (s == first || (s+1)%logEvery == 0 || last) {
+			// The ETA extrapolates the mean time of the steps this run has
+			// done (evaluations and checkpoints included) to those left.
+			done := time.Since(start)
+			eta := time.Duration(float64(done) / float64(s+1-first) * float64(cfg.Train.Steps-s-1))
+			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  norm %.3f  %6.0f ms  %7.0f tok/s  mfu %.1f%%  elapsed %s  eta %s",
+				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU,
+				clock(done), clock(eta))
 			if t.opts.Live {
 				fmt.Fprintf(log, "\r%s\x1b[K", line)
 				lineOpen = true
@@ -151,9 +162,10 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			if err != nil {
 				return res, err
 			}
-			res.Evals = append(res.Evals, EvalPoint{Step: s, Loss: vl})
+			// Evaluated after s+1 steps: the same number as the train row.
+			res.Evals = append(res.Evals, EvalPoint{Step: s + 1, Loss: vl})
 			if t.metrics != nil {
-				if err := t.metrics.Write("eval", EvalPoint{Step: s, Loss: vl}); err != nil {
+				if err := t.metrics.Write("eval", EvalPoint{Step: s + 1, Loss: vl}); err != nil {
 					return res, err
 				}
 			}
@@ -255,6 +267,18 @@ func (t *Trainer) checkpoint(log io.Writer, step int, lineOpen *bool) error {
 	return nil
 }
 
+// clock formats a duration as the log shows it: 42s, 3m05s, 1h02m.
+func clock(d time.Duration) string {
+	d = d.Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+}
+
 func valLen(t *Trainer) int {
 	if t.Val == nil {
 		return 0
@@ -269,14 +293,14 @@ func WriteMemoryTable(w io.Writer, rs []MemoryReport) {
 	for _, r := range rs {
 		ckpt = ckpt || r.SavePeakBytes > 0 || r.LoadPeakBytes > 0
 	}
-	head := fmt.Sprintf("memory (MiB)  %6s %10s %10s %10s %12s %10s %10s", "rank", "params", "grads", "optim", "activations", "comm", "peak")
+	head := fmt.Sprintf("memory (MiB)  %6s %10s %10s %10s %12s %10s %10s %10s", "rank", "params", "grads", "optim", "activations", "comm", "peak", "rss peak")
 	if ckpt {
 		head += fmt.Sprintf(" %10s %10s", "ckpt save", "ckpt load")
 	}
 	fmt.Fprintln(w, head)
 	for _, r := range rs {
-		line := fmt.Sprintf("              %6d %10s %10s %10s %12s %10s %10s", r.Rank, mib(r.ParamsBytes), mib(r.GradsBytes),
-			mib(r.OptimBytes), mib(r.ActPeak), mib(r.CommBytes), mib(r.PeakBytes))
+		line := fmt.Sprintf("              %6d %10s %10s %10s %12s %10s %10s %10s", r.Rank, mib(r.ParamsBytes), mib(r.GradsBytes),
+			mib(r.OptimBytes), mib(r.ActPeak), mib(r.CommBytes), mib(r.PeakBytes), mib(r.RSSPeakBytes))
 		if ckpt {
 			line += fmt.Sprintf(" %10s %10s", mib(r.SavePeakBytes), mib(r.LoadPeakBytes))
 		}
@@ -290,10 +314,10 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 	mine := t.Memory()
 	all := []MemoryReport{mine}
 	if w := t.world(); w != nil {
-		const fields = 9
+		const fields = 10
 		in := tensor.FromF64([]float64{float64(mine.Rank), float64(mine.ParamsBytes), float64(mine.GradsBytes),
 			float64(mine.OptimBytes), float64(mine.ActPeak), float64(mine.CommBytes), float64(mine.PeakBytes),
-			float64(mine.SavePeakBytes), float64(mine.LoadPeakBytes)}, fields)
+			float64(mine.SavePeakBytes), float64(mine.LoadPeakBytes), float64(mine.RSSPeakBytes)}, fields)
 		n := w.Size()
 		out := tensor.FromF64(make([]float64, n*fields), n*fields)
 		// Byte counts travel as float64, exact up to 2^53 bytes.
@@ -308,7 +332,7 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 			f := out.F64()[r*fields : (r+1)*fields]
 			all[r] = MemoryReport{Rank: int(f[0]), ParamsBytes: int64(f[1]), GradsBytes: int64(f[2]),
 				OptimBytes: int64(f[3]), ActPeak: int64(f[4]), CommBytes: int64(f[5]), PeakBytes: int64(f[6]),
-				SavePeakBytes: int64(f[7]), LoadPeakBytes: int64(f[8])}
+				SavePeakBytes: int64(f[7]), LoadPeakBytes: int64(f[8]), RSSPeakBytes: int64(f[9])}
 		}
 	}
 	for _, p := range t.Plugins {

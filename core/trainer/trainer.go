@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -62,6 +63,9 @@ type Options struct {
 
 // StepMetrics is what one optimizer step reports.
 type StepMetrics struct {
+	// Step is the number of optimizer steps completed, this one included:
+	// the first step is 1, on the console, in metrics_file, in the
+	// bindings' last metrics and in checkpoint names alike.
 	Step       int     `json:"step"`
 	Loss       float64 `json:"loss"`
 	LR         float64 `json:"lr"`
@@ -308,6 +312,13 @@ func NewOptimizer(cfg config.Config, groups []optim.Group, alloc *tensor.Allocat
 func (t *Trainer) loadData() error {
 	train, val := t.opts.Train, t.opts.Val
 	if train == nil {
+		shards, err := t.tokenShards()
+		if err != nil {
+			return err
+		}
+		if shards {
+			return nil
+		}
 		c, err := data.LoadCorpus(t.Cfg.Data.Path, t.Cfg.Data.MaxBytes)
 		if err != nil {
 			return err
@@ -329,6 +340,60 @@ func (t *Trainer) loadData() error {
 		}
 	}
 	return nil
+}
+
+// tokenShards opens data.path as llm.c token shards when data.format says
+// so (tokens, or auto and the first file has a shard header) and builds
+// the loaders over them; it reports false for a text corpus. Validation
+// reads data.val_path when set, else the last data.val_fraction of the
+// token stream.
+func (t *Trainer) tokenShards() (bool, error) {
+	d := t.Cfg.Data
+	if d.Path == "" || d.Format == "text" {
+		return false, nil
+	}
+	if d.Format == "auto" {
+		files, _ := filepath.Glob(d.Path)
+		if len(files) == 0 {
+			files = []string{d.Path}
+		}
+		slices.Sort(files)
+		if !data.IsShardFile(files[0]) {
+			return false, nil
+		}
+	}
+	shards, err := data.OpenShards(d.Path)
+	if err != nil {
+		return true, err
+	}
+	var trainSegs, valSegs []data.Segment
+	if d.ValPath != "" {
+		vs, err := data.OpenShards(d.ValPath)
+		if err != nil {
+			return true, fmt.Errorf("data.val_path: %w", err)
+		}
+		trainSegs, _ = data.ShardSegments(shards, 0)
+		valSegs, _ = data.ShardSegments(vs, 0)
+	} else {
+		trainSegs, valSegs = data.ShardSegments(shards, d.ValFraction)
+	}
+	T, V := t.Cfg.Model.BlockSize, t.Cfg.Model.VocabSize
+	if t.Train, err = data.NewSegmentLoader(trainSegs, T, d.Order, t.Cfg.Train.Seed, V); err != nil {
+		return true, fmt.Errorf("trainer: training shards: %w", err)
+	}
+	if len(valSegs) > 0 {
+		if t.Val, err = data.NewSegmentLoader(valSegs, T, "sequential", t.Cfg.Train.Seed, V); err != nil {
+			return true, fmt.Errorf("trainer: validation shards (set data.val_path, raise data.val_fraction or set it to 0): %w", err)
+		}
+	}
+	var total int64
+	for _, s := range shards {
+		total += s.Count
+	}
+	if t.opts.Corpus == "" {
+		t.opts.Corpus = fmt.Sprintf("token shards %q (%d files, %d tokens, memory-mapped)", d.Path, len(shards), total)
+	}
+	return true, nil
 }
 
 // Params are the parameters this rank trains.
@@ -399,7 +464,7 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	elapsed := time.Since(t.stepStart)
 	t.stepStart = time.Time{}
 	tokens := float64(t.Cfg.Train.BatchSize*t.Cfg.Train.GradAccum*t.DataSize) * float64(t.Cfg.Model.BlockSize)
-	m := StepMetrics{Step: step, Loss: loss, LR: lr, GradNorm: norm,
+	m := StepMetrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm,
 		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000, Skipped: skip}
 	m.MFU = GPTConfig(t.Cfg).FLOPsPerToken() * m.TokensPerS / (t.Cfg.Train.PeakFLOPS * float64(t.World))
 	for _, p := range t.Plugins {
@@ -430,6 +495,9 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 	for a := 0; a < A; a++ {
 		info := tensor.PassInfo{Micro: a, Last: a == A-1}
 		x, y := t.Train.Batch(step, a, t.DataRank, t.DataSize, B, A)
+		if err := t.Train.Err(); err != nil {
+			return 0, err
+		}
 		loss, err := t.Forward(x, y, info)
 		if err != nil {
 			return 0, err
@@ -615,6 +683,9 @@ func (t *Trainer) Evaluate() (float64, error) {
 	n := t.Cfg.Train.EvalBatches
 	for k := 0; k < n; k++ {
 		x, y := t.Val.EvalBatch(k, t.Cfg.Train.BatchSize)
+		if err := t.Val.Err(); err != nil {
+			return math.NaN(), err
+		}
 		if owner != nil {
 			v, err := owner.EvalLoss(t, x, y)
 			if err != nil {

@@ -99,7 +99,7 @@ func TestLossFallsAndMetricsFile(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"train": 30, "eval": 3, "memory": 1}, kinds)
 	require.Equal(t, res.LastLoss, lastTrain["loss"])
-	require.Equal(t, 29.0, lastTrain["step"])
+	require.Equal(t, 30.0, lastTrain["step"], "the last of 30 steps is step 30")
 }
 
 func TestSaveAndInitFromRoundTrip(t *testing.T) {

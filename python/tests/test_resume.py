@@ -33,9 +33,9 @@ SCRIPT = textwrap.dedent("""
         acc.backward(model(x, y))
         if opt.step():
             m = opt.last_metrics
-            if m["step"] >= 4:
+            if m["step"] >= 5:  # steps count completed steps: the 5th to the 8th
                 losses.append(m["loss"])
-            if mode == "full" and m["step"] == 3:
+            if mode == "full" and m["step"] == 4:
                 acc.save_state(ckpt)
         opt.zero_grad()
     print("LOSSES", acc.process_index, json.dumps(losses), flush=True)

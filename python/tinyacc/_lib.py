@@ -20,7 +20,7 @@ STATUS_NAMES = {
 }
 ERR_HANDLE = -2
 ERR_CONFIG = -3
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 class TinyaccError(RuntimeError):

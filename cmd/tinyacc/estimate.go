@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins"
+)
+
+// cmdEstimate prints the per-rank memory estimate of the run train would
+// start with the same arguments, without starting ranks or allocating the
+// model. --json writes one JSON object per rank on stdout and nothing else.
+func cmdEstimate(args []string, stdout, stderr io.Writer) error {
+	asJSON := false
+	var rest []string
+	for _, a := range args {
+		if a == "--json" {
+			asJSON = true
+			continue
+		}
+		rest = append(rest, a)
+	}
+	nproc, localRanks, rest, err := splitRankFlags(rest)
+	if err != nil {
+		return err
+	}
+	r, err := loadConfig(rest)
+	if err != nil {
+		return err
+	}
+	world := max(nproc, localRanks, 1)
+	es, err := plugins.Estimate(r.Config, world)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, e := range es {
+			if err := enc.Encode(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	trainer.WriteEstimateTable(stdout, es)
+	limit, source, err := memoryLimit(r.Config)
+	if err != nil {
+		return err
+	}
+	if limit > 0 {
+		fmt.Fprintf(stdout, "memory.limit=%s: %.1f MiB per rank on this host (%d local ranks)\n", source, float64(limit)/(1<<20)/float64(world), world)
+	} else {
+		fmt.Fprintln(stdout, "memory.limit=0: no check")
+	}
+	return trainer.CheckMemory(es, limit, world, source)
+}
+
+// memoryLimit is memory.limit in bytes (0: no check) and how it was found.
+func memoryLimit(cfg config.Config) (int64, string, error) {
+	n, err := config.ParseMemoryLimit(cfg.Memory.Limit)
+	if err != nil {
+		return 0, "", err
+	}
+	if n < 0 {
+		n, src := trainer.HostMemoryLimit()
+		return n, src, nil
+	}
+	return n, cfg.Memory.Limit, nil
+}
+
+// checkBeforeWork is what train does before it allocates or spawns
+// anything: the layout against the world, the memory estimate against
+// memory.limit (the local ranks share the host's limit), and a warning
+// when more processes than cores are asked for.
+func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Writer) error {
+	es, err := plugins.Estimate(cfg, world)
+	if err != nil {
+		return err
+	}
+	limit, source, err := memoryLimit(cfg)
+	if err != nil {
+		return err
+	}
+	if err := trainer.CheckMemory(es, limit, local, source); err != nil {
+		return err
+	}
+	if n := runtime.NumCPU(); nproc > n {
+		fmt.Fprintf(stderr, "tinyacc: warning: --nproc %d starts more processes than the %d cores of this machine; they will share them and run slower\n", nproc, n)
+	}
+	return nil
+}

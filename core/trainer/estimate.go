@@ -1,0 +1,312 @@
+package trainer
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+)
+
+// MemoryEstimator is a plugin's part of the memory estimate made before
+// any work (`tinyacc estimate`, and the memory.limit check of `train`):
+// the core fills in what one process without plugins allocates, then each
+// estimator, in plugin order, rewrites the terms its strategy changes
+// (ZeRO divides the optimizer state, tensor parallel the parameters, a
+// pipeline the activations of its schedule). The core knows no strategy;
+// a plugin that changes memory and implements no estimator is estimated
+// as one process.
+//
+// Implementations run without a group, a model or any buffer: they are
+// built from the config alone (see plugins.Estimate) and must compute
+// from in the exact sizes their Prepare will allocate.
+type MemoryEstimator interface {
+	EstimateMemory(in EstimateInput, e *MemoryEstimate) error
+}
+
+// EstimateInput is what an estimator knows of the run: the config, the
+// model shape and this rank's place in the layout.
+type EstimateInput struct {
+	Cfg         config.Config
+	Model       nn.GPTConfig
+	Rank, World int
+	// DPRank and DPSize place the rank in the data-parallel group.
+	DPRank, DPSize int
+}
+
+// MemoryEstimate is one rank's predicted memory. Its MemoryReport has the
+// fields of the run's "kind": "memory" rows, PeakBytes being the
+// simultaneous peak of training; the rest is what the process needs
+// besides.
+type MemoryEstimate struct {
+	MemoryReport
+	// SetupPeakBytes is the most the set-up holds beyond training's
+	// steady state (the unsharded model and optimizer a plugin then
+	// shards, say), 0 when set-up never exceeds the training peak.
+	SetupPeakBytes int64 `json:"setup_peak_bytes"`
+	// DataBytes is the corpus held in memory (text and its tokens; 0 for
+	// memory-mapped token shards, whose pages the kernel may drop).
+	DataBytes int64 `json:"data_bytes"`
+	// RuntimeBytes is the Go runtime, the binary and OpenBLAS's buffers.
+	RuntimeBytes int64 `json:"runtime_bytes"`
+}
+
+// ProcessBytes is what the rank's process needs at most: the training
+// peak, the set-up's excess, the data and the runtime.
+func (e MemoryEstimate) ProcessBytes() int64 {
+	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes
+}
+
+// RuntimeBytes is the resident size of a tinyacc process before it
+// allocates anything of its own: the Go runtime, the binary's pages and
+// OpenBLAS's thread buffers.
+const RuntimeBytes = 48 << 20
+
+// ActivationBytes is the activation peak of one micro-batch's forward
+// and backward through the whole GPT, as the autograd tape allocates it
+// (fp32, batch B, context T, width C, L blocks of H heads, vocabulary V).
+// Each term is a set of buffers alive at the peak, which is reached in
+// the backward of the first block, when every saved tensor is still held
+// and the gradients of the block's inputs are being formed:
+//
+//   - 36·B·T·C per block: the saved inputs and outputs of both layer
+//     norms, the fused q|k|v, the attention output, the residuals, the
+//     MLP's 4C-wide hidden layer before and after GELU, and the
+//     gradient buffers of those that backward holds at once;
+//   - B·H·T·T per block: the attention probabilities kept for backward;
+//   - 12·C·C per block and 2·V·C + T·C once: the weight gradients each
+//     Linear and the embeddings form before adding them into the
+//     parameters' gradients;
+//   - 3·B·T·V: the logits, their softmax and the logits' gradient;
+//   - 6·B·T·C + 15·B·T: the embeddings' output, the final layer norm,
+//     the loss's per-token terms and the token ids;
+//
+// plus 1 KiB of scalars. TestEstimateMatchesMeasured holds the sum to
+// the allocator's count within 1% over a grid of shapes.
+func ActivationBytes(m nn.GPTConfig, B int) int64 {
+	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
+	floats := 36*b*t*c*l + b*h*t*t*l + 12*c*c*l + 2*v*c + t*c + 3*b*t*v + 6*b*t*c + 15*b*t
+	return 4*floats + 1024
+}
+
+// EstimateMemory predicts the memory of every rank of a run of cfg on
+// world ranks laid out with data-parallel size dpSize (rank r is dp rank
+// r mod dpSize, as core/mesh lays out a world with no other dimension),
+// given the estimators of the run's plugins per rank (estimators(r)). It
+// allocates nothing. The result has one row per rank, in rank order.
+func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank int) []MemoryEstimator) ([]MemoryEstimate, error) {
+	m := GPTConfig(cfg)
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	psi := m.NumParams()
+	optim := 8 * psi // AdamW: two moments
+	if cfg.Train.Optimizer == "sgd" {
+		optim = 4 * psi // momentum buffer
+	}
+	dataBytes, err := dataFootprint(cfg)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MemoryEstimate, world)
+	for r := range out {
+		e := MemoryEstimate{DataBytes: dataBytes, RuntimeBytes: RuntimeBytes}
+		e.Rank = r
+		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, optim
+		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize)
+		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
+		in := EstimateInput{Cfg: cfg, Model: m, Rank: r, World: world, DPRank: r % max(dpSize, 1), DPSize: max(dpSize, 1)}
+		if estimators != nil {
+			for _, est := range estimators(r) {
+				if err := est.EstimateMemory(in, &e); err != nil {
+					return nil, err
+				}
+			}
+		}
+		out[r] = e
+	}
+	return out, nil
+}
+
+// dataFootprint is the heap the corpus of cfg takes: a text corpus is kept
+// as bytes and as int32 tokens (5 bytes per byte read, at most
+// data.max_bytes of it); token shards are memory-mapped and cost none.
+func dataFootprint(cfg config.Config) (int64, error) {
+	if cfg.Data.Format == "tokens" {
+		return 0, nil
+	}
+	size := cfg.Data.MaxBytes
+	if cfg.Data.Path != "" {
+		n, shards, err := pathBytes(cfg.Data.Path)
+		if err != nil {
+			return 0, err
+		}
+		if shards && cfg.Data.Format != "text" {
+			return 0, nil
+		}
+		if size <= 0 || n < size {
+			size = n
+		}
+	}
+	return 5 * size, nil
+}
+
+// pathBytes sums the sizes of the files data.path names (a file, a
+// directory or a glob) and says whether the first is a token shard.
+func pathBytes(path string) (int64, bool, error) {
+	files, err := filepath.Glob(path)
+	if err != nil || len(files) == 0 {
+		files = []string{path}
+	}
+	sort.Strings(files)
+	var total int64
+	shards := false
+	for i, f := range files {
+		info, err := os.Stat(f)
+		if err != nil {
+			return 0, false, fmt.Errorf("data: data.path %q: %w", path, err)
+		}
+		if info.IsDir() {
+			err := filepath.Walk(f, func(_ string, fi os.FileInfo, err error) error {
+				if err == nil && fi.Mode().IsRegular() {
+					total += fi.Size()
+				}
+				return nil
+			})
+			if err != nil {
+				return 0, false, err
+			}
+			continue
+		}
+		total += info.Size()
+		if i == 0 {
+			shards = isShard(f)
+		}
+	}
+	return total, shards, nil
+}
+
+// isShard reports whether the file starts with an llm.c shard header.
+func isShard(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [4]byte
+	if _, err := f.Read(b[:]); err != nil {
+		return false
+	}
+	magic := int32(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+	return magic == 20240520 || magic == 20240801
+}
+
+// WriteEstimateTable prints the per-rank estimate in MiB, in the layout of
+// the memory table a run ends with.
+func WriteEstimateTable(w interface{ Write([]byte) (int, error) }, es []MemoryEstimate) {
+	mib := func(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 2, 64) }
+	fmt.Fprintf(w, "estimate (MiB) %5s %9s %9s %9s %12s %9s %9s %9s %9s %9s\n", "rank", "params", "grads", "optim", "activations", "comm", "peak", "set-up", "data", "process")
+	for _, e := range es {
+		fmt.Fprintf(w, "               %5d %9s %9s %9s %12s %9s %9s %9s %9s %9s\n", e.Rank, mib(e.ParamsBytes), mib(e.GradsBytes),
+			mib(e.OptimBytes), mib(e.ActPeak), mib(e.CommBytes), mib(e.PeakBytes), mib(e.SetupPeakBytes), mib(e.DataBytes), mib(e.ProcessBytes()))
+	}
+}
+
+// CheckMemory refuses a run whose estimate does not fit: each of the
+// ranks sharing this host (local of them) gets limit/local bytes. It names
+// the rank, the biggest item and what to change.
+func CheckMemory(es []MemoryEstimate, limit int64, local int, source string) error {
+	if limit <= 0 || len(es) == 0 {
+		return nil
+	}
+	per := limit / int64(max(local, 1))
+	for _, e := range es {
+		total := e.ProcessBytes()
+		if total <= per {
+			continue
+		}
+		items := []struct {
+			name   string
+			bytes  int64
+			change string
+		}{
+			{"activations", e.ActPeak, "lower train.batch_size (raise train.grad_accum to keep the global batch) or model.block_size"},
+			{"optimizer state", e.OptimBytes, "shard it over more ranks with zero.stage=1 or more"},
+			{"gradients", e.GradsBytes, "shard them with zero.stage=2 or more"},
+			{"parameters", e.ParamsBytes, "shard them with zero.stage=3, or a smaller model (model.n_layer, model.n_embd, model.vocab_size)"},
+			{"data", e.DataBytes, "lower data.max_bytes, or pre-tokenize the corpus into shards (tinyacc tokenize) which are memory-mapped"},
+			{"set-up", e.SetupPeakBytes, "a smaller model"},
+			{"communication buffers", e.CommBytes, "smaller ddp.bucket_mb"},
+		}
+		sort.SliceStable(items, func(i, j int) bool { return items[i].bytes > items[j].bytes })
+		how := ""
+		if local > 1 {
+			how = fmt.Sprintf(" (%s shared by %d ranks on this host)", mib(limit), local)
+		}
+		return fmt.Errorf("memory: rank %d needs about %s but the limit is %s per rank%s from memory.limit=%s; the biggest item is %s (%s): %s, or set memory.limit to a larger size (0 turns the check off)",
+			e.Rank, mib(total), mib(per), how, source, items[0].name, mib(items[0].bytes), items[0].change)
+	}
+	return nil
+}
+
+func mib(b int64) string {
+	if b >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// HostMemoryLimit is memory.limit=auto: the cgroup's memory limit when the
+// process is in one that sets it, else the host's MemAvailable; 0 when
+// neither can be read (no check).
+func HostMemoryLimit() (int64, string) {
+	for _, p := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err == nil && n > 0 && n < 1<<60 {
+			return n, "auto (the cgroup limit " + mib(n) + ")"
+		}
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, "auto (unknown)"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return kb << 10, "auto (MemAvailable " + mib(kb<<10) + ")"
+				}
+			}
+		}
+	}
+	return 0, "auto (unknown)"
+}
+
+// RSSPeakBytes is the process's resident peak (VmHWM), 0 where
+// /proc/self/status cannot be read.
+func RSSPeakBytes() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 0
+}

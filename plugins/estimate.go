@@ -1,0 +1,37 @@
+package plugins
+
+import (
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/zero"
+)
+
+// Estimate predicts every rank's memory for a run of cfg on world ranks,
+// before any rank starts: it checks the layout as Build would lay it out
+// (parallel.* against the world), then asks the estimators of the plugins
+// Build would make, in the same order, for their terms (see
+// trainer.MemoryEstimator). Nothing is allocated and no group is joined.
+// A strategy added to Build adds its estimator here.
+func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
+	if err := cfg.CheckWorld(world); err != nil {
+		return nil, err
+	}
+	p := cfg.Parallel
+	dp := p.DP
+	if dp == 0 {
+		dp = world / max(1, p.TP*p.CP*p.PP)
+	}
+	var ests []trainer.MemoryEstimator
+	// Model rewriters (tp, cp) and the step owner (pp) come here, in
+	// Build's order, once they exist.
+	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
+		z, err := zero.Estimator(cfg.Zero.Stage)
+		if err != nil {
+			return nil, err
+		}
+		ests = append(ests, z)
+	}
+	// DDP (naive, bucketed or as a process) keeps full gradients in its
+	// buckets, counted as gradients: one process's memory, no term.
+	return trainer.EstimateMemory(cfg, world, dp, func(int) []trainer.MemoryEstimator { return ests })
+}

@@ -1,0 +1,101 @@
+package zero
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Estimator is ZeRO's term of the memory estimate (trainer.MemoryEstimator)
+// for a stage, computed from the model shape alone: the units NewLayout
+// would make (embed, each block, head), padded to the group size, and the
+// buffers doc.go lists.
+func Estimator(stage int) (trainer.MemoryEstimator, error) {
+	if stage < 1 || stage > 3 {
+		return nil, fmt.Errorf("zero: stage %d is not 1, 2 or 3 (set zero.stage; 0 means plain data parallel)", stage)
+	}
+	return &Zero{stage: stage}, nil
+}
+
+// unitNumels are the parameter elements of the units NewLayout makes for
+// the whole model of shape m, in forward order: the embed unit (wte, wpe),
+// each block, the head (ln_f).
+func unitNumels(m nn.GPTConfig) []int {
+	var units []int
+	cur, name := 0, ""
+	for _, p := range m.ParamShapes() {
+		unit := "embed"
+		if strings.HasPrefix(p.Name, "h.") {
+			unit = p.Name[:strings.Index(p.Name[2:], ".")+2]
+		} else if strings.HasPrefix(p.Name, "ln_f.") {
+			unit = "head"
+		}
+		if unit != name && name != "" {
+			units = append(units, cur)
+			cur = 0
+		}
+		name = unit
+		n := 1
+		for _, d := range p.Shape {
+			n *= d
+		}
+		cur += n
+	}
+	return append(units, cur)
+}
+
+// EstimateMemory implements trainer.MemoryEstimator with the table of
+// doc.go: P the padded parameters, N the group, T = 4·(embed unit + the
+// largest two adjacent units) the transient working set of stages 2 and 3.
+func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
+	n, r := in.DPSize, in.DPRank
+	numels := unitNumels(in.Model)
+	var padded, owned, embed, pair, largest int64
+	sizes := make([]int64, len(numels))
+	for i, num := range numels {
+		size := int64((num + n - 1) / n * n)
+		sizes[i] = size
+		padded += size
+		shard := size / int64(n)
+		// This rank's shard [r·shard, (r+1)·shard) holds the unit's
+		// elements below num; padding has no optimizer state.
+		lo, hi := int64(r)*shard, int64(r+1)*shard
+		owned += max(0, min(hi, int64(num))-lo)
+		largest = max(largest, shard)
+	}
+	embed = sizes[0]
+	for i := 1; i+1 < len(sizes); i++ {
+		pair = max(pair, sizes[i]+sizes[i+1])
+	}
+	transient := 4 * (embed + pair)
+	perElem := e.OptimBytes / max(1, in.Model.NumParams()) // 8 for AdamW, 4 for SGD momentum
+	e.OptimBytes = perElem * owned
+	switch z.stage {
+	case 1:
+		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded
+		e.CommBytes = 4 * padded / int64(n)
+	case 2:
+		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded/int64(n)+transient
+	case 3:
+		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+transient, 4*padded/int64(n)+transient
+	}
+	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
+		// Micro-batches after the first reduce-scatter into a borrowed
+		// buffer while backward goes on: two shards in flight.
+		e.CommBytes = 2 * 4 * largest
+	}
+	e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak + e.CommBytes
+	if z.stage == 1 {
+		// Stage 1's comm buffers are borrowed at the step's end, when the
+		// activations are gone.
+		e.PeakBytes -= e.CommBytes
+	}
+	// Set-up holds the unsharded model and optimizer the trainer built,
+	// and one unit's flat buffer, before Prepare shards them.
+	psi := in.Model.NumParams()
+	setup := 4*psi + perElem*psi + 4*max(embed, pair)
+	e.SetupPeakBytes = max(0, setup-e.PeakBytes)
+	return nil
+}
