@@ -89,8 +89,11 @@ type BackwardOptions struct {
 	// Zero-bubble pipeline schedules use this.
 	DeferWeightGrads bool
 	// Release returns every intermediate buffer of the graph (activations,
-	// op scratch, intermediate gradients) to the allocator when the pass is
-	// done. The root is kept. Tensors of the graph must not be read after.
+	// op scratch, intermediate gradients) to the allocator: a node's output,
+	// scratch and gradient as soon as its backward is done (no backward
+	// still to run reads them), or, when weight gradients are deferred,
+	// once the queue has run. The root is kept. Tensors of the graph must
+	// not be read after.
 	Release bool
 	// Alloc is the allocator for gradients and scratch; nil means Default.
 	Alloc *Allocator
@@ -202,6 +205,7 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 		}
 	}
 	grads := map[*Tensor]*Tensor{root: gout}
+	eager := opts.Release && !opts.DeferWeightGrads
 	for i := len(order) - 1; i >= 0; i-- {
 		t := order[i]
 		g := grads[t]
@@ -258,14 +262,27 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 				grads[in] = gi
 			}
 		}
+		// This node's gradient, output and scratch are read by no backward
+		// still to run: its consumers ran before it. Unless weight
+		// gradients are deferred (their queued work reads outputs and
+		// gradients later), they go back at once, so the pass holds what
+		// is still to be differentiated rather than the whole graph twice.
+		var done []*Tensor
 		if opts.Release && !keepG {
-			b.release = append(b.release, g)
+			done = append(done, g)
 		}
 		if opts.Release {
 			if t != root {
-				b.release = append(b.release, t)
+				done = append(done, t)
 			}
-			b.release = append(b.release, t.node.saved...)
+			done = append(done, t.node.saved...)
+		}
+		if eager {
+			for _, d := range done {
+				d.Release()
+			}
+		} else {
+			b.release = append(b.release, done...)
 		}
 	}
 	if opts.DeferWeightGrads && len(b.deferred) > 0 {
