@@ -31,6 +31,9 @@ var layouts = []layout{
 	{"zero1 dp4", 4, func(c *config.Config) { c.Zero.Stage = 1 }},
 	{"zero2 dp4", 4, func(c *config.Config) { c.Zero.Stage = 2 }},
 	{"zero3 dp4", 4, func(c *config.Config) { c.Zero.Stage = 3 }},
+	{"tp2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
+	{"tp2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+	{"tp2 sp zero3 dp2", 4, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel, c.Zero.Stage = 2, true, 3 }},
 }
 
 const resumeGlobal = 8
@@ -38,8 +41,10 @@ const resumeGlobal = 8
 func (l layout) config(steps int) config.Config {
 	c := ptest.Config()
 	c.Train.Steps = steps
-	c.Train.BatchSize = resumeGlobal / l.ranks
 	l.apply(&c)
+	// Tensor-parallel ranks share their micro-batch: the data-parallel
+	// ranks split the global batch.
+	c.Train.BatchSize = resumeGlobal / (l.ranks / c.Parallel.TP)
 	return c
 }
 

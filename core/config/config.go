@@ -73,6 +73,13 @@ type Config struct {
 		PP int `koanf:"pp"` // pipeline stages
 		CP int `koanf:"cp"` // context-parallel ranks
 	} `koanf:"parallel"`
+	TP struct {
+		// SequenceParallel splits the activations of the LayerNorm regions
+		// along the sequence over the TP group (all-gathers and
+		// reduce-scatters instead of all-reduces); needs
+		// model.block_size % parallel.tp == 0. Ignored when tp is 1.
+		SequenceParallel bool `koanf:"sequence_parallel"`
+	} `koanf:"tp"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication

@@ -40,7 +40,7 @@ func TestKeys(t *testing.T) {
 		"device", "init_from", "metrics_file",
 		"model.block_size", "model.n_embd", "model.n_head", "model.n_layer", "model.vocab_size",
 		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp",
-		"resume", "resume_allow_nonfinite", "save_to", "trace",
+		"resume", "resume_allow_nonfinite", "save_to", "tp.sequence_parallel", "trace",
 		"train.batch_size", "train.beta1", "train.beta2", "train.eps", "train.eval_batches",
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
 		"train.min_lr", "train.momentum", "train.nonfinite", "train.nonfinite_max_skips", "train.optimizer", "train.peak_flops", "train.schedule",

@@ -15,7 +15,7 @@ const (
 	trainKeys = "batch_size, beta1, beta2, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
 		"log_every, lr, min_lr, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
-	topKeys = "checkpoint, comm, data, ddp, device, init_from, metrics_file, model, parallel, resume, resume_allow_nonfinite, save_to, trace, train, zero"
+	topKeys = "checkpoint, comm, data, ddp, device, init_from, metrics_file, model, parallel, resume, resume_allow_nonfinite, save_to, tp, trace, train, zero"
 )
 
 func writeFile(t *testing.T, name, text string) string {
