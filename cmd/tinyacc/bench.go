@@ -23,7 +23,7 @@ import (
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: tinyacc bench step|comm|dp|soak [flags]")
+		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|soak [flags]")
 	}
 	switch args[0] {
 	case "step":
@@ -32,10 +32,12 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return benchComm(args[1:], stdout, stderr)
 	case "dp":
 		return benchDP(args[1:], stdout, stderr)
+	case "layouts":
+		return benchLayouts(args[1:], stdout, stderr)
 	case "soak":
 		return benchSoak(args[1:], stdout, stderr)
 	}
-	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, soak)", args[0])
+	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, soak)", args[0])
 }
 
 // benchShape is the GPT both sides of `bench step` train.
