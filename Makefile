@@ -7,7 +7,7 @@ BIN      := build/tinyacc
 APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv libopenmpi-dev openmpi-bin
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-comm-netns bench-dp bench-bindings clean
+.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-comm-netns bench-dp bench-layouts bench-bindings clean
 
 all: build
 
@@ -78,6 +78,10 @@ bench-comm-netns: build
 # bench-dp: DDP naive vs bucketed vs ZeRO-1/2/3 for dp=2 and dp=4 (tcp).
 bench-dp: build
 	$(BIN) bench dp --nproc 2,4
+
+# bench-layouts: 1 process vs dp 2 vs tp 2 vs tp 2 + SP, same model and global batch (tcp).
+bench-layouts: build
+	$(BIN) bench layouts --nproc 2
 
 # bench-bindings: ms/step of examples/python/train.py vs tinyacc train, same config.
 bench-bindings: build python

@@ -3,7 +3,7 @@
 //
 //	ddp   data parallel: naive all-reduce and bucketed, overlapped all-reduce
 //	zero  ZeRO stages 1, 2 and 3 over the data-parallel group
-//	tp    tensor (and sequence) parallel, Megatron style      (to come)
+//	tp    tensor (and sequence) parallel, Megatron style
 //	pp    pipeline schedules (AFAB, 1F1B, interleaved, ZB)     (to come)
 //	cp    context parallel (ring attention)                    (to come)
 //

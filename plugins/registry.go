@@ -10,6 +10,7 @@ import (
 	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/process"
+	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
@@ -19,7 +20,9 @@ import (
 // order decides): model rewriters first
 // (tensor parallel, then context parallel), then the step owner (pipeline
 // parallel), then data parallel (DDP or ZeRO). parallel.dp = 0 gives data
-// parallelism every rank the other dimensions leave. zero.stage 0 picks
+// parallelism every rank the other dimensions leave. parallel.tp > 1 adds
+// tensor parallel over the TP group (tp.sequence_parallel for its sequence
+// parallel form). zero.stage 0 picks
 // DDP (ddp.mode naive or bucketed), 1 to 3 the ZeRO stage, both over the
 // data-parallel group. A single process gets no mesh and no plugins but
 // the process plugins. The binaries of plugins.process are started here
@@ -50,6 +53,9 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 	dp := p.DP
 	if dp == 0 {
 		other := p.TP * p.CP * p.PP
+		if other > world.Size() {
+			return nil, nil, fmt.Errorf("plugins: tp %d × cp %d × pp %d needs at least %d ranks; the world has %d", p.TP, p.CP, p.PP, other, world.Size())
+		}
 		if world.Size()%other != 0 {
 			return nil, nil, fmt.Errorf("plugins: world size %d is not a multiple of tp %d × cp %d × pp %d", world.Size(), p.TP, p.CP, p.PP)
 		}
@@ -60,7 +66,15 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		return nil, nil, err
 	}
 	var out []trainer.Plugin
-	// Model rewriters (tp, cp) come here, in that order, once they exist.
+	// Model rewriters first: tensor parallel (context parallel to come),
+	// then the step owner (pipeline parallel).
+	if p.TP > 1 {
+		t, err := tp.New(m, cfg.TP.SequenceParallel)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, t)
+	}
 	if p.PP > 1 {
 		o, err := pp.New(cfg, m)
 		if err != nil {

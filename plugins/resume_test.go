@@ -36,6 +36,9 @@ var layouts = []layout{
 	{"zero3 dp4", 4, func(c *config.Config) { c.Zero.Stage = 3 }},
 	{"pp2", 2, func(c *config.Config) { c.Parallel.PP = 2 }},
 	{"pp2 zb1 dp2 zero1", 4, func(c *config.Config) { c.Parallel.PP, c.PP.Schedule, c.Zero.Stage = 2, "zb1", 1 }},
+	{"tp2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
+	{"tp2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+	{"tp2 sp zero3 dp2", 4, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel, c.Zero.Stage = 2, true, 3 }},
 }
 
 const resumeGlobal = 8
@@ -44,7 +47,9 @@ func (l layout) config(steps int) config.Config {
 	c := ptest.Config()
 	c.Train.Steps = steps
 	l.apply(&c)
-	c.Train.BatchSize = resumeGlobal / (l.ranks / c.Parallel.PP) // per data-parallel rank
+	// Tensor-parallel ranks share their micro-batch and pipeline stages
+	// run the same one: the data-parallel ranks split the global batch.
+	c.Train.BatchSize = resumeGlobal / (l.ranks / (c.Parallel.PP * c.Parallel.TP))
 	return c
 }
 

@@ -37,3 +37,17 @@ func TestZeroWorkingSet(t *testing.T) {
 	require.Equal(t, 4*(embed+2*block), zeroWorkingSet(c, 2))
 	require.Equal(t, 8*(embed+2*block), zeroWorkingSet(c, 3))
 }
+
+// The layout bench's formulas: dp all-reduces 4Ψ bytes and the loss, tp
+// and tp + SP send tp.StepBytes of the whole global batch; all add the
+// gradient norm's all-reduce.
+func TestLayoutFormulas(t *testing.T) {
+	b := layoutBench{model: nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 64, BlockSize: 32, VocabSize: 256}, global: 8}
+	psi := float64(b.model.NumParams())
+	require.Equal(t, 4*psi+8+16, dpCommBytes(b, 2))
+	V := 8.0 * 32 * 64
+	require.Equal(t, 4*((4*2+2)*V+3*8*32)+16, tpCommBytes(false)(b, 2))
+	require.Equal(t, 0.5*4*(8*2+4)*V+4*(3*8*32+(6*2+2)*64+32*64)+16, tpCommBytes(true)(b, 2))
+	require.Equal(t, tpCommBytes(false)(b, 2)-16, tpCommBytes(true)(b, 2)-16-4*(14*64+32*64),
+		"the activation volume of plain tp and sp is equal")
+}

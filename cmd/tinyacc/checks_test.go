@@ -35,6 +35,32 @@ func TestParallelLayoutCheckedBeforeWork(t *testing.T) {
 	}
 }
 
+// Tensor-parallel layouts the model or the job cannot take are refused
+// before any rank starts, naming the numbers.
+func TestTensorParallelConfigCheckedBeforeWork(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nproc", "2", "--parallel.tp=2", "--model.n_head=3", "--model.n_embd=96"},
+			"config: model.n_head=3 is not divisible by parallel.tp=2: tensor parallel gives every rank the same number of heads; choose n_head a multiple of tp"},
+		{[]string{"--local-ranks", "3", "--parallel.tp=3", "--model.n_head=2", "--model.n_embd=128"},
+			"config: model.n_head=2 is not divisible by parallel.tp=3: tensor parallel gives every rank the same number of heads; choose n_head a multiple of tp\n" +
+				"config: model.n_embd=128 is not divisible by parallel.tp=3: tensor parallel splits the width; choose n_embd a multiple of tp"},
+		{[]string{"--nproc", "2", "--parallel.tp=4"},
+			"config: parallel.tp=4 × pp=1 × cp=1 needs at least 4 ranks, but the job has 2: lower them or start more ranks (--nproc 4)"},
+		{[]string{"--parallel.tp=2"},
+			"config: parallel.tp=2 × pp=1 × cp=1 needs at least 2 ranks, but the job has 1: lower them or start more ranks (--nproc 2)"},
+		{[]string{"--nproc", "2", "--parallel.tp=2", "--tp.sequence_parallel=true", "--model.block_size=127"},
+			"config: model.block_size=127 is not divisible by parallel.tp=2: tp.sequence_parallel splits the sequence over the tp ranks; choose block_size a multiple of tp or set tp.sequence_parallel=false"},
+	} {
+		code, stdout, stderr := runCLI(append([]string{"train"}, c.args...)...)
+		require.Equal(t, 1, code, c.args)
+		require.Empty(t, stdout, "%v: no rank started", c.args)
+		require.Equal(t, "tinyacc: "+c.want+"\n", stderr, c.args)
+	}
+}
+
 func TestReservedVariablesChecked(t *testing.T) {
 	t.Setenv("TINYACC_SHM", "maybe")
 	t.Setenv("TINYACC_DEBUG", "yes")

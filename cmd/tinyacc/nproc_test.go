@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -32,11 +34,37 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 		return trainLosses(t, metrics)
 	}
 	want := run("single", "--train.batch_size=8")
-	for _, v := range [][]string{{"--zero.stage=0", "--ddp.mode=bucketed"}, {"--zero.stage=3"}} {
-		got := run("nproc", append([]string{"--nproc", "2", "--train.batch_size=4"}, v...)...)
+	for _, v := range [][]string{{"--zero.stage=0", "--ddp.mode=bucketed", "--train.batch_size=4"}, {"--zero.stage=3", "--train.batch_size=4"},
+		{"--parallel.tp=2", "--tp.sequence_parallel=true", "--train.batch_size=8"}} {
+		got := run("nproc", append([]string{"--nproc", "2"}, v...)...)
 		require.Len(t, got, len(want))
 		for i := range want {
 			require.InEpsilon(t, want[i], got[i], 1e-5, "%v: loss of step %d", v, i)
+		}
+	}
+}
+
+// `tinyacc bench layouts` runs every layout as processes and holds the
+// bytes each sends to its formula (it fails beyond 1%): one table, one row
+// per layout.
+func TestBenchLayouts(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "tinyacc")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cmd := exec.Command(bin, "bench", "layouts", "--nproc", "2", "--steps", "3", "--repeats", "1",
+		"--n_layer", "1", "--n_embd", "32", "--block_size", "16", "--batch", "4")
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
+	for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP"} {
+		row := lines[2+i]
+		require.True(t, strings.HasPrefix(row, name), row)
+		if i > 0 {
+			require.Contains(t, row, " +0.000% ", "measured bytes equal the formula at N = 2: %s", row)
 		}
 	}
 }

@@ -308,3 +308,54 @@ func TestInvalidCallsFailWithoutUsingASequenceNumber(t *testing.T) {
 		return g.Barrier()
 	}))
 }
+
+// Groups count the payload this rank sends: a ring all-reduce of n bytes
+// over N ranks sends 2(N-1)/N·n, a ring reduce-scatter or all-gather
+// (N-1)/N of the whole buffer, a direct all-reduce (small buffers)
+// (N-1)·n; a sub-group's sends count on it and on the rank's total.
+func TestGroupsCountSentBytes(t *testing.T) {
+	const N, big, small = 4, 1 << 16, 64 // float32 elements: 256 KiB (ring) and 256 B (direct)
+	require.NoError(t, RunLocal(N, Options{}, func(g Group) error {
+		c := g.(ByteCounter)
+		check := func(what string, want int64, f func() error) error {
+			before := c.SentBytes()
+			if err := f(); err != nil {
+				return err
+			}
+			if got := c.SentBytes() - before; got != want {
+				return fmt.Errorf("rank %d: %s sent %d bytes, want %d", g.Rank(), what, got, want)
+			}
+			return nil
+		}
+		a := tensor.Default.New(tensor.Comm, tensor.Float32, big)
+		if err := check("ring all-reduce", 2*(N-1)*4*big/N, func() error { return g.AllReduce(a, Sum) }); err != nil {
+			return err
+		}
+		out := tensor.Default.New(tensor.Comm, tensor.Float32, big/N)
+		if err := check("ring reduce-scatter", (N-1)*4*big/N, func() error { return g.ReduceScatter(a, out, Sum) }); err != nil {
+			return err
+		}
+		if err := check("ring all-gather", (N-1)*4*big/N, func() error { return g.AllGather(out, a) }); err != nil {
+			return err
+		}
+		s := tensor.Default.New(tensor.Comm, tensor.Float32, small)
+		if err := check("direct all-reduce", (N-1)*4*small, func() error { return g.AllReduce(s, Sum) }); err != nil {
+			return err
+		}
+		pair, err := g.NewGroup([]int{g.Rank() / 2 * 2, g.Rank()/2*2 + 1})
+		if err != nil {
+			return err
+		}
+		total := c.RankSentBytes()
+		if err := pair.AllReduce(s, Sum); err != nil {
+			return err
+		}
+		if got, want := pair.(ByteCounter).SentBytes(), int64(4*small); got != want {
+			return fmt.Errorf("rank %d: the pair group sent %d bytes, want %d", g.Rank(), got, want)
+		}
+		if got := c.RankSentBytes() - total; got != 4*small {
+			return fmt.Errorf("rank %d: the rank's total grew by %d, want %d", g.Rank(), got, 4*small)
+		}
+		return nil
+	}))
+}

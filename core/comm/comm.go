@@ -123,6 +123,20 @@ type Group interface {
 	Close() error
 }
 
+// ByteCounter is a Group that counts the payload bytes this rank sends:
+// the data of collectives and of point-to-point sends as the algorithms
+// move it (a ring all-reduce of n bytes over N ranks sends 2(N-1)/N·n, a
+// direct one (N-1)·n), without frame headers or TINYACC_DEBUG=detail's
+// fingerprints. The groups of the local and tcp backends count; a device
+// backend may not. Benchmarks hold these counts to the formulas of
+// docs/formulas.md.
+type ByteCounter interface {
+	// SentBytes is what this rank has sent on this group so far.
+	SentBytes() int64
+	// RankSentBytes is what this rank has sent on every group so far.
+	RankSentBytes() int64
+}
+
 // Options configure a backend.
 type Options struct {
 	// Backend selects the implementation for InitFromEnv: "tcp" (the

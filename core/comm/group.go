@@ -22,6 +22,7 @@ type world struct {
 
 	mu     sync.Mutex
 	groups map[uint64]*group
+	sent   atomic.Int64 // payload bytes sent on every group (SentBytes)
 }
 
 const worldGroupID = 1
@@ -68,6 +69,7 @@ type group struct {
 	me      int
 	isWorld bool
 	started atomic.Uint64
+	sent    atomic.Int64 // payload bytes sent on this group (SentBytes)
 
 	coll  opQueue // collectives, in issue order
 	sends opQueue // sends, in issue order
@@ -87,6 +89,12 @@ func (g *group) Rank() int                   { return g.me }
 func (g *group) Size() int                   { return len(g.ranks) }
 func (g *group) Name() string                { return g.name }
 func (g *group) WorldRank(groupRank int) int { return g.ranks[groupRank] }
+
+// SentBytes implements ByteCounter.
+func (g *group) SentBytes() int64 { return g.sent.Load() }
+
+// RankSentBytes implements ByteCounter.
+func (g *group) RankSentBytes() int64 { return g.w.sent.Load() }
 
 // op is one queued operation; it is also its own Handle.
 type op struct {

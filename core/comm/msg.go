@@ -56,6 +56,10 @@ func (c *opCtx) sendChunk(ch uint16, peer int, step uint32, dt tensor.DType, off
 	if err := c.g.w.tr.send(c.g.ranks[peer], &h, chunk, c.deadline); err != nil {
 		return err
 	}
+	if ch != chDebug {
+		c.g.sent.Add(int64(len(chunk)))
+		c.g.w.sent.Add(int64(len(chunk)))
+	}
 	return nil
 }
 

@@ -89,6 +89,13 @@ type Config struct {
 		VirtualStages int    `koanf:"virtual_stages"` // model chunks per rank (interleaved)
 		Layers        string `koanf:"layers"`         // blocks per chunk, e.g. "3,3,2"; "" = balanced by compute
 	} `koanf:"pp"`
+	TP struct {
+		// SequenceParallel splits the activations of the LayerNorm regions
+		// along the sequence over the TP group (all-gathers and
+		// reduce-scatters instead of all-reduces); needs
+		// model.block_size % parallel.tp == 0. Ignored when tp is 1.
+		SequenceParallel bool `koanf:"sequence_parallel"`
+	} `koanf:"tp"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication

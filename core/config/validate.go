@@ -78,14 +78,30 @@ func (c *Config) Validate() error {
 	for _, k := range []struct {
 		key, plugin string
 		n           int
-	}{{"parallel.tp", "tensor parallel", pl.TP}, {"parallel.cp", "context parallel", pl.CP}} {
+	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "context parallel", pl.CP}} {
 		if k.n < 1 {
 			v.addf("config: %s=%d must be >= 1", k.key, k.n)
-		} else if k.n > 1 {
+		} else if k.n > 1 && k.plugin != "" {
 			v.addf("config: %s=%d: %s is not available in this build yet; set %s=1", k.key, k.n, k.plugin, k.key)
 		}
 	}
 	c.validatePP(v) // pp.go
+	if tp := pl.TP; tp > 1 {
+		// Tensor parallel splits heads, the MLP width and the vocabulary
+		// over tp ranks (plugins/tp); sequence parallel also the sequence.
+		if m.NHead > 0 && m.NHead%tp != 0 {
+			v.addf("config: model.n_head=%d is not divisible by parallel.tp=%d: tensor parallel gives every rank the same number of heads; choose n_head a multiple of tp", m.NHead, tp)
+		}
+		if m.NEmbd > 0 && m.NEmbd%tp != 0 {
+			v.addf("config: model.n_embd=%d is not divisible by parallel.tp=%d: tensor parallel splits the width; choose n_embd a multiple of tp", m.NEmbd, tp)
+		}
+		if m.VocabSize > 0 && m.VocabSize < tp {
+			v.addf("config: model.vocab_size=%d is smaller than parallel.tp=%d: every tensor-parallel rank holds some rows of the vocabulary", m.VocabSize, tp)
+		}
+		if c.TP.SequenceParallel && m.BlockSize > 0 && m.BlockSize%tp != 0 {
+			v.addf("config: model.block_size=%d is not divisible by parallel.tp=%d: tp.sequence_parallel splits the sequence over the tp ranks; choose block_size a multiple of tp or set tp.sequence_parallel=false", m.BlockSize, tp)
+		}
+	}
 	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)

@@ -82,13 +82,16 @@ type Embed struct {
 	Layer    Layer // TokenPosEmbedding unless a plugin replaced it
 }
 
-// Block is one transformer block, pre-LayerNorm. Its LayerNorms are plain
-// fields (every strategy keeps them whole); its linear layers and its
-// attention core are Layers a strategy may replace.
+// Block is one transformer block, pre-LayerNorm. Its LayerNorm weights are
+// plain fields (every strategy keeps them whole); its LayerNorms, linear
+// layers and attention core are Layers a strategy may replace (sequence
+// parallel runs the LayerNorms on part of the sequence and sums their
+// weights' gradients over its group).
 type Block struct {
 	*Module
 	Index                  int
 	Ln1W, Ln1B, Ln2W, Ln2B *tensor.Tensor
+	Norm1, Norm2           Layer // ln_1, ln_2: LayerNorm over Ln1W/Ln1B, Ln2W/Ln2B
 	Attn                   Layer // c_attn: [B,T,C] -> fused q|k|v [B,T,3C]
 	Core                   Layer // attention core: q|k|v -> [B,T,C]
 	AttnProj               Layer // attn.c_proj
@@ -100,6 +103,7 @@ type Block struct {
 type Head struct {
 	*Module
 	LnW, LnB *tensor.Tensor
+	Norm     Layer // ln_f: LayerNorm over LnW/LnB unless a plugin replaced it
 	// Wte is the tied token embedding the logits are computed against: the
 	// same tensor as Embed.Wte when this model holds both stages, else
 	// this stage's own copy (registered as a parameter of the head).
@@ -180,6 +184,7 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 			b.Attn, b.AttnProj = &Dense{attnW, attnB}, &Dense{projW, projB}
 			b.Fc, b.MlpProj = &Dense{fcW, fcB}, &Dense{mlpW, mlpB}
 			b.Core = &CausalAttention{NHead: cfg.NHead}
+			b.Norm1, b.Norm2 = &LayerNorm{W: b.Ln1W, B: b.Ln1B}, &LayerNorm{W: b.Ln2W, B: b.Ln2B}
 			c.Blocks = append(c.Blocks, b)
 		}
 		m.Chunks = append(m.Chunks, c)
@@ -189,6 +194,7 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 		h.LnW = newP(h.Module, "ln_f.weight", C)
 		h.LnB = newP(h.Module, "ln_f.bias", C)
 		Fill(h.LnW, 1)
+		h.Norm = &LayerNorm{W: h.LnW, B: h.LnB}
 		if m.Embed != nil {
 			h.Wte = m.Embed.Wte
 		} else {
@@ -260,8 +266,10 @@ func (e *Embed) Forward(idx *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 // Forward of one block on x [B, T, C].
 func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
-		h := tensor.LayerNorm(x, b.Ln1W, b.Ln1B, LayerNormEps)
-		h, err := b.Attn.Forward(h, p)
+		h, err := b.Norm1.Forward(x, p)
+		if err == nil {
+			h, err = b.Attn.Forward(h, p)
+		}
 		if err == nil {
 			h, err = b.Core.Forward(h, p)
 		}
@@ -272,8 +280,10 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%s attention: %w", b.Name(), err)
 		}
 		x = tensor.Add(x, h)
-		h = tensor.LayerNorm(x, b.Ln2W, b.Ln2B, LayerNormEps)
-		h, err = b.Fc.Forward(h, p)
+		h, err = b.Norm2.Forward(x, p)
+		if err == nil {
+			h, err = b.Fc.Forward(h, p)
+		}
 		if err == nil {
 			h, err = b.MlpProj.Forward(tensor.Gelu(h), p)
 		}
@@ -287,7 +297,11 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 // Logits of the output stage: [B, T, V] from the last block's output.
 func (h *Head) Logits(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return h.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
-		return h.Out.Logits(tensor.LayerNorm(x, h.LnW, h.LnB, LayerNormEps), p)
+		x, err := h.Norm.Forward(x, p)
+		if err != nil {
+			return nil, err
+		}
+		return h.Out.Logits(x, p)
 	})
 }
 
@@ -295,7 +309,11 @@ func (h *Head) Logits(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 // [B, T] from the last block's output.
 func (h *Head) Loss(x, targets *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return h.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
-		return h.Out.Loss(tensor.LayerNorm(x, h.LnW, h.LnB, LayerNormEps), targets, p)
+		x, err := h.Norm.Forward(x, p)
+		if err != nil {
+			return nil, err
+		}
+		return h.Out.Loss(x, targets, p)
 	})
 }
 

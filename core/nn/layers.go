@@ -21,6 +21,8 @@ type Pass struct {
 // attention core (context parallel swaps in ring attention) or the
 // embedding (vocabulary-parallel lookup). Forward returns an error so that
 // a collective inside a layer fails the step cleanly instead of panicking.
+// Sequence parallel also replaces the LayerNorms (nn.LayerNorm), which then
+// see part of the sequence.
 type Layer interface {
 	Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error)
 }
@@ -45,6 +47,17 @@ type Dense struct {
 // Forward implements Layer.
 func (d *Dense) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	return tensor.Linear(x, d.W, d.B), nil
+}
+
+// LayerNorm is GPT-2's LayerNorm over the last dimension with weight W and
+// bias B (epsilon LayerNormEps).
+type LayerNorm struct {
+	W, B *tensor.Tensor
+}
+
+// Forward implements Layer.
+func (l *LayerNorm) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
+	return tensor.LayerNorm(x, l.W, l.B, LayerNormEps), nil
 }
 
 // CausalAttention is the attention core: multi-head causal attention of a

@@ -43,6 +43,47 @@ func TestCustomFunction(t *testing.T) {
 	require.Equal(t, []float64{2, 20, 200}, x.Grad.Float64s())
 }
 
+// scratchFn is y = x with a buffer of n elements handed to the graph.
+type scratchFn struct {
+	a *Allocator
+	n int
+}
+
+func (f scratchFn) Forward(ctx *FuncCtx, in ...*Tensor) (*Tensor, error) {
+	ctx.Own(f.a.New(Activations, Float64, f.n))
+	out := f.a.New(Activations, Float64, in[0].Shape()...)
+	out.CopyFrom(in[0])
+	return out, nil
+}
+
+func (f scratchFn) Backward(ctx *FuncCtx, g *Tensor) ([]*Tensor, error) { return []*Tensor{g}, nil }
+
+// Buffers a Function owns go back to the allocator with the graph: after a
+// backward that releases it, after FreeGraph, and at once when nothing
+// needs a gradient.
+func TestCustomFunctionOwnedBuffersAreReleased(t *testing.T) {
+	a := NewAllocator()
+	const scratch = 1000 * 8
+	x := FromF64([]float64{1, 2}, 2).RequiresGrad()
+	y, err := Apply("scratch", scratchFn{a, 1000}, x)
+	require.NoError(t, err)
+	require.Equal(t, int64(scratch+16), a.Usage().Current[Activations])
+	_, err = Backward(Sum(y), nil, BackwardOptions{Release: true, Alloc: a})
+	require.NoError(t, err)
+	require.Less(t, a.Usage().Current[Activations], int64(scratch), "released with the graph after backward")
+
+	b := NewAllocator()
+	y, err = Apply("scratch", scratchFn{b, 1000}, x)
+	require.NoError(t, err)
+	FreeGraph(y)
+	require.Equal(t, int64(16), b.Usage().Current[Activations], "FreeGraph releases it")
+
+	c := NewAllocator()
+	_, err = Apply("scratch", scratchFn{c, 1000}, FromF64([]float64{1, 2}, 2))
+	require.NoError(t, err)
+	require.Equal(t, int64(16), c.Usage().Current[Activations], "no graph: released at once")
+}
+
 type failingFn struct{}
 
 func (failingFn) Forward(ctx *FuncCtx, in ...*Tensor) (*Tensor, error) {

@@ -15,6 +15,7 @@ type Function interface {
 // FuncCtx carries state from a Function's forward to its backward.
 type FuncCtx struct {
 	saved []*Tensor
+	owned []*Tensor
 	// Values holds anything else the forward wants to pass on.
 	Values map[string]any
 	// Backprop is the pass running the backward (nil during forward); it
@@ -27,6 +28,12 @@ func (c *FuncCtx) Save(ts ...*Tensor) { c.saved = append(c.saved, ts...) }
 
 // Saved returns the tensors kept by Save, in order.
 func (c *FuncCtx) Saved() []*Tensor { return c.saved }
+
+// Own hands buffers the forward allocated for the backward (statistics,
+// probabilities) to the graph: they are released with it, as the
+// built-in ops' are (after a backward with Release, by FreeGraph), or at
+// once when nothing needs a gradient. The backward must not release them.
+func (c *FuncCtx) Own(ts ...*Tensor) { c.owned = append(c.owned, ts...) }
 
 // FunctionError is the panic value raised when a custom Function's backward
 // fails inside Backward; Backward recovers it into an error.
@@ -53,5 +60,12 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 		}
 		return gs
 	}, inputs...)
+	if out.node != nil {
+		saveBuf(out, ctx.owned...)
+	} else {
+		for _, t := range ctx.owned {
+			t.Release()
+		}
+	}
 	return out, nil
 }

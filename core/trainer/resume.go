@@ -17,7 +17,7 @@ import (
 // the layout (as long as the global batch stays equal) and what only
 // controls the run, not the numbers it computes.
 var freeKeys = []string{
-	"parallel.", "pp.", "zero.", "ddp.", "comm.", "checkpoint.",
+	"parallel.", "pp.", "tp.", "zero.", "ddp.", "comm.", "checkpoint.",
 	"train.batch_size", "train.grad_accum", "train.steps", "train.threads", "train.log_every",
 	"train.eval_every", "train.eval_batches", "train.peak_flops",
 	"resume", "resume_allow_nonfinite", "save_to", "metrics_file", "trace", "init_from", "device",

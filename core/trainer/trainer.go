@@ -20,6 +20,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/data"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -75,6 +76,10 @@ type StepMetrics struct {
 	MFU        float64 `json:"mfu"`
 	// Skipped marks a step whose update train.nonfinite=skip dropped.
 	Skipped bool `json:"skipped,omitempty"`
+	// CommBytes is the payload this rank sent during the step, on every
+	// group (comm.ByteCounter; 0 for one process or a backend that does
+	// not count).
+	CommBytes int64 `json:"comm_bytes,omitempty"`
 }
 
 // Trainer holds one rank's training state.
@@ -403,6 +408,11 @@ func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
 // forward and backward, then clipping and the update.
 func (t *Trainer) Step(step int) (StepMetrics, error) {
 	t.stepStart = time.Now()
+	bc, counting := t.world().(comm.ByteCounter)
+	var sent int64
+	if counting {
+		sent = bc.RankSentBytes()
+	}
 	var loss float64
 	var err error
 	if owner := t.stepOwner(); owner != nil {
@@ -413,7 +423,11 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 	if err != nil {
 		return StepMetrics{}, err
 	}
-	return t.Update(step, loss)
+	m, err := t.Update(step, loss)
+	if counting {
+		m.CommBytes = bc.RankSentBytes() - sent
+	}
+	return m, err
 }
 
 // Update finishes optimizer step number step once every micro-batch's

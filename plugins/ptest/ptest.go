@@ -31,6 +31,8 @@ import (
 type Result struct {
 	Losses    []float64
 	GradNorms []float64 // global gradient norm of each step, before clipping
+	// CommBytes is the payload this rank sent in each step, on every group.
+	CommBytes []int64
 	// Params are the global parameters after the last step, by name, each
 	// gathered through its placement (Trainer.GatherParam).
 	Params map[string][]float64
@@ -156,6 +158,7 @@ func collect(tr *trainer.Trainer, steps []trainer.StepMetrics, rec *trace.Record
 	for _, s := range steps {
 		r.Losses = append(r.Losses, s.Loss)
 		r.GradNorms = append(r.GradNorms, s.GradNorm)
+		r.CommBytes = append(r.CommBytes, s.CommBytes)
 	}
 	for _, p := range tr.Model.Params() {
 		h, err := tr.Holding(p)

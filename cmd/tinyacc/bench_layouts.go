@@ -1,0 +1,275 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/launch"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/plugins/tp"
+)
+
+// layoutRow is one row of `bench layouts`: a way of training the same
+// model on the same global batch. name and flags may hold one %d, the
+// --nproc N of the bench; a row with no flags runs one process. comm is
+// the bytes one rank sends per step by the formula (nil: none stated yet,
+// printed as "-"). Adding a layout is adding one line to layoutRows.
+type layoutRow struct {
+	name, flags string
+	comm        func(b layoutBench, n int) float64
+}
+
+var layoutRows = []layoutRow{
+	{"1 process", "", func(layoutBench, int) float64 { return 0 }},
+	{"dp %d", "--parallel.dp=%d", dpCommBytes},
+	{"tp %d", "--parallel.tp=%d", tpCommBytes(false)},
+	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true)},
+}
+
+// layoutBench is the model and global batch every row trains.
+type layoutBench struct {
+	model  nn.GPTConfig
+	global int // sequences per step
+}
+
+// normBytes is what a rank sends for the gradient norm's all-reduce over
+// the world of w ranks (the sum of squares and the stop flag, two float64).
+func normBytes(w int) float64 { return 2 * float64(w-1) / float64(w) * 16 }
+
+// dpCommBytes: plain data parallel all-reduces every gradient once per step
+// (4Ψ bytes, factor 2(N-1)/N) and the loss (one float64), plus the norm.
+func dpCommBytes(b layoutBench, n int) float64 {
+	ar := 2 * float64(n-1) / float64(n)
+	return ar*4*float64(b.model.NumParams()) + ar*8 + normBytes(n)
+}
+
+// tpCommBytes is tp.StepBytes for the whole global batch (tensor parallel
+// ranks share their micro-batch) plus the norm.
+func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
+	return func(b layoutBench, n int) float64 {
+		return tp.StepBytes(b.model, b.global, 1, n, sp) + normBytes(n)
+	}
+}
+
+// benchLayouts trains one model on one global batch under every layout of
+// layoutRows, each as its own job of `tinyacc train` processes over tcp,
+// the rows taking turns for --repeats rounds so machine noise hits all
+// alike, and prints one table: median ms/step and tokens/s (the first
+// step not timed), the bytes rank 0 sent per step (comm.ByteCounter: the
+// payload its collectives moved, on every group) beside the formula, the
+// parameter bytes of rank 0 and its activation peak (the allocator's) as a
+// ratio to one process's.
+//
+// The formulas, in bytes sent per rank per step, fp32, with ring factors
+// 2(N-1)/N for an all-reduce and (N-1)/N of the whole buffer for an
+// all-gather or a reduce-scatter (docs/formulas.md); L layers, width h,
+// context s, b sequences per rank per micro-batch, V = b·s·h, Ψ parameters:
+//
+//	dp N       2(N-1)/N · (4Ψ + 8)                      gradients and the loss
+//	tp N       2(N-1)/N · 4 · ((4L + 2)·V + 3·b·s)       per layer V all-reduced twice forward and twice
+//	                                                     backward; the embedding, the head's input gradient
+//	                                                     and three b·s cross-entropy reductions
+//	tp N + SP  (N-1)/N · 4 · (8L + 4)·V                  the same volume as all-gathers and reduce-scatters
+//	           + 2(N-1)/N · 4 · (3·b·s + (6L + 2)·h + s·h)   the cross-entropy, and the summed gradients
+//	                                                     of ln_1, ln_2, the row-parallel biases, ln_f, wpe
+//
+// each plus 2(N-1)/N · 16 for the gradient norm (see tp.StepBytes). With
+// N = 2 the direct algorithms the comm layer uses for small buffers send
+// exactly these amounts; for larger N a small all-reduce sends (N-1)·n.
+func benchLayouts(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench layouts", flag.ContinueOnError)
+	nproc := fs.Int("nproc", 2, "ranks of the parallel layouts")
+	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
+	repeats := fs.Int("repeats", 3, "interleaved runs of every layout (medians are reported)")
+	var b layoutBench
+	fs.IntVar(&b.model.NLayer, "n_layer", 4, "")
+	fs.IntVar(&b.model.NHead, "n_head", 4, "")
+	fs.IntVar(&b.model.NEmbd, "n_embd", 256, "")
+	fs.IntVar(&b.model.BlockSize, "block_size", 256, "")
+	fs.IntVar(&b.model.VocabSize, "vocab_size", 256, "")
+	fs.IntVar(&b.global, "batch", 8, "global batch (sequences per step)")
+	keep := fs.String("keep", "", "directory to keep metrics in (default: a temporary one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	n := *nproc
+	if n < 2 {
+		return fmt.Errorf("bench layouts: --nproc %d: the parallel layouts need 2 or more ranks", n)
+	}
+	if err := b.model.Validate(); err != nil {
+		return fmt.Errorf("bench layouts: %w", err)
+	}
+	dir := *keep
+	if dir == "" {
+		d, err := os.MkdirTemp("", "tinyacc-bench-layouts")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	type job struct {
+		name  string
+		procs int
+		argv  []string
+	}
+	jobs := make([]job, len(layoutRows))
+	for i, row := range layoutRows {
+		nd := strings.NewReplacer("%d", strconv.Itoa(n))
+		j := job{name: nd.Replace(row.name), procs: 1}
+		var flags []string
+		if row.flags != "" {
+			j.procs = n
+			flags = strings.Fields(nd.Replace(row.flags))
+		}
+		cfg, err := config.Load("", nil, flags)
+		if err != nil {
+			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
+		}
+		c := cfg.Config
+		dp := j.procs / (c.Parallel.TP * c.Parallel.PP * c.Parallel.CP)
+		if dp < 1 || b.global%dp != 0 {
+			return fmt.Errorf("bench layouts: row %q: a global batch of %d does not split over %d data-parallel ranks", j.name, b.global, dp)
+		}
+		j.argv = append([]string{exe, "train",
+			"--model.n_layer=" + strconv.Itoa(b.model.NLayer), "--model.n_head=" + strconv.Itoa(b.model.NHead),
+			"--model.n_embd=" + strconv.Itoa(b.model.NEmbd), "--model.block_size=" + strconv.Itoa(b.model.BlockSize),
+			"--model.vocab_size=" + strconv.Itoa(b.model.VocabSize),
+			"--train.batch_size=" + strconv.Itoa(b.global/dp), "--train.steps=" + strconv.Itoa(*steps),
+			"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random", "--train.schedule=constant"}, flags...)
+		if err := c.CheckWorld(j.procs); err != nil {
+			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
+		}
+		jobs[i] = j
+	}
+	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; global batch %d sequences; %d steps x %d interleaved repeats; tcp backend\n",
+		b.model.NLayer, b.model.NHead, b.model.NEmbd, b.model.BlockSize, b.model.VocabSize, float64(b.model.NumParams())/1e6, b.global, *steps, *repeats)
+	results := make([]layoutResult, len(jobs))
+	for r := 0; r < *repeats; r++ {
+		for i, j := range jobs {
+			tag := fmt.Sprintf("%s-%d", strings.NewReplacer(" ", "", "+", "-").Replace(j.name), r)
+			metrics := filepath.Join(dir, tag+".jsonl")
+			argv := append(append([]string(nil), j.argv...), "--metrics_file="+metrics)
+			fmt.Fprintf(stderr, "bench layouts: %s (%d process(es)), run %d\n", j.name, j.procs, r+1)
+			if err := launch.Run(context.Background(), launch.Options{NProc: j.procs, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
+				return fmt.Errorf("bench layouts %s: %w", tag, err)
+			}
+			m, err := readLayoutMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			results[i].add(m)
+		}
+	}
+	base := results[0].median().act
+	fmt.Fprintf(stdout, "%-12s %9s %10s %14s %14s %9s %14s %9s\n", "layout", "ms/step", "tokens/s", "comm B/step", "formula B", "diff", "param B/rank", "act peak")
+	var off []string
+	for i, row := range layoutRows {
+		m := results[i].median()
+		formula, diff := "-", "-"
+		if row.comm != nil {
+			f := row.comm(b, n)
+			formula = fmt.Sprintf("%.0f", f)
+			switch {
+			case f > 0:
+				d := (m.comm - f) / f
+				diff = fmt.Sprintf("%+.3f%%", 100*d)
+				if !(d >= -0.01 && d <= 0.01) {
+					off = append(off, fmt.Sprintf("%s sends %.0f bytes per step, %s from the formula's %.0f", jobs[i].name, m.comm, diff, f))
+				}
+			case m.comm == 0:
+				diff = "0"
+			default:
+				off = append(off, fmt.Sprintf("%s sends %.0f bytes per step; the formula says none", jobs[i].name, m.comm))
+			}
+		}
+		fmt.Fprintf(stdout, "%-12s %9.1f %10.0f %14.0f %14s %9s %14.0f %8.3fx\n", jobs[i].name, m.ms, m.tps, m.comm, formula, diff, m.params, m.act/base)
+	}
+	fmt.Fprintln(stdout, "comm: payload bytes rank 0 sent per step on every group (collectives as run); formula: the doc of benchLayouts (cmd/tinyacc/bench_layouts.go), tp.StepBytes")
+	fmt.Fprintln(stdout, "param B/rank: rank 0's parameter bytes; act peak: rank 0's activation peak (allocator) over one process's")
+	if len(off) > 0 {
+		return fmt.Errorf("bench layouts: measured communication differs from the formula by more than 1%%: %s", strings.Join(off, "; "))
+	}
+	return nil
+}
+
+// layoutMetrics is what one run of a layout reports.
+type layoutMetrics struct{ ms, tps, comm, params, act float64 }
+
+type layoutResult struct{ runs []layoutMetrics }
+
+func (r *layoutResult) add(m layoutMetrics) { r.runs = append(r.runs, m) }
+
+// median is the per-field median over the runs.
+func (r *layoutResult) median() layoutMetrics {
+	field := func(f func(layoutMetrics) float64) float64 {
+		var xs []float64
+		for _, m := range r.runs {
+			xs = append(xs, f(m))
+		}
+		return median(xs)
+	}
+	return layoutMetrics{
+		ms:     field(func(m layoutMetrics) float64 { return m.ms }),
+		tps:    field(func(m layoutMetrics) float64 { return m.tps }),
+		comm:   field(func(m layoutMetrics) float64 { return m.comm }),
+		params: field(func(m layoutMetrics) float64 { return m.params }),
+		act:    field(func(m layoutMetrics) float64 { return m.act }),
+	}
+}
+
+// readLayoutMetrics returns the medians of a metrics file's timed steps
+// (the first is not) and rank 0's memory entry.
+func readLayoutMetrics(path string) (layoutMetrics, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return layoutMetrics{}, err
+	}
+	defer f.Close()
+	var ms, tps, comm []float64
+	var out layoutMetrics
+	mem := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m struct {
+			Kind   string  `json:"kind"`
+			Step   int     `json:"step"`
+			StepMS float64 `json:"step_ms"`
+			TPS    float64 `json:"tokens_per_s"`
+			Comm   float64 `json:"comm_bytes"`
+			Rank   int     `json:"rank"`
+			Params float64 `json:"params_bytes"`
+			Act    float64 `json:"activations_peak_bytes"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			return out, fmt.Errorf("%s: %w", path, err)
+		}
+		switch {
+		case m.Kind == "train" && m.Step > 0:
+			ms, tps, comm = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm)
+		case m.Kind == "memory" && m.Rank == 0:
+			out.params, out.act, mem = m.Params, m.Act, true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return out, err
+	}
+	if len(ms) == 0 || !mem {
+		return out, fmt.Errorf("%s: no timed steps or no memory entry (train.steps must be 2 or more)", path)
+	}
+	out.ms, out.tps, out.comm = median(ms), median(tps), median(comm)
+	return out, nil
+}
