@@ -56,7 +56,7 @@ func (t *Trainer) Holding(p *tensor.Tensor) (Holding, error) {
 		if p.HasStorage() {
 			h.Value.Data = p
 		}
-		if pp, ok := t.Opt.(optim.PerParam); ok && slices.Contains(t.Opt.Params(), p) {
+		if pp, ok := t.Opt.(optim.PerParam); ok && t.optimizes(p) {
 			h.Opt, h.OptParam = pp, p
 		}
 	case 1:
@@ -67,6 +67,19 @@ func (t *Trainer) Holding(p *tensor.Tensor) (Holding, error) {
 		return Holding{}, fmt.Errorf("trainer: parameter %s has no placement (was it registered through nn.Module?)", p.Name)
 	}
 	return h, nil
+}
+
+// optimizes reports whether the optimizer updates p itself. The set is
+// built once per optimizer, not per call: Holding runs for every parameter
+// at every step (the gradient norm).
+func (t *Trainer) optimizes(p *tensor.Tensor) bool {
+	if t.optSet.of != t.Opt {
+		t.optSet.of, t.optSet.params = t.Opt, map[*tensor.Tensor]bool{}
+		for _, q := range t.Opt.Params() {
+			t.optSet.params[q] = true
+		}
+	}
+	return t.optSet.params[p]
 }
 
 // GradSumSquares is the squared norm of the global gradient: each rank

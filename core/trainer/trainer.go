@@ -116,6 +116,11 @@ type Trainer struct {
 	// with the last gradient norm, that some rank was asked to stop.
 	ctx        context.Context
 	stopAgreed bool
+	// optSet caches which parameters the optimizer of is updating.
+	optSet struct {
+		of     optim.Optimizer
+		params map[*tensor.Tensor]bool
+	}
 	// keptReady are the parameters whose GradReady the step owner
 	// dispatches itself (KeepGradReady).
 	keptReady map[*tensor.Tensor]bool
