@@ -95,6 +95,12 @@ type Trainer struct {
 	// DataRank and DataSize place this rank in the data-parallel group:
 	// it reads its slice of the global batch. Plugins set them in Prepare.
 	DataRank, DataSize int
+	// SeqParts is how many parts each sequence of the residual stream
+	// between blocks is cut into across ranks that share a batch: 1
+	// unless a plugin splits the sequence (sequence parallel multiplies
+	// it by tp). A rank holds (B, T/SeqParts, C) of it, which is what a
+	// pipeline stage boundary carries. Plugins set it in Prepare.
+	SeqParts int
 
 	Plugins []Plugin
 	Rank    int
@@ -206,7 +212,7 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	if m := opts.Mesh; m != nil && (m.WorldGroup().Size() != opts.World || m.Rank() != opts.Rank) {
 		return nil, fmt.Errorf("trainer: the mesh is rank %d of %d but the options say rank %d of %d", m.Rank(), m.WorldGroup().Size(), opts.Rank, opts.World)
 	}
-	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, Plugins: opts.Plugins,
+	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, SeqParts: 1, Plugins: opts.Plugins,
 		Rank: opts.Rank, World: opts.World, Mesh: opts.Mesh, Trace: opts.Trace, opts: opts,
 		Sched: optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
 			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}}

@@ -137,7 +137,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 		switch a.Kind {
 		case RecvAct:
 			x, _ := t.Train.Batch(step, a.Micro, t.DataRank, t.DataSize, B, A)
-			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1), t.Model.Config.NEmbd)
+			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
 			if err = o.group.Recv(sl.in, a.Peer); err == nil {
 				sl.in.RequiresGrad()
 			}
@@ -288,7 +288,7 @@ func (o *Pipeline) EvalLoss(t *trainer.Trainer, x, y *tensor.Tensor) (float64, e
 	for c := o.rank; c <= last; c += s.P {
 		var in *tensor.Tensor
 		if c > 0 {
-			in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1), t.Model.Config.NEmbd)
+			in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
 			if err := o.group.Recv(in, s.RankOf(c-1)); err != nil {
 				return 0, fmt.Errorf("pp: stage %d: evaluation input of chunk %d: %w", o.rank, c, err)
 			}

@@ -173,6 +173,9 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 			h.Norm = &LayerNorm{W: h.LnW, B: h.LnB, C: p.c}
 		}
 	}
+	if p.SP {
+		t.SeqParts *= n
+	}
 	if t.Opt != nil {
 		for _, s := range t.Opt.State() {
 			s.Release()
