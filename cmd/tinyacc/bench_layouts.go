@@ -33,6 +33,33 @@ var layoutRows = []layoutRow{
 	{"dp %d", "--parallel.dp=%d", dpCommBytes},
 	{"tp %d", "--parallel.tp=%d", tpCommBytes(false)},
 	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true)},
+	{"pp %d afab", "--parallel.pp=%d --pp.schedule=afab" + ppMicroFlag, ppCommBytes(1)},
+	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b" + ppMicroFlag, ppCommBytes(1)},
+	{"pp %d interleaved", "--parallel.pp=%d --pp.schedule=interleaved --pp.virtual_stages=2" + ppMicroFlag, ppCommBytes(2)},
+	{"pp %d zb1", "--parallel.pp=%d --pp.schedule=zb1" + ppMicroFlag, ppCommBytes(1)},
+}
+
+// ppMicro is the micro-batches per step (train.grad_accum) of the pipeline
+// rows: the global batch is split into them, so every row still trains the
+// same sequences per step.
+const ppMicro = 4
+
+var ppMicroFlag = " --train.grad_accum=" + strconv.Itoa(ppMicro)
+
+// ppCommBytes: rank 0 holds the first stage's v chunks. Each of the m
+// micro-batches sends the output activation (b·s·h floats, b = the
+// micro-batch's sequences) of every one of its chunks forward, and the
+// input gradient of every chunk but chunk 0 backward: (2v-1)·m·b·s·h·4
+// bytes. The tied wte's gradient is summed over the first and last stage
+// (an all-reduce of vocab·h floats) and the norm is all-reduced; the loss
+// is broadcast from the last stage, which rank 0 receives.
+func ppCommBytes(v int) func(b layoutBench, n int) float64 {
+	return func(b layoutBench, n int) float64 {
+		micro := float64(b.global / ppMicro)
+		act := micro * float64(b.model.BlockSize*b.model.NEmbd) * 4
+		wte := float64(b.model.VocabSize*b.model.NEmbd) * 4
+		return float64((2*v-1)*ppMicro)*act + wte + normBytes(n)
+	}
 }
 
 // layoutBench is the model and global batch every row trains.
@@ -81,6 +108,9 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 //	tp N + SP  (N-1)/N · 4 · (8L + 4)·V                  the same volume as all-gathers and reduce-scatters
 //	           + 2(N-1)/N · 4 · (3·b·s + (6L + 2)·h + s·h)   the cross-entropy, and the summed gradients
 //	                                                     of ln_1, ln_2, the row-parallel biases, ln_f, wpe
+//	pp N       (2v-1)·m·4·V + 4·vocab·h                  activations forward and gradients backward of the
+//	                                                     first stage's v chunks over m micro-batches; the
+//	                                                     tied wte's gradient summed with the last stage
 //
 // each plus 2(N-1)/N · 16 for the gradient norm (see tp.StepBytes). With
 // N = 2 the direct algorithms the comm layer uses for small buffers send
@@ -141,14 +171,15 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 		}
 		c := cfg.Config
 		dp := j.procs / (c.Parallel.TP * c.Parallel.PP * c.Parallel.CP)
-		if dp < 1 || b.global%dp != 0 {
-			return fmt.Errorf("bench layouts: row %q: a global batch of %d does not split over %d data-parallel ranks", j.name, b.global, dp)
+		accum := c.Train.GradAccum
+		if dp < 1 || b.global%(dp*accum) != 0 {
+			return fmt.Errorf("bench layouts: row %q: a global batch of %d does not split over %d data-parallel ranks × %d micro-batches", j.name, b.global, dp, accum)
 		}
 		j.argv = append([]string{exe, "train",
 			"--model.n_layer=" + strconv.Itoa(b.model.NLayer), "--model.n_head=" + strconv.Itoa(b.model.NHead),
 			"--model.n_embd=" + strconv.Itoa(b.model.NEmbd), "--model.block_size=" + strconv.Itoa(b.model.BlockSize),
 			"--model.vocab_size=" + strconv.Itoa(b.model.VocabSize),
-			"--train.batch_size=" + strconv.Itoa(b.global/dp), "--train.steps=" + strconv.Itoa(*steps),
+			"--train.batch_size=" + strconv.Itoa(b.global/(dp*accum)), "--train.steps=" + strconv.Itoa(*steps),
 			"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random", "--train.schedule=constant"}, flags...)
 		if err := c.CheckWorld(j.procs); err != nil {
 			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
@@ -175,7 +206,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	base := results[0].median().act
-	fmt.Fprintf(stdout, "%-12s %9s %10s %14s %14s %9s %14s %9s\n", "layout", "ms/step", "tokens/s", "comm B/step", "formula B", "diff", "param B/rank", "act peak")
+	fmt.Fprintf(stdout, "%-18s %9s %10s %14s %14s %9s %14s %9s\n", "layout", "ms/step", "tokens/s", "comm B/step", "formula B", "diff", "param B/rank", "act peak")
 	var off []string
 	for i, row := range layoutRows {
 		m := results[i].median()
@@ -196,7 +227,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 				off = append(off, fmt.Sprintf("%s sends %.0f bytes per step; the formula says none", jobs[i].name, m.comm))
 			}
 		}
-		fmt.Fprintf(stdout, "%-12s %9.1f %10.0f %14.0f %14s %9s %14.0f %8.3fx\n", jobs[i].name, m.ms, m.tps, m.comm, formula, diff, m.params, m.act/base)
+		fmt.Fprintf(stdout, "%-18s %9.1f %10.0f %14.0f %14s %9s %14.0f %8.3fx\n", jobs[i].name, m.ms, m.tps, m.comm, formula, diff, m.params, m.act/base)
 	}
 	fmt.Fprintln(stdout, "comm: payload bytes rank 0 sent per step on every group (collectives as run); formula: the doc of benchLayouts (cmd/tinyacc/bench_layouts.go), tp.StepBytes")
 	fmt.Fprintln(stdout, "param B/rank: rank 0's parameter bytes; act peak: rank 0's activation peak (allocator) over one process's")
