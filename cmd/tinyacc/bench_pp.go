@@ -114,7 +114,7 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 				if err != nil {
 					return err
 				}
-				played, err := sched.Simulate(meanCosts(sim, sched.Split))
+				played, err := sched.SimulateChunks(chunkCosts(sim, sched.Split, tr.Latency, tr.SendBusy))
 				if err != nil {
 					return err
 				}
@@ -125,33 +125,50 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintln(stdout, "idle: share of ranks × step time with no forward/backward running, from the pipeline spans of the trace (step 0 excluded, median)")
-	fmt.Fprintln(stdout, "sim: the schedule played with the run's mean F, B, W times and free communication; formula: (p-1)/(m+p-1), (p-1)/(v·m+p-1) interleaved,")
+	fmt.Fprintln(stdout, "sim: the schedule played with each chunk's mean F, B, W times and the median message latency and send time of the run; formula: (p-1)/(m+p-1), (p-1)/(v·m+p-1) interleaved,")
 	fmt.Fprintln(stdout, "  and for zb1 b/(1+b) with b = (p-1)/(3m); act peak: each stage's activation peak through its allocator")
 	return nil
 }
 
-// meanCosts are the mean forward, backward and weight-gradient times of a
-// traced step; a schedule that does not split backward measured B+W as B.
-func meanCosts(sim *pp.Sim, split bool) pp.Costs {
-	var sum [3]float64
-	var n [3]int
+// chunkCosts are each model chunk's mean forward, backward and
+// weight-gradient times in a traced step (chunks differ: the first embeds,
+// the last runs the head and the loss); a schedule that does not split
+// backward measured B+W as B. Every message takes the measured latency
+// and keeps its sender busy for the measured send time.
+func chunkCosts(sim *pp.Sim, split bool, latency, sendBusy float64) func(chunk int) pp.Costs {
+	type acc struct {
+		sum [3]float64
+		n   [3]int
+	}
+	per := map[int]*acc{}
 	for _, spans := range sim.Spans {
 		for _, s := range spans {
-			sum[s.Kind] += s.End - s.Start
-			n[s.Kind]++
+			a := per[s.Chunk]
+			if a == nil {
+				a = &acc{}
+				per[s.Chunk] = a
+			}
+			a.sum[s.Kind] += s.End - s.Start
+			a.n[s.Kind]++
 		}
 	}
-	c := pp.Costs{}
-	if n[pp.Forward] > 0 {
-		c.F = sum[pp.Forward] / float64(n[pp.Forward])
+	return func(chunk int) pp.Costs {
+		a := per[chunk]
+		if a == nil {
+			return pp.Costs{}
+		}
+		mean := func(k pp.Kind) float64 {
+			if a.n[k] == 0 {
+				return 0
+			}
+			return a.sum[k] / float64(a.n[k])
+		}
+		c := pp.Costs{F: mean(pp.Forward), B: mean(pp.Backward), L: latency, S: sendBusy}
+		if split {
+			c.W = mean(pp.Weight)
+		}
+		return c
 	}
-	if n[pp.Backward] > 0 {
-		c.B = sum[pp.Backward] / float64(n[pp.Backward])
-	}
-	if split && n[pp.Weight] > 0 {
-		c.W = sum[pp.Weight] / float64(n[pp.Weight])
-	}
-	return c
 }
 
 // readPPMetrics returns the median step time (first step excluded) and

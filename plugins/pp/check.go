@@ -9,10 +9,16 @@ import (
 // (B) and weight-gradient backward (W) on one micro-batch. A schedule that
 // does not split backward pays B+W in its Backward actions.
 // Communication is free in the simulation.
-type Costs struct{ F, B, W float64 }
+type Costs struct {
+	F, B, W float64
+	// L is a message's latency: from the send to its arrival at the peer;
+	// S is how long a send keeps its sender busy (both 0: free
+	// communication, as in the bubble formulas).
+	L, S float64
+}
 
 // Unit is F = B = W = 1, the costs of the bubble formulas.
-var Unit = Costs{1, 1, 1}
+var Unit = Costs{F: 1, B: 1, W: 1}
 
 // Span is a compute action placed in time.
 type Span struct {
@@ -65,6 +71,13 @@ type message struct {
 // Simulate plays the schedule with the given costs; see Check for the
 // errors.
 func (s *Schedule) Simulate(c Costs) (*Sim, error) {
+	return s.SimulateChunks(func(int) Costs { return c })
+}
+
+// SimulateChunks plays the schedule with costs that differ by model chunk
+// (the first chunk embeds, the last one runs the head and the loss):
+// what a measured run is compared against.
+func (s *Schedule) SimulateChunks(costOf func(chunk int) Costs) (*Sim, error) {
 	P := s.P
 	if len(s.Ranks) != P {
 		return nil, fmt.Errorf("pp: schedule %s has lists for %d ranks, want %d", s.Name, len(s.Ranks), P)
@@ -96,6 +109,7 @@ func (s *Schedule) Simulate(c Costs) (*Sim, error) {
 			for st.next < len(s.Ranks[r]) {
 				a := s.Ranks[r][st.next]
 				k := key{a.Chunk, a.Micro}
+				c := costOf(a.Chunk)
 				if a.Chunk < 0 || a.Chunk > last || a.Micro < 0 || a.Micro >= s.M {
 					return nil, fail(r, "no such chunk or micro-batch (chunks 0..%d, micro-batches 0..%d)", last, s.M-1)
 				}
@@ -116,7 +130,8 @@ func (s *Schedule) Simulate(c Costs) (*Sim, error) {
 						return nil, fail(r, "sends before computing what it sends")
 					}
 					q := [2]int{r, a.Peer}
-					queues[q] = append(queues[q], message{msgKey{a.Kind, a.Chunk, a.Micro}, st.t})
+					queues[q] = append(queues[q], message{msgKey{a.Kind, a.Chunk, a.Micro}, st.t + c.L})
+					st.t += c.S
 				case RecvAct, RecvGrad:
 					want := msgKey{SendAct, a.Chunk - 1, a.Micro}
 					if a.Kind == RecvGrad {

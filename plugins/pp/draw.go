@@ -102,6 +102,10 @@ func SVG(w io.Writer, sim *Sim, p, v int, unit float64) error {
 const (
 	traceCat   = "pp"
 	clockEvent = "pp clock"
+	// commCat spans are the point-to-point transfers between stages,
+	// named "send" or "recv", with the message's kind, chunk and
+	// micro-batch: FromTrace pairs them to measure latency.
+	commCat = "pp-comm"
 )
 
 // Traced is one training step of a traced run, rebuilt as a timeline.
@@ -110,6 +114,11 @@ type Traced struct {
 	Schedule string // the run's pp.schedule
 	P, V, M  int    // stages, chunks per rank, micro-batches
 	Unit     float64
+	// Latency is the median time from a send's start to the end of its
+	// receive, over the messages whose receiver was already waiting (so
+	// the time is the transfer's, not the receiver's lateness); 0 when no
+	// message qualifies. SendBusy is the median length of a send span.
+	Latency, SendBusy float64
 }
 
 // FromTrace rebuilds the timeline of one training step from the trace
@@ -121,6 +130,7 @@ func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
 	sim := &Sim{Spans: make([][]Span, n), PeakAlive: make([]int, n)}
 	tr := &Traced{Sim: sim, Unit: math.Inf(1)}
 	origin, end := math.Inf(1), math.Inf(-1)
+	sends, recvs := map[transfer][2]float64{}, map[transfer][2]float64{}
 	for r, evs := range ranks {
 		offset, found := 0.0, false
 		for _, e := range evs {
@@ -134,6 +144,16 @@ func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
 			return nil, fmt.Errorf("pp: rank %d's trace has no %q event (was it written by a pipeline run?)", r, clockEvent)
 		}
 		for _, e := range evs {
+			if e.Cat == commCat && e.Ph == "X" && int(num(e.Args["step"])) == step {
+				k := transfer{kind: fmt.Sprint(e.Args["kind"]), chunk: int(num(e.Args["chunk"])), micro: int(num(e.Args["micro"]))}
+				span := [2]float64{e.TS + offset, e.TS + offset + e.Dur}
+				if e.Name == "send" {
+					sends[k] = span
+				} else {
+					recvs[k] = span
+				}
+				continue
+			}
 			if e.Cat != traceCat || e.Ph != "X" || int(num(e.Args["step"])) != step {
 				continue
 			}
@@ -164,7 +184,31 @@ func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
 	}
 	sim.Makespan = end - origin
 	sim.Idle = sim.Makespan*float64(n) - sim.Compute
+	var lat, busy []float64
+	for k, snd := range sends {
+		busy = append(busy, snd[1]-snd[0])
+		if rcv, ok := recvs[k]; ok && rcv[0] <= snd[0] {
+			lat = append(lat, max(0, rcv[1]-snd[0]))
+		}
+	}
+	tr.Latency, tr.SendBusy = medianOf(lat), medianOf(busy)
 	return tr, nil
+}
+
+// medianOf is the median of xs, 0 for none; xs is sorted in place.
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	return xs[len(xs)/2]
+}
+
+// transfer names one message of a step: activations ("act") or gradients
+// ("grad") of a chunk's micro-batch, as the sending chunk numbers it.
+type transfer struct {
+	kind         string
+	chunk, micro int
 }
 
 func num(x any) float64 {

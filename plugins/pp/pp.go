@@ -138,7 +138,10 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 		case RecvAct:
 			x, _ := t.Train.Batch(step, a.Micro, t.DataRank, t.DataSize, B, A)
 			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
-			if err = o.group.Recv(sl.in, a.Peer); err == nil {
+			span := o.commSpan(t, "recv", "act", a.Chunk-1, a.Micro, step)
+			err = o.group.Recv(sl.in, a.Peer)
+			span.End()
+			if err == nil {
 				sl.in.RequiresGrad()
 			}
 		case Forward:
@@ -153,10 +156,14 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 				lossSum += sl.out.Scalar()
 			}
 		case SendAct:
+			span := o.commSpan(t, "send", "act", a.Chunk, a.Micro, step)
 			err = o.group.Send(sl.out, a.Peer)
+			span.End()
 		case RecvGrad:
 			sl.gradOut = t.Alloc.New(tensor.Activations, tensor.Float32, sl.out.Shape()...)
+			span := o.commSpan(t, "recv", "grad", a.Chunk+1, a.Micro, step)
 			err = o.group.Recv(sl.gradOut, a.Peer)
+			span.End()
 		case Backward:
 			if a.Chunk == last {
 				// Each micro-batch contributes 1/A of the step's mean loss.
@@ -184,7 +191,9 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 				err = t.PostGrad(info)
 			}
 		case SendGrad:
+			span := o.commSpan(t, "send", "grad", a.Chunk, a.Micro, step)
 			err = o.group.Send(sl.in.Grad, a.Peer)
+			span.End()
 		}
 		if err != nil {
 			return 0, fmt.Errorf("pp: stage %d, action %d of step %d (%s): %w", o.rank, n, step, a, err)
@@ -223,6 +232,13 @@ func (o *Pipeline) slotDone(a Action) bool {
 func (o *Pipeline) span(t *trainer.Trainer, a Action, step int) trace.Span {
 	return t.Trace.Begin(a.Kind.String(), traceCat, trace.Compute).
 		With("step", step).With("chunk", a.Chunk).With("micro", a.Micro)
+}
+
+// commSpan traces a transfer between stages; chunk is the sending
+// chunk's, on both sides, so FromTrace can pair the two ends.
+func (o *Pipeline) commSpan(t *trainer.Trainer, name, kind string, chunk, micro, step int) trace.Span {
+	return t.Trace.Begin(name, commCat, trace.Comm).
+		With("step", step).With("kind", kind).With("chunk", chunk).With("micro", micro)
 }
 
 // forward runs this rank's chunk k on one micro-batch: from the token ids
