@@ -53,14 +53,14 @@ func TestBenchLayouts(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	cmd := exec.Command(bin, "bench", "layouts", "--nproc", "2", "--steps", "3", "--repeats", "1",
-		"--n_layer", "1", "--n_embd", "32", "--block_size", "16", "--batch", "4")
+		"--n_layer", "4", "--n_embd", "32", "--block_size", "16", "--batch", "8")
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Run(), "%s", stderr.String())
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
-	for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP"} {
+	for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1"} {
 		row := lines[2+i]
 		require.True(t, strings.HasPrefix(row, name), row)
 		if i > 0 {
