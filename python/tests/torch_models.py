@@ -121,6 +121,48 @@ def launch(cli, nproc, args, tmp_path, env=None, timeout=120):
         return json.load(f)
 
 
+class DeepModel(torch.nn.Module):
+    """For the overlap test: a wide first layer whose backward is long,
+    behind several small layers whose buckets are announced before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = torch.nn.Linear(384, 384)
+        self.small = torch.nn.ModuleList([torch.nn.Linear(384, 384) for _ in range(3)])
+
+    def forward(self, x):
+        h = torch.tanh(self.wide(x))
+        for m in self.small:
+            h = torch.tanh(m(h))
+        return h.pow(2).mean()
+
+
+def overlap_worker(args):
+    """Trains DeepModel a few steps with a trace; rank 0 writes the trace
+    path, each step's grad data_ptrs and whether each lies in a bucket."""
+    torch.set_num_threads(1)
+    from tinyacc import Accelerator
+    acc = Accelerator(args["config"])
+    torch.manual_seed(0)
+    model = DeepModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    ptrs = []
+    for _ in range(args["steps"]):
+        x = torch.randn(1024, 384)
+        acc.backward(model(x))
+        ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    spans = [(b.data_ptr(), b.data_ptr() + 4 * b.numel()) for b in model._engine.buckets]
+    inside = {n: any(a <= p.grad.data_ptr() and p.grad.data_ptr() + 4 * p.numel() <= b for a, b in spans)
+              for n, p in model.named_parameters()}
+    acc.end_training()
+    if acc.is_main_process:
+        with open(args["out"], "w") as f:
+            json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans)}, f)
+
+
 def worker(args):
     """Trains RefModel through the Accelerator with args: opt, steps,
     batch (per rank), grad_accum, clip, config (a dict for Accelerator),
@@ -161,4 +203,5 @@ def worker(args):
 
 
 if __name__ == "__main__":
-    worker(json.loads(sys.argv[1]))
+    a = json.loads(sys.argv[1])
+    overlap_worker(a) if a.get("overlap") else worker(a)
