@@ -147,3 +147,20 @@ def test_gpt_path_sync_gradients_follows_the_same_rule():
         with acc.accumulate():
             seen.append(acc.sync_gradients)
     assert seen == [False, True, False, True]
+
+
+def test_memory_rows_count_what_the_engine_holds():
+    """params and grads: every parameter once (the tied one too); AdamW:
+    two moments per parameter plus a 4-byte step each; activations: the
+    input a Linear saves for its weight gradient (its weight is a parameter
+    and not counted)."""
+    m = torch.nn.Linear(4, 3)
+    acc = Accelerator()
+    pm, opt = acc.prepare(m, torch.optim.AdamW(m.parameters()))
+    acc.backward(pm(torch.ones(5, 4)).sum())
+    opt.step()
+    mem = acc.memory()
+    assert mem["params_bytes"] == mem["grads_bytes"] == 4 * (12 + 3)
+    assert mem["optim_bytes"] == 2 * 4 * (12 + 3) + 2 * 4
+    assert mem["activations_peak_bytes"] == 5 * 4 * 4
+    assert mem["rss_peak_bytes"] > 0

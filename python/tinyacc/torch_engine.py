@@ -45,10 +45,16 @@ class TorchEngine(abc.ABC):
     parameter whole (collective: every rank calls it).
 
     ``optimizer_state_dict()`` / ``load_optimizer_state_dict(sd)``: the
-    optimizer's state as this engine saves and restores it.
+    optimizer's state as this engine saves and restores it. save_state
+    calls optimizer_state_dict on every rank (it may be collective) and
+    writes rank 0's result; load_state gives that to every rank.
 
     ``load_model_state(sd)``: copies the tensors of sd (module names) into
     the parameters.
+
+    Optional: ``write_trace(path)`` (this rank's trace, when the config's
+    ``trace`` is set) and ``close()`` (release what was registered), both
+    called by ``end_training``.
 
     ``memory()``: this rank's bytes, ``dict(params_bytes=..., grads_bytes=...,
     optim_bytes=...)``, from what the engine registered or shards.
