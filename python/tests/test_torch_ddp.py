@@ -2,6 +2,7 @@
 one process does with the global batch (losses 1e-5 relative, weights 1e-4
 norm-wise), bucketed and naive."""
 
+import json
 import os
 
 import pytest
@@ -28,6 +29,9 @@ def weight_error(got, want):
 def test_ddp_matches_one_process(cli, tmp_path, nproc, grad_accum, opt, clip, mode):
     # Tiny buckets: the model's 17 parameter tensors spread over several.
     cfg = {"zero": {"stage": 0}, "ddp": {"mode": mode, "bucket_mb": 0.0004, "first_bucket_mb": 0.0001}}
+    trace = os.path.join(str(tmp_path), "trace.json")
+    if mode == "bucketed":
+        cfg["trace"] = trace
     got = launch(cli, nproc, {"opt": opt, "steps": STEPS, "batch": BATCH, "grad_accum": grad_accum,
                               "clip": clip, "config": cfg}, tmp_path)
     losses, norms, want = reference(opt, STEPS, BATCH * nproc * grad_accum, clip)
@@ -40,6 +44,15 @@ def test_ddp_matches_one_process(cli, tmp_path, nproc, grad_accum, opt, clip, mo
             assert abs(a - b) <= 1e-5 * b, (got["norms"], norms)
         assert min(norms) > clip, "clipping must be active in every step"
     assert weight_error(got["weights"], want) <= 1e-4
+    if mode == "bucketed":
+        # Micro-batches that do not sync communicate nothing: one round of
+        # bucket all-reduces per optimizer step.
+        with open(os.path.join(str(tmp_path), "trace.rank0.json")) as f:
+            names = [e["name"] for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        assert names.count("buckets wait") == STEPS
+        per_round = names.count("all-reduce bucket 0")
+        assert per_round == STEPS
+        assert sum(n.startswith("all-reduce bucket") for n in names) % STEPS == 0
     # save_model: the module's own names, each shared tensor once under
     # its first name.
     saved = read_model_file(os.path.join(str(tmp_path), "model", "model.safetensors"))
