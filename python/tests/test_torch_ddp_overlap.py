@@ -1,10 +1,13 @@
 """Bucketed DDP overlaps communication with backward: from the reducer's
 trace, a bucket's all-reduce finishes before the last bucket is announced
 (which happens inside backward, from an accumulator hook); gradients stay
-views into their buckets across steps."""
+views into their buckets across steps. And the prepared loader's sharding
+and padding across real ranks."""
 
 import json
 import os
+
+import torch
 
 from torch_models import launch
 
@@ -41,3 +44,16 @@ def test_a_bucket_finishes_before_backward_returns(cli, tmp_path):
     # .grad is the same view into its bucket at every step.
     assert all(got["inside"].values()), got["inside"]
     assert got["ptrs"][0] == got["ptrs"][1] == got["ptrs"][2]
+
+
+def test_sharded_loader_pads_and_gather_for_metrics_drops_the_padding(cli, tmp_path):
+    """10 samples, batch 2 on 2 ranks: 3 batches each (the last global
+    batch padded with samples from the start); gathered for metrics, every
+    sample once, in the order one process reads them with batch 4."""
+    got = launch(cli, 2, {"metrics": True, "n": 10, "batch": 2, "shuffle": True}, tmp_path)
+    assert got["batches"] == 3
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(11)).tolist()
+    assert got["gathered"] == perm
+    # Rank 0 read batches 0, 2, 4 of the padded order, rank 1 batches 1, 3, 5.
+    padded = perm + perm[:2]
+    assert got["read"] == sum((padded[k * 2:k * 2 + 2] for k in (0, 2, 4)), []) + sum((padded[k * 2:k * 2 + 2] for k in (1, 3, 5)), [])

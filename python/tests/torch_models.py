@@ -163,6 +163,25 @@ def overlap_worker(args):
             json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans)}, f)
 
 
+def metrics_worker(args):
+    """Iterates a prepared loader over sample ids 0..n-1 (shuffled when
+    asked) and gathers them for metrics; rank 0 writes what it gathered
+    and what each rank read."""
+    from tinyacc import Accelerator
+    acc = Accelerator({"train": {"seed": 11}})
+    ds = torch.utils.data.TensorDataset(torch.arange(args["n"]))
+    loader = acc.prepare(torch.utils.data.DataLoader(ds, batch_size=args["batch"], shuffle=args["shuffle"]))
+    gathered, read = [], []
+    for (ids,) in loader:
+        read.append(ids.tolist())
+        gathered.extend(acc.gather_for_metrics(ids).tolist())
+    everyone = acc.gather(torch.tensor(sum(read, []))).tolist()
+    acc.end_training()
+    if acc.is_main_process:
+        with open(args["out"], "w") as f:
+            json.dump({"gathered": gathered, "read": everyone, "batches": len(read)}, f)
+
+
 def worker(args):
     """Trains RefModel through the Accelerator with args: opt, steps,
     batch (per rank), grad_accum, clip, config (a dict for Accelerator),
@@ -204,4 +223,9 @@ def worker(args):
 
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    overlap_worker(a) if a.get("overlap") else worker(a)
+    if a.get("overlap"):
+        overlap_worker(a)
+    elif a.get("metrics"):
+        metrics_worker(a)
+    else:
+        worker(a)
