@@ -91,6 +91,10 @@ func kindName(obj any) string {
 		return "session"
 	case *lossObj:
 		return "loss"
+	case *bufferObj:
+		return "buffer"
+	case *reducerObj:
+		return "reducer"
 	}
 	return fmt.Sprintf("%T", obj)
 }

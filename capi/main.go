@@ -9,7 +9,9 @@
 //     no Go pointer ever reaches the caller and a stale or forged handle is a
 //     lookup failure instead of a crash.
 //   - Caller memory is passed as pointer + element count and is read or
-//     written only while the call runs; nothing keeps it afterwards.
+//     written only while the call runs; nothing keeps it afterwards, except
+//     buffers the caller registers (buckets.go), which stay borrowed until
+//     their handle is freed.
 //   - Every function returns an int status: 0 on success, a negative
 //     TINYACC_ERR_* kind on failure, with the message available from
 //     tinyacc_last_error() on the same thread. Panics are recovered in every
@@ -39,7 +41,7 @@ const Version = "0.1.0"
 
 // ABIVersion changes whenever an exported signature or a status code
 // changes meaning; tinyacc.h carries the same number.
-const ABIVersion = 3
+const ABIVersion = 4
 
 // Status codes; tinyacc.h mirrors them as TINYACC_OK and TINYACC_ERR_*.
 const (

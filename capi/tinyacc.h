@@ -11,7 +11,8 @@
  *     never reused: a freed handle stays invalid, and using one is an error
  *     status (TINYACC_ERR_HANDLE), never a crash.
  *   - Caller buffers are passed as pointer + element count and are read or
- *     written only during the call.
+ *     written only during the call, except registered buffers (below),
+ *     which the library may use until their handle is freed.
  *   - Every function except the three string/int getters returns a status:
  *     TINYACC_OK (0) or a negative TINYACC_ERR_* kind. tinyacc_last_error()
  *     then returns the message of the last failure on the calling thread.
@@ -28,7 +29,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or the meaning of a status changes. */
-#define TINYACC_ABI_VERSION 3
+#define TINYACC_ABI_VERSION 4
 
 typedef int64_t tinyacc_handle;
 
@@ -270,6 +271,41 @@ int tinyacc_broadcast(float *buf, int64_t n, int32_t root);
 
 /* Returns once every rank has entered it. */
 int tinyacc_barrier(void);
+
+/* ---- Registered buffers and the bucketed gradient reducer -------------- */
+/* For frameworks that compute gradients themselves (ABI version 4). The
+ * caller lays its gradients out in float32 buckets it owns and registers
+ * each bucket once; the library reads and writes that memory in place,
+ * from its own thread, until the buffer's handle is freed (tinyacc_free
+ * waits for an all-reduce still using it). The library never hands its
+ * own memory to the caller. */
+
+/* Registers data (n floats, n > 0), owned by the caller and kept valid by
+ * it until tinyacc_free(*out). */
+int tinyacc_buffer_register(float *data, int64_t n, tinyacc_handle *out);
+
+/* A reducer over n registered buffers (bucket i is buffers[i]) on the world
+ * group: each round averages every bucket over the ranks. timeout_s (> 0,
+ * comm.timeout) bounds tinyacc_buckets_wait; traced != 0 records a span per
+ * bucket for tinyacc_reducer_trace. */
+int tinyacc_reducer_new(const tinyacc_handle *buffers, int64_t n, double timeout_s, int32_t traced, tinyacc_handle *out);
+
+/* Bucket `bucket`'s gradients are final on this rank: its all-reduce (an
+ * average over the ranks) starts on a library thread as soon as every
+ * bucket before it is ready too (so all ranks issue them in the same
+ * order), and this call returns at once. Each bucket at most once per
+ * round. */
+int tinyacc_bucket_ready(tinyacc_handle reducer, int64_t bucket);
+
+/* Starts the buckets not announced this round (their memory reduced as it
+ * is), blocks until every all-reduce of the round is done, and begins the
+ * next round. After timeout_s it fails with TINYACC_ERR_COMM naming the
+ * rank and the unfinished buckets, and the reducer stays unusable. */
+int tinyacc_buckets_wait(tinyacc_handle reducer);
+
+/* Writes the reducer's spans (bucket ready, all-reduce bucket i, buckets
+ * wait) as a Chrome trace to path. */
+int tinyacc_reducer_trace(tinyacc_handle reducer, const char *path);
 
 #ifdef __cplusplus
 }

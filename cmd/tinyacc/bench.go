@@ -23,7 +23,7 @@ import (
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|pp|soak|ckpt|process [flags]")
+		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|pp|soak|ckpt|process|torch [flags]")
 	}
 	switch args[0] {
 	case "step":
@@ -42,8 +42,10 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return benchCkpt(args[1:], stdout, stderr)
 	case "process":
 		return benchProcess(args[1:], stdout, stderr)
+	case "torch":
+		return benchTorch(args[1:], stdout, stderr)
 	}
-	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, pp, soak, ckpt, process)", args[0])
+	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, pp, soak, ckpt, process, torch)", args[0])
 }
 
 // benchShape is the GPT both sides of `bench step` train.

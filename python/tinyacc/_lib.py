@@ -20,7 +20,7 @@ STATUS_NAMES = {
 }
 ERR_HANDLE = -2
 ERR_CONFIG = -3
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 class TinyaccError(RuntimeError):
@@ -125,6 +125,11 @@ _SIGNATURES = {
     "tinyacc_reduce_scatter": (_c, [_f32p, i64, _f32p, i64, i32]),
     "tinyacc_broadcast": (_c, [_f32p, i64, i32]),
     "tinyacc_barrier": (_c, []),
+    "tinyacc_buffer_register": (_c, [ctypes.c_void_p, i64, P(i64)]),
+    "tinyacc_reducer_new": (_c, [P(i64), i64, f64, i32, P(i64)]),
+    "tinyacc_bucket_ready": (_c, [i64, i64]),
+    "tinyacc_buckets_wait": (_c, [i64]),
+    "tinyacc_reducer_trace": (_c, [i64, _s]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():

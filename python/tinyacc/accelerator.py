@@ -30,6 +30,13 @@ class Accelerator:
         self._rank, self._world = dist.init()
         self._session = None
         self._model = self._optimizer = self._loader = None
+        # Accelerate's gradient state: sync_gradients is set when an
+        # accumulate() block is entered and stays constant inside it.
+        self._sync = True
+        self._accum_step = 0
+        self._end_of_dataloader = False
+        self._last_loader = None
+        self._torch = None  # torch_accelerator.TorchState once torch objects are prepared
 
     # -- where this process is -------------------------------------------------
 
@@ -63,10 +70,20 @@ class Accelerator:
 
     @property
     def sync_gradients(self):
-        """Whether the next optimizer.step() updates the weights."""
-        if self._session is None:
-            return True
-        return self._session.state()[1] + 1 >= self._session.grad_accum
+        """Whether this micro-batch ends an accumulation: its gradients are
+        communicated and optimizer.step() updates the weights. Set when an
+        accumulate() block is entered (True on every grad_accum-th
+        micro-batch and on the loader's last batch); True outside any."""
+        return self._sync
+
+    def _do_sync(self):
+        """Accelerate's rule, applied on entering accumulate()."""
+        if self._end_of_dataloader:
+            self._accum_step = 0
+            self._sync = True
+        else:
+            self._accum_step += 1
+            self._sync = self._accum_step % max(1, self.gradient_accumulation_steps) == 0
 
     def print(self, *args, **kwargs):
         """print() on the main process only."""
@@ -78,7 +95,16 @@ class Accelerator:
     def prepare(self, *objects):
         """Joins a GPT, an optimizer and a TextDataLoader (any subset, any
         order, the model required) into one trainer session under this
-        config; returns the objects in the order given."""
+        config; returns the objects in the order given.
+
+        torch objects (torch.nn.Module, torch.optim.Optimizer,
+        torch.utils.data.DataLoader, any mix and order) come back wrapped as
+        objects of the same kinds, the model's distributed work done by the
+        engine (see torch_accelerator)."""
+        if any(_is_torch(o) for o in objects):
+            from . import torch_accelerator
+            out = torch_accelerator.prepare(self, objects)
+            return out[0] if len(out) == 1 else tuple(out)
         models = [o for o in objects if isinstance(o, GPT)]
         opts = [o for o in objects if isinstance(o, Optimizer)]
         loaders = [o for o in objects if isinstance(o, TextDataLoader)]
@@ -107,31 +133,53 @@ class Accelerator:
         return objects[0] if len(objects) == 1 else objects
 
     def unwrap_model(self, model):
-        return model
+        return getattr(model, "module", model) if self._torch is not None else model
 
     # -- the step --------------------------------------------------------------
 
-    def backward(self, loss):
+    def backward(self, loss, **kwargs):
         """Accumulates loss's gradients (scaled by 1/grad_accum)."""
+        if self._torch is not None and not isinstance(loss, Loss):
+            return self._torch.backward(loss, **kwargs)
         if not isinstance(loss, Loss):
             raise TypeError("tinyacc: backward needs the loss a model returned, not %s" % type(loss).__name__)
         loss.backward()
 
     @contextlib.contextmanager
     def accumulate(self, *models):
-        """Gradient accumulation context. The session counts micro-batches
-        itself (optimizer.step() updates every grad_accum backward passes),
-        so the loop body needs nothing more."""
-        yield
+        """Gradient accumulation context: sets sync_gradients for this
+        micro-batch (see there). For the engine's GPT the session counts
+        micro-batches itself (optimizer.step() updates every grad_accum
+        backward passes); a torch model's engine communicates nothing on a
+        micro-batch that does not sync, and its prepared optimizer's step()
+        and zero_grad() do nothing there."""
+        self._do_sync()
+        if self._torch is None:
+            yield
+            return
+        self._torch.set_sync(self._sync)
+        with contextlib.ExitStack() as stack:
+            if not self._sync:
+                for m in models:
+                    stack.enter_context(self.no_sync(m))
+            yield
 
     @contextlib.contextmanager
     def no_sync(self, model):
-        yield
+        """Gradients accumulate locally inside (torch models: no
+        communication); the next syncing backward averages them all."""
+        if self._torch is None:
+            yield
+            return
+        with self._torch.no_sync(model):
+            yield
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
         """Clips the accumulated gradients to global norm max_norm and
         returns the norm before clipping (train.grad_clip also clips at
         every step)."""
+        if self._torch is not None:
+            return self._torch.clip_grad_norm_(parameters, max_norm, norm_type)
         if norm_type != 2:
             raise ValueError("tinyacc: only the 2-norm is supported")
         return self._require_session().clip_grad_norm(max_norm)
@@ -152,11 +200,59 @@ class Accelerator:
 
     def gather(self, tensor):
         """tensor from every rank, concatenated along the first dimension."""
+        if _is_torch(tensor):
+            from . import torch_prepare
+            return torch_prepare.all_gather(tensor)
         return dist.all_gather(_as_tensor(tensor))
+
+    def gather_for_metrics(self, tensor):
+        """gather, without the samples a prepared torch DataLoader repeated
+        to pad its last batches (on its last batch)."""
+        out = self.gather(tensor)
+        ld = self._last_loader
+        if self._end_of_dataloader and ld is not None and ld.remainder > 0:
+            return out[:ld.remainder]
+        return out
 
     def reduce(self, tensor, reduction="sum"):
         """The reduction ("sum", "mean", "max", "min") of tensor over ranks."""
+        if _is_torch(tensor):
+            from . import torch_prepare
+            return torch_prepare.all_reduce(tensor, dist._op(reduction))
         return dist.all_reduce(_as_tensor(tensor), reduction)
+
+    def split_between_processes(self, inputs, apply_padding=False):
+        """A context yielding this rank's contiguous share of inputs (a list,
+        tuple, tensor or dict of them); the first len % N ranks get one more
+        (apply_padding: the last element repeated so all get as many)."""
+        from .torch_accelerator import split_between_processes
+        return split_between_processes(self, inputs, apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        """The main process runs the block first, the others after it."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    def save_model(self, model, save_directory, safe_serialization=True):
+        """Writes the prepared torch model's weights (whole, under the
+        module's own names, a shared tensor once under its first name) to
+        save_directory/model.safetensors. Every rank must call it."""
+        if self._torch is None:
+            raise RuntimeError("tinyacc: save_model takes a prepared torch model; a GPT saves with model.save(path)")
+        return self._torch.save_model(model, save_directory)
+
+    def memory(self):
+        """This rank's memory rows for a prepared torch model: params_bytes,
+        grads_bytes, optim_bytes (what the engine registered or shards),
+        activations_peak_bytes (saved tensors autograd kept, at their peak)
+        and rss_peak_bytes (the process's resident peak)."""
+        if self._torch is None:
+            raise RuntimeError("tinyacc: memory() reports on prepared torch models")
+        return self._torch.memory()
 
     # -- checkpoints -----------------------------------------------------------
 
@@ -166,18 +262,33 @@ class Accelerator:
         (output_dir/step-NNNNNNN and a latest pointer). Every rank must
         call it; each writes only the pieces it owns, and any number of
         ranks at any ZeRO stage can load it."""
+        if self._torch is not None:
+            return self._torch.save_state(output_dir)
         self._require_session().save_checkpoint(output_dir)
 
     def load_state(self, input_dir):
         """Restores what save_state wrote, whatever layout wrote it;
         training resumes at its step (the data loader continues from there
         too) with the optimizer exactly where it was."""
+        if self._torch is not None:
+            return self._torch.load_state(input_dir)
         step = self._require_session().load_checkpoint(input_dir)
         if self._loader is not None:
             self._loader.start_step = step
 
     def end_training(self):
+        if self._torch is not None:
+            self._torch.close()
         dist.finalize()
+
+
+def _is_torch(o):
+    """Whether o is a torch object, without importing torch."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    return isinstance(o, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader))
 
 
 def _as_tensor(t):
