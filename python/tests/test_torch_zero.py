@@ -24,8 +24,8 @@ def launch(cli, nproc, script, *args):
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_zero_stages_match_one_process(cli, nproc):
-    text = launch(cli, nproc, "torch_zero_equiv.py", "1,2")
-    for stage in (1, 2):
+    text = launch(cli, nproc, "torch_zero_equiv.py", "1,2,3")
+    for stage in (1, 2, 3):
         for opt in ("adamw", "sgd"):
             for accum in (1, 3):
                 tag = "ok stage=%d opt=%s accum=%d world=%d" % (stage, opt, accum, nproc)

@@ -56,10 +56,12 @@ def broadcast_(buf, src):
     check(lib.tinyacc_broadcast(_ptr(buf), buf.numel(), int(src)))
 
 
-def balance(sizes, world):
+def balance(sizes, world, load=None):
     """Owner rank of each item: largest first, onto the least loaded rank
-    (ties to the lower rank), so max load <= total / world + max(sizes)."""
-    load = [0] * world
+    (ties to the lower rank), so max load <= total / world + max(sizes).
+    load (updated in place) carries the ranks' loads from earlier groups,
+    so many small groups still spread evenly."""
+    load = [0] * world if load is None else load
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         k = min(range(world), key=lambda k: (load[k], k))
@@ -75,11 +77,11 @@ class ShardGroup:
     shard is this rank's gradient block (B floats, allocated once).
     """
 
-    def __init__(self, indices, params, rank, world):
+    def __init__(self, indices, params, rank, world, load=None):
         self.indices = list(indices)
         self.rank, self.world = rank, world
         sizes = [params[i].numel() for i in self.indices]
-        owners = balance(sizes, world)
+        owners = balance(sizes, world, load)
         self.owner = {i: owners[j] for j, i in enumerate(self.indices)}
         self.layout = [[] for _ in range(world)]
         fill = [0] * world

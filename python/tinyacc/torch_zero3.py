@@ -1,0 +1,255 @@
+"""ZeRO-3 for torch models: the parameters themselves are sharded.
+
+The model is cut into units by the wrap policy (`zero.wrap`: module class
+names, outermost match; default: each direct child of the root), plus one
+unit for the parameters no such module holds (the root's own, and those
+of modules outside every unit). Each unit's parameters form a shard group
+(torch_zero_shard): every parameter is owned whole by one rank, which
+alone keeps its data between uses; on the others its .data is an empty
+tensor.
+
+  forward   a unit's forward pre-hook all-gathers what it uses, its forward
+            hook frees it again and wraps its outputs in Regather, an
+            identity whose backward all-gathers the unit once more before
+            the unit's own backward runs.
+  backward  when every trainable parameter of a unit has its gradient
+            (the gradient accumulators' hooks tell), the unit's gradients
+            are reduce-scattered into the owners' shards (summed over
+            micro-batches), the whole gradients dropped and the parameters
+            freed. Units are reduced in one fixed order (the reverse of the
+            units' order, the root's unit last) so that every rank issues
+            the same collectives in the same order: a unit that is not
+            complete (a parameter unused in this backward) holds back the
+            ones after it until after_backward flushes them.
+
+A parameter shared by several units belongs to the first unit that holds
+it; once gathered it stays gathered through the forward and until its
+gradient is final (its accumulator runs once per backward, after every
+user's contribution), which is when its own unit is reduced and freed.
+"""
+
+import torch
+
+from .torch_zero_shard import ShardGroup
+
+
+class Unit:
+    def __init__(self, name, module, uses):
+        self.name, self.module, self.uses = name, module, uses
+        self.group = None
+        self.members = []
+
+
+class Regather(torch.autograd.Function):
+    """Identity on a unit's outputs; its backward gathers the unit."""
+
+    @staticmethod
+    def forward(ctx, z3, unit, *xs):
+        ctx.z3, ctx.unit = z3, unit
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.z3.ensure(ctx.unit.uses)
+        return (None, None) + grads
+
+
+def _map_tensors(out, fn):
+    """out with its tensors (in tuples, lists, dicts) replaced through fn,
+    which takes and returns the list of them in order."""
+    found = []
+
+    def collect(o):
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+        elif isinstance(o, (tuple, list)):
+            for v in o:
+                collect(v)
+        elif isinstance(o, dict):
+            for v in o.values():
+                collect(v)
+    collect(out)
+    if not found:
+        return out
+    new = iter(fn(found))
+
+    def rebuild(o):
+        if isinstance(o, torch.Tensor):
+            return next(new)
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return type(o)(*[rebuild(v) for v in o])
+        if isinstance(o, (tuple, list)):
+            return type(o)(rebuild(v) for v in o)
+        if isinstance(o, dict):
+            return type(o)((k, rebuild(v)) for k, v in o.items())
+        return o
+    return rebuild(out)
+
+
+class Stage3:
+    def __init__(self, engine, wrap):
+        self.e = engine
+        params, index = engine.params, engine.index
+        root = engine.module
+        if wrap:
+            names = set([wrap] if isinstance(wrap, str) else wrap)
+            mods = []
+
+            def walk(m, prefix):
+                for n, c in m.named_children():
+                    full = prefix + n
+                    if type(c).__name__ in names:
+                        mods.append((full, c))
+                    else:
+                        walk(c, full + ".")
+            walk(root, "")
+        else:
+            mods = list(root.named_children())
+        self.units = []
+        inside = set()
+        for name, m in mods:
+            uses = []
+            for p in m.parameters():
+                if index[id(p)] not in uses:
+                    uses.append(index[id(p)])
+            self.units.append(Unit(name, m, uses))
+            inside.update(id(s) for s in m.modules())
+        rest = []
+        for m in root.modules():
+            if id(m) in inside:
+                continue
+            for p in m._parameters.values():
+                if p is not None and index[id(p)] not in rest:
+                    rest.append(index[id(p)])
+        self.root_unit = Unit("<root>", root, rest) if rest else None
+        if self.root_unit is not None:
+            self.units.append(self.root_unit)
+        # Owner unit: the first that uses a parameter; shared: used by more.
+        users = {}
+        for u in self.units:
+            for i in u.uses:
+                users.setdefault(i, []).append(u)
+        self.shared = {i for i, us in users.items() if len(us) > 1}
+        for i in range(len(params)):
+            if i not in users:  # a parameter of no unit's modules: cannot happen, kept whole-safe
+                raise ValueError("tinyacc: parameter %s belongs to no ZeRO-3 unit" % engine.names[i])
+            users[i][0].members.append(i)
+        self.groups = []
+        load = [0] * engine.world
+        for u in self.units:
+            u.group = ShardGroup(u.members, params, engine.rank, engine.world, load)
+            u.trainable = [i for i in u.members if params[i].requires_grad]
+            self.groups.append(u.group)
+        self.order = [u for u in reversed(self.units) if u is not self.root_unit]
+        if self.root_unit is not None:
+            self.order.append(self.root_unit)
+        self.unit_of = {i: u for u in self.units for i in u.members}
+        # full[i]: parameter i is whole on every rank now. It changes the
+        # same way on all ranks (owners keep their data regardless), so
+        # every rank decides the same gathers.
+        self.full = [True] * len(params)
+        self.shapes = [p.shape for p in params]
+        self.owner = {i: u.group.owner[i] for u in self.units for i in u.members}
+        self.ready = set()
+        self.next = 0
+        self.free(range(len(params)))
+        for u in self.units:
+            m = u.module
+            m.register_forward_pre_hook(self._pre_hook(u))
+            m.register_forward_hook(self._post_hook(u))
+
+    # -- gathering and freeing ----------------------------------------------------
+
+    def ensure(self, needed):
+        """Gathers every parameter of needed that is not whole here (one
+        all-gather per unit group that has one missing)."""
+        missing = {}
+        for i in needed:
+            if not self.full[i]:
+                missing.setdefault(self.unit_of[i], []).append(i)
+        for u in self.units:
+            if u in missing:
+                self._gather(u.group, missing[u])
+
+    def _gather(self, group, want):
+        params = self.e.params
+        dest = {i: torch.empty(self.shapes[i]).view(-1) for i in want if self.owner[i] != self.e.rank}
+        self.e.buckets.all_gather(group, lambda i: params[i].data.view(-1), dest.get)
+        for i in want:
+            if i in dest:
+                params[i].data = dest[i].view(self.shapes[i])
+            self.full[i] = True
+
+    def free(self, indices, keep_shared=False):
+        params = self.e.params
+        for i in indices:
+            if self.full[i] and not (keep_shared and i in self.shared):
+                if self.owner[i] != self.e.rank:
+                    params[i].data = torch.empty(0)
+                self.full[i] = False
+
+    def free_all(self):
+        self.free(range(len(self.e.params)))
+
+    def gather_whole(self):
+        """Every parameter whole (a copy), on every rank: collective."""
+        params = self.e.params
+        out = {}
+        for u in self.units:
+            dest = {i: torch.empty(self.shapes[i]).view(-1) for i in u.members if self.owner[i] != self.e.rank}
+            self.e.buckets.all_gather(u.group, lambda i: params[i].data.view(-1), dest.get)
+            for i in u.members:
+                out[i] = dest[i].view(self.shapes[i]) if i in dest else params[i].detach().clone()
+        return out
+
+    # -- hooks --------------------------------------------------------------------
+
+    def _pre_hook(self, u):
+        def hook(module, args):
+            self.ensure(u.uses)
+        return hook
+
+    def _post_hook(self, u):
+        def hook(module, args, out):
+            self.free(u.members, keep_shared=True)
+            if not torch.is_grad_enabled():
+                return out
+            return _map_tensors(out, lambda ts: self._regather(u, ts))
+        return hook
+
+    def _regather(self, u, ts):
+        live = [j for j, t in enumerate(ts) if t.requires_grad]
+        if not live:
+            return ts
+        outs = Regather.apply(self, u, *[ts[j] for j in live])
+        ts = list(ts)
+        for j, o in zip(live, outs):
+            ts[j] = o
+        return ts
+
+    def grad_ready(self, i):
+        """A parameter's gradient is final for this backward: reduce the
+        units, in the fixed order, that are now complete."""
+        self.ready.add(i)
+        while self.next < len(self.order):
+            u = self.order[self.next]
+            if any(j not in self.ready for j in u.trainable):
+                break
+            self._reduce(u)
+            self.next += 1
+
+    def _reduce(self, u):
+        params = self.e.params
+        self.e.buckets.reduce_scatter(u.group, self.e._local_grad, u.group.shard, accumulate=True)
+        for i in u.members:
+            params[i].grad = None
+        self.free([i for i in u.members if params[i].requires_grad])
+
+    def flush(self):
+        """After backward: reduce the units not reduced yet, free all."""
+        while self.next < len(self.order):
+            self._reduce(self.order[self.next])
+            self.next += 1
+        self.next = 0
+        self.ready = set()
+        self.free_all()
