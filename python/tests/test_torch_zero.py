@@ -30,3 +30,69 @@ def test_zero_stages_match_one_process(cli, nproc):
             for accum in (1, 3):
                 tag = "ok stage=%d opt=%s accum=%d world=%d" % (stage, opt, accum, nproc)
                 assert text.count(tag) == nproc, "%s missing from\n%s" % (tag, text)
+
+
+def _engine(model, opt, stage=2):
+    import types
+    from tinyacc.torch_zero import ZeroEngine
+    acc = types.SimpleNamespace(process_index=0, num_processes=1, config={"zero": {"stage": stage}})
+    return ZeroEngine(acc, model, opt, stage)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_world_of_one_matches_plain_torch(stage):
+    import torch_zero_equiv as t
+    for opt, accum in (("adamw", 3), ("sgd", 1)):
+        ref = t.reference(opt, 1, accum)
+        got = t.run(stage, opt, accum, 0, 1)
+        t.check_run("stage=%d opt=%s accum=%d world=1" % (stage, opt, accum), got, *ref)
+    # zero.wrap by class name: the Head module is one unit, the rest the root's.
+    got = t.run(3, "adamw", 3, 0, 1, wrap=["Head"])
+    t.check_run("wrap=Head", got, *t.reference("adamw", 1, 3))
+
+
+def test_misuse_is_refused_naming_the_parameter():
+    import torch
+    import torch.nn as nn
+
+    m = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).double())
+    with pytest.raises(TypeError, match=r"parameter 1\.weight is torch\.float64; only float32"):
+        _engine(m, torch.optim.SGD(m.parameters(), lr=0.1))
+    m = nn.Linear(3, 4)
+    m.weight = nn.Parameter(torch.randn(3, 4).t())
+    with pytest.raises(ValueError, match="parameter weight is not contiguous"):
+        _engine(m, torch.optim.SGD(m.parameters(), lr=0.1))
+    m = nn.Linear(3, 4)
+    with pytest.raises(ValueError, match="zero.stage 1, 2 or 3, got 4"):
+        _engine(m, torch.optim.SGD(m.parameters(), lr=0.1), stage=4)
+    other = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"optimizer holds a tensor of shape \(2, 2\) that is not a parameter"):
+        _engine(m, torch.optim.SGD(list(m.parameters()) + list(other.parameters()), lr=0.1))
+    eng = _engine(m, torch.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match=r"optimizer.step\(\) was called before any backward"):
+        eng.wrap_optimizer().step()
+    with pytest.raises(ValueError, match=r"clip_grad_norm_ got a tensor of shape \(2, 2\)"):
+        eng.clip_grad_norm_(other.parameters(), 1.0)
+
+
+def test_grad_accumulation_steps_only_when_syncing():
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    m = nn.Linear(3, 2)
+    eng = _engine(m, torch.optim.SGD(m.parameters(), lr=0.1), stage=2)
+    opt = eng.wrap_optimizer()
+    before = m.weight.detach().clone()
+    eng.set_sync(False)
+    m(torch.ones(1, 3)).sum().backward()
+    eng.after_backward()
+    opt.step()
+    opt.zero_grad()
+    assert torch.equal(m.weight, before)
+    # The first micro-batch's gradient survived the no-op zero_grad.
+    eng.set_sync(True)
+    m(torch.ones(1, 3)).sum().backward()
+    eng.after_backward()
+    opt.step()
+    assert torch.allclose(m.weight, before - 0.1 * 2 * torch.ones(2, 3))

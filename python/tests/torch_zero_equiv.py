@@ -42,12 +42,16 @@ class Net(nn.Module):
         self.head = Head()
         self.head.proj.weight = self.emb.weight  # shared by two modules
         self.scale = nn.Parameter(torch.ones(D))  # the root's own parameter
+        self.rare = nn.Parameter(torch.full((D,), 0.5))  # only for rows starting with token 0 or 1
 
     def forward(self, x, use_extra):
         h = self.ln(self.emb(x).mean(dim=1))
         h = h + self.fc2(torch.tanh(self.fc1(h)))
         if use_extra:
             h = h + self.extra(h)
+        sel = x[:, 0] < 2
+        if bool(sel.any()):  # row-wise, so a rank without such rows leaves it out of its graph
+            h = torch.where(sel[:, None], h + self.rare, h)
         return self.head(h * self.scale)
 
 
@@ -68,11 +72,11 @@ def make(opt_name):
     return model, opt
 
 
-def reference(opt_name, world, accum):
+def reference(opt_name, world, accum, steps=STEPS):
     model, opt = make(opt_name)
     losses, norms = [], []
     rows = world * accum * MICRO
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = data(step, rows)
         loss = F.cross_entropy(model(x, step % 2 == 1), y)
         loss.backward()
@@ -81,26 +85,38 @@ def reference(opt_name, world, accum):
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
-    grads_bytes = 4 * sum(p.numel() for p in model.parameters())
-    optim_bytes = sum(v.element_size() * v.numel() for st in opt.state.values() for v in st.values()
-                      if isinstance(v, torch.Tensor))
-    return losses, norms, model.state_dict(), grads_bytes + optim_bytes, max(p.numel() for p in model.parameters())
+    return model, opt, losses, norms
 
 
-def run(stage, opt_name, accum, rank, world, wrap=None):
+def ddp_bytes(model, opt):
+    """What every rank holds under plain data parallel: whole gradients and
+    the whole optimizer state."""
+    optim = sum(v.element_size() * v.numel() for st in opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor))
+    return 4 * sum(p.numel() for p in model.parameters()) + optim
+
+
+def run(stage, opt_name, accum, rank, world, wrap=None, state=None, start=0, steps=STEPS):
+    """Trains steps [start, start + steps) under ZeRO; state: (model state,
+    optimizer state) to start from."""
     model, opt = make(opt_name)
     acc = types.SimpleNamespace(process_index=rank, num_processes=world,
                                 config={"ddp": {"bucket_mb": BUCKET_MB}, "zero": {"stage": stage, "wrap": wrap}})
     eng = ZeroEngine(acc, model, opt, stage)
     model, zopt = eng.wrap_module(), eng.wrap_optimizer()
-    losses, norms, peak = [], [], 0
-    for step in range(STEPS):
+    if state is not None:
+        eng.load_model_state(state[0])
+        zopt.load_state_dict(state[1])
+    losses, norms, peak, partial = [], [], 0, 0
+    for step in range(start, start + steps):
         x, y = data(step, world * accum * MICRO)
-        total = 0.0
+        total, rare = 0.0, 0.0
         for j in range(accum):
             eng.set_sync(j == accum - 1)
             lo = (j * world + rank) * MICRO
-            loss = F.cross_entropy(model(x[lo:lo + MICRO], step % 2 == 1), y[lo:lo + MICRO]) / accum
+            xs = x[lo:lo + MICRO]
+            rare = max(rare, float((xs[:, 0] < 2).any()))
+            loss = F.cross_entropy(model(xs, step % 2 == 1), y[lo:lo + MICRO]) / accum
             loss.backward()
             eng.after_backward()
             total += float(loss)
@@ -112,37 +128,81 @@ def run(stage, opt_name, accum, rank, world, wrap=None):
         m = eng.memory()
         peak = max(peak, m["grads_bytes"] + m["optim_bytes"])
         zopt.zero_grad()
-        losses.append(float(dist.all_reduce([total], "mean").tolist()[0]))
-    return losses, norms, eng.full_state_dict(), peak
+        t = dist.all_reduce([total, rare]).tolist()
+        losses.append(t[0] / world)
+        partial += 0 < t[1] < world  # "rare" unused on some ranks only
+    return eng, zopt, losses, norms, peak, partial
 
 
 def close(a, b, tol):
     return abs(a - b) <= tol * max(abs(b), 1e-12)
 
 
+def norm_err(got, want):
+    return float(torch.norm(got.float() - want.float())) / max(float(torch.norm(want.float())), 1e-12)
+
+
+def check_run(tag, got, ref_model, ref_opt, ref_losses, ref_norms):
+    eng, zopt, losses, norms, peak, partial = got
+    for s, (a, b) in enumerate(zip(losses, ref_losses[-len(losses):])):
+        assert close(a, b, 1e-5), "%s step %d: loss %r, plain torch %r" % (tag, s, a, b)
+    assert len(norms) == len(losses) if ref_norms else not norms
+    for s, (a, b) in enumerate(zip(norms, ref_norms[-len(norms):] if norms else [])):
+        assert close(a, b, 1e-5), "%s step %d: clip norm %r, plain torch %r" % (tag, s, a, b)
+    sd = eng.full_state_dict()
+    names = dict(ref_model.named_parameters())
+    assert list(sd) == list(names), (list(sd), list(names))
+    for name, want in names.items():
+        err = norm_err(sd[name], want.detach())
+        assert err <= 1e-4, "%s: weight %s differs from plain torch by %g norm-wise" % (tag, name, err)
+    osd, ref = zopt.state_dict(), ref_opt.state_dict()
+    assert [{k: v for k, v in g.items()} for g in osd["param_groups"]] == ref["param_groups"], tag
+    assert sorted(osd["state"]) == sorted(ref["state"]), (tag, sorted(osd["state"]), sorted(ref["state"]))
+    for pos, st in ref["state"].items():
+        assert sorted(osd["state"][pos]) == sorted(st), tag
+        for k, v in st.items():
+            err = norm_err(osd["state"][pos][k], v)
+            assert err <= 1e-4, "%s: optimizer state %d.%s differs by %g" % (tag, pos, k, err)
+    return sd, osd
+
+
 def main():
     rank, world = dist.init()
     stages = [int(s) for s in sys.argv[1].split(",")]
+    partial = 0
     for stage in stages:
         for opt_name in ("adamw", "sgd"):
             for accum in (1, 3):
-                ref_losses, ref_norms, ref_sd, ddp_bytes, largest = reference(opt_name, world, accum)
-                losses, norms, sd, peak = run(stage, opt_name, accum, rank, world)
                 tag = "stage=%d opt=%s accum=%d world=%d" % (stage, opt_name, accum, world)
-                for s, (a, b) in enumerate(zip(losses, ref_losses)):
-                    assert close(a, b, 1e-5), "%s step %d: loss %r, plain torch %r" % (tag, s, a, b)
-                for s, (a, b) in enumerate(zip(norms, ref_norms)):
-                    assert close(a, b, 1e-5), "%s step %d: clip norm %r, plain torch %r" % (tag, s, a, b)
-                assert len(norms) == len(ref_norms)
-                for name, want in ref_sd.items():
-                    got = sd[name] if name in sd else sd["emb.weight"]
-                    err = float(torch.norm(got - want)) / max(float(torch.norm(want)), 1e-12)
-                    assert err <= 1e-4, "%s: weight %s differs from plain torch by %g norm-wise" % (tag, name, err)
+                ref_model, ref_opt, ref_losses, ref_norms = reference(opt_name, world, accum)
+                got = run(stage, opt_name, accum, rank, world)
+                sd, osd = check_run(tag, got, ref_model, ref_opt, ref_losses, ref_norms)
+                partial += got[5]
+                eng, peak = got[0], got[4]
+                total = 4 * sum(p.numel() for p in ref_model.parameters())
+                largest = 4 * max(p.numel() for p in ref_model.parameters())
                 if stage == 2:
-                    bound = ddp_bytes / world + BUCKET_MB * (1 << 20) + 4 * largest
+                    bound = ddp_bytes(ref_model, ref_opt) / world + BUCKET_MB * (1 << 20) + largest
                     assert peak <= bound, "%s: optimizer + gradient bytes %d > DDP's %d / %d + bucket + largest" % (
-                        tag, peak, ddp_bytes, world)
-                print("ok %s peak=%d ddp=%d" % (tag, peak, ddp_bytes), flush=True)
+                        tag, peak, ddp_bytes(ref_model, ref_opt), world)
+                if stage == 3:
+                    pb = eng.memory()["params_bytes"]
+                    assert pb <= total / world + largest, "%s: parameter bytes %d > %d / %d + %d" % (
+                        tag, pb, total, world, largest)
+                if opt_name == "adamw" and accum == 3:
+                    # Resume from the states just taken, one more step, as
+                    # plain torch does with one more step.
+                    ref = reference(opt_name, world, accum, STEPS + 1)
+                    more = run(stage, opt_name, accum, rank, world, state=(sd, osd), start=STEPS, steps=1)
+                    check_run(tag + " resumed", more, *ref)
+                if stage == 3 and accum == 3:
+                    # Other units: every Linear (the head's owns the shared
+                    # weight; the embedding and LayerNorm go to the root's unit).
+                    more = run(stage, opt_name, accum, rank, world, wrap=["Linear"])
+                    check_run(tag + " wrap=Linear", more, ref_model, ref_opt, ref_losses, ref_norms)
+                print("ok %s peak=%d ddp=%d" % (tag, peak, ddp_bytes(ref_model, ref_opt)), flush=True)
+    assert partial > 0, "no step had the rare parameter unused on only some ranks"
+    print("rank %d: steps with a parameter unused on some ranks only: %d" % (rank, partial), flush=True)
 
 
 if __name__ == "__main__":

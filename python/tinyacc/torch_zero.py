@@ -229,8 +229,6 @@ class ZeroEngine:
         """The whole optimizer's state_dict, as torch would give it for the
         full parameter list (collective: each owner sends its states)."""
         sd = self._with_full_groups(self.optimizer.state_dict)
-        positions = [self.index[id(p)] for g in self._full_groups for p in g]
-        pos_of = {i: pos for pos, i in enumerate(positions)}
         state = {}
         for k in range(self.world):
             meta = None
@@ -249,11 +247,16 @@ class ZeroEngine:
                     t = sd["state"][pos][key].detach().clone().contiguous() if k == self.rank else torch.empty(val)
                     broadcast_(t.view(-1), k)
                     state[pos][key] = t
-        del pos_of
         return {"state": state, "param_groups": sd["param_groups"]}
 
     def load_optimizer_state_dict(self, sd):
+        """Loads a whole state_dict (as optimizer_state_dict gives); each
+        rank keeps its owned parameters' states. A parameter with state has
+        been stepped, so it had a gradient: it keeps one (zeros) from now."""
         self._with_full_groups(lambda: self.optimizer.load_state_dict(sd))
+        positions = [self.index[id(p)] for g in self._full_groups for p in g]
+        for pos in sd["state"]:
+            self.has_grad[positions[int(pos)]] = True
         for p in list(self.optimizer.state):
             if self.index[id(p)] not in self._owned_set:
                 del self.optimizer.state[p]

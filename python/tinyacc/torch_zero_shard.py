@@ -74,7 +74,7 @@ class ShardGroup:
     """Parameters (indices into the engine's list) sharded by owner.
 
     layout[k] is [(index, offset in rank k's block, numel)], block is B,
-    shard is this rank's gradient block (B floats, allocated once).
+    shard is this rank's gradient block without its padding (allocated once).
     """
 
     def __init__(self, indices, params, rank, world, load=None):
@@ -92,7 +92,8 @@ class ShardGroup:
         self.block = max(fill) if fill else 0
         self.offset = {i: off for k in range(world) for i, off, _ in self.layout[k]}
         self.owned = [i for i, _, _ in self.layout[rank]]
-        self.shard = torch.zeros(self.block)
+        # Only the owned elements: the padding up to B exists in transit only.
+        self.shard = torch.zeros(fill[rank])
 
     def shard_view(self, i, shape):
         """Parameter i's gradient inside this rank's shard (i must be owned)."""
@@ -149,10 +150,12 @@ class Buckets:
                     if g is not None:
                         buf[k * w + lo - a:k * w + hi - a].copy_(g[lo - off:hi - off])
             reduce_scatter_(buf, out, AVG)
-            if accumulate:
-                into[a:b].add_(out)
-            else:
-                into[a:b].copy_(out)
+            e = min(b, into.numel())
+            if a < e:
+                if accumulate:
+                    into[a:e].add_(out[:e - a])
+                else:
+                    into[a:e].copy_(out[:e - a])
 
     def all_gather(self, group, data_of, dest_of):
         """Every rank's owned parameters of group to the others: data_of(i)
