@@ -32,10 +32,11 @@ def test_zero_stages_match_one_process(cli, nproc):
                 assert text.count(tag) == nproc, "%s missing from\n%s" % (tag, text)
 
 
-def _engine(model, opt, stage=2):
+def _engine(model, opt, stage=2, bucket_mb=25):
     import types
     from tinyacc.torch_zero import ZeroEngine
-    acc = types.SimpleNamespace(process_index=0, num_processes=1, config={"zero": {"stage": stage}})
+    acc = types.SimpleNamespace(process_index=0, num_processes=1,
+                                config={"zero": {"stage": stage}, "ddp": {"bucket_mb": bucket_mb}})
     return ZeroEngine(acc, model, opt, stage)
 
 
@@ -96,3 +97,27 @@ def test_grad_accumulation_steps_only_when_syncing():
     eng.after_backward()
     opt.step()
     assert torch.allclose(m.weight, before - 0.1 * 2 * torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradients_leave_during_backward(stage):
+    """At ZeRO-2 and 3, buckets (units) whose gradients are final are
+    reduce-scattered while backward runs: when loss.backward() returns,
+    some are already reduced and their whole gradients dropped."""
+    import torch
+    import torch.nn.functional as F
+    import torch_zero_equiv as t
+
+    model, opt = t.make("sgd")
+    eng = _engine(model, opt, stage, bucket_mb=t.BUCKET_MB)  # buckets of 64 elements
+    queue = eng.queue if stage == 2 else eng.z3.queue
+    assert len(queue.items) >= 5
+    x, y = t.data(1, 4)
+    F.cross_entropy(model(x, True), y).backward()
+    reduced = queue.items[:queue.next]
+    assert len(reduced) >= 3, (len(reduced), len(queue.items))
+    for item in reduced:
+        for i in (item.indices if stage == 2 else item.members):
+            assert eng.params[i].grad is None, eng.names[i]
+    eng.after_backward()
+    assert queue.next == 0 and all(p.grad is None for p in eng.params)

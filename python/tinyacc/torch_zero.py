@@ -17,6 +17,9 @@ its hyperparameters), and each rank steps only what it owns.
   stage 2  as 1, but every micro-batch reduce-scatters and drops the whole
            gradients: a rank keeps only its shard (sum over micro-batches of
            the rank average), so no whole gradient survives a micro-batch.
+           The parameters are cut into buckets (ddp.bucket_mb) in reverse
+           order, each with its own owners, and a bucket is reduced while
+           backward still runs, as soon as its gradients are final.
   stage 3  the parameters themselves are sharded (torch_zero3): a unit's
            parameters are gathered before its forward and its backward and
            freed after.
@@ -41,7 +44,7 @@ import pickle
 import torch
 
 from . import distributed as dist
-from .torch_zero_shard import MAX, SUM, Buckets, ShardGroup, all_reduce_, broadcast_
+from .torch_zero_shard import MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, broadcast_
 
 
 def config_value(accelerator, section, key, default):
@@ -112,9 +115,13 @@ class ZeroEngine:
                 node = p.expand_as(p).grad_fn.next_functions[0][0]
                 node.register_hook(self._grad_hook(i))
                 self._accumulators.append(node)
-        if stage < 3:
-            self.z3 = None
+        self.z3 = self.queue = None
+        if stage == 1:
             self.groups = [ShardGroup(range(n), self.params, self.rank, self.world)]
+        elif stage == 2:
+            self.groups = self._bucket_groups(self.buckets.width * self.world)
+            self.queue = InOrder(self.groups, [[i for i in g.indices if self.params[i].requires_grad]
+                                               for g in self.groups], self._reduce_bucket)
         else:
             from .torch_zero3 import Stage3
             self.z3 = Stage3(self, config_value(accelerator, "zero", "wrap", None))
@@ -142,9 +149,7 @@ class ZeroEngine:
             if self._sync:
                 self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=False)
         elif self.stage == 2:
-            self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=True)
-            for p in self.params:
-                p.grad = None
+            self.queue.flush()
         else:
             self.z3.flush()
         if self._sync:
@@ -286,7 +291,9 @@ class ZeroEngine:
     def _grad_hook(self, i):
         def hook(*_):
             self._used_local[i] = True
-            if self.z3 is not None:
+            if self.queue is not None:
+                self.queue.ready(i)
+            elif self.z3 is not None:
                 self.z3.grad_ready(i)
         return hook
 
@@ -299,7 +306,30 @@ class ZeroEngine:
 
     def _gather_params(self):
         flat = lambda i: self.params[i].data.view(-1)  # noqa: E731
-        self.buckets.all_gather(self.groups[0], flat, flat)
+        for g in self.groups:
+            self.buckets.all_gather(g, flat, flat)
+
+    def _bucket_groups(self, elems):
+        """ZeRO-2's shard groups: the parameters in reverse order (about the
+        order backward finishes them) cut into buckets of about elems
+        elements, each spread over the ranks with the loads carried on."""
+        groups, cur, size, load = [], [], 0, [0] * self.world
+        for i in reversed(range(len(self.params))):
+            cur.append(i)
+            size += self.params[i].numel()
+            if size >= elems:
+                groups.append(ShardGroup(cur, self.params, self.rank, self.world, load))
+                cur, size = [], 0
+        if cur or not groups:
+            groups.append(ShardGroup(cur, self.params, self.rank, self.world, load))
+        return groups
+
+    def _reduce_bucket(self, g):
+        """ZeRO-2: a bucket whose gradients are all final goes to its owners
+        (added to their shards) and the whole gradients are dropped."""
+        self.buckets.reduce_scatter(g, self._local_grad, g.shard, accumulate=True)
+        for i in g.indices:
+            self.params[i].grad = None
 
     def _exchange_used(self):
         """has_grad |= used on any rank (one small all-reduce per step)."""

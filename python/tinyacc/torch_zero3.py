@@ -30,7 +30,7 @@ user's contribution), which is when its own unit is reduced and freed.
 
 import torch
 
-from .torch_zero_shard import ShardGroup
+from .torch_zero_shard import InOrder, ShardGroup
 
 
 class Unit:
@@ -150,8 +150,7 @@ class Stage3:
         self.full = [True] * len(params)
         self.shapes = [p.shape for p in params]
         self.owner = {i: u.group.owner[i] for u in self.units for i in u.members}
-        self.ready = set()
-        self.next = 0
+        self.queue = InOrder(self.order, [u.trainable for u in self.order], self._reduce)
         self.free(range(len(params)))
         for u in self.units:
             m = u.module
@@ -228,15 +227,8 @@ class Stage3:
         return ts
 
     def grad_ready(self, i):
-        """A parameter's gradient is final for this backward: reduce the
-        units, in the fixed order, that are now complete."""
-        self.ready.add(i)
-        while self.next < len(self.order):
-            u = self.order[self.next]
-            if any(j not in self.ready for j in u.trainable):
-                break
-            self._reduce(u)
-            self.next += 1
+        """A parameter's gradient is final for this backward."""
+        self.queue.ready(i)
 
     def _reduce(self, u):
         params = self.e.params
@@ -247,9 +239,5 @@ class Stage3:
 
     def flush(self):
         """After backward: reduce the units not reduced yet, free all."""
-        while self.next < len(self.order):
-            self._reduce(self.order[self.next])
-            self.next += 1
-        self.next = 0
-        self.ready = set()
+        self.queue.flush()
         self.free_all()

@@ -175,3 +175,37 @@ class Buckets:
                     d = dest_of(i)
                     if d is not None:
                         d[lo - off:hi - off].copy_(buf[k * w + lo - a:k * w + hi - a])
+
+
+class InOrder:
+    """Calls done(item) for items in one fixed order, each as soon as it
+    and all before it are complete: item k is complete when every index
+    of needs[k] has been reported ready (each index in at most one item).
+
+    Every rank reduces its items in the same order whatever order its
+    gradients arrive in, so the collectives pair up; an item whose
+    gradients do not all arrive (a parameter unused in this backward)
+    holds the later ones back until flush()."""
+
+    def __init__(self, items, needs, done):
+        self.items, self.needs, self.done = items, [list(n) for n in needs], done
+        self.item_of = {i: k for k, n in enumerate(self.needs) for i in n}
+        self._reset()
+
+    def _reset(self):
+        self.left = [len(n) for n in self.needs]
+        self.next = 0
+
+    def ready(self, i):
+        k = self.item_of.get(i)
+        if k is not None:
+            self.left[k] -= 1
+        while self.next < len(self.items) and self.left[self.next] <= 0:
+            self.next += 1
+            self.done(self.items[self.next - 1])
+
+    def flush(self):
+        while self.next < len(self.items):
+            self.next += 1
+            self.done(self.items[self.next - 1])
+        self._reset()
