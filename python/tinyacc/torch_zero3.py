@@ -9,9 +9,11 @@ alone keeps its data between uses; on the others its .data is an empty
 tensor.
 
   forward   a unit's forward pre-hook all-gathers what it uses, its forward
-            hook frees it again and wraps its outputs in Regather, an
-            identity whose backward all-gathers the unit once more before
-            the unit's own backward runs.
+            hook frees it again and puts a hook on each of its outputs: the
+            gradient of an output arrives before the unit's own backward
+            runs, and the hook all-gathers the unit once more. (Hooks rather
+            than an identity autograd.Function, whose outputs would be views
+            that in-place operations such as ReLU(inplace=True) refuse.)
   backward  when every trainable parameter of a unit has its gradient
             (the gradient accumulators' hooks tell), the unit's gradients
             are reduce-scattered into the owners' shards (summed over
@@ -40,50 +42,15 @@ class Unit:
         self.members = []
 
 
-class Regather(torch.autograd.Function):
-    """Identity on a unit's outputs; its backward gathers the unit."""
-
-    @staticmethod
-    def forward(ctx, z3, unit, *xs):
-        ctx.z3, ctx.unit = z3, unit
-        return tuple(x.view_as(x) for x in xs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.z3.ensure(ctx.unit.uses)
-        return (None, None) + grads
-
-
-def _map_tensors(out, fn):
-    """out with its tensors (in tuples, lists, dicts) replaced through fn,
-    which takes and returns the list of them in order."""
-    found = []
-
-    def collect(o):
-        if isinstance(o, torch.Tensor):
-            found.append(o)
-        elif isinstance(o, (tuple, list)):
-            for v in o:
-                collect(v)
-        elif isinstance(o, dict):
-            for v in o.values():
-                collect(v)
-    collect(out)
-    if not found:
-        return out
-    new = iter(fn(found))
-
-    def rebuild(o):
-        if isinstance(o, torch.Tensor):
-            return next(new)
-        if isinstance(o, tuple) and hasattr(o, "_fields"):
-            return type(o)(*[rebuild(v) for v in o])
-        if isinstance(o, (tuple, list)):
-            return type(o)(rebuild(v) for v in o)
-        if isinstance(o, dict):
-            return type(o)((k, rebuild(v)) for k, v in o.items())
-        return o
-    return rebuild(out)
+def _tensors(out):
+    """The tensors in a module's output (tuples, lists, dicts nested)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    return []
 
 
 class Stage3:
@@ -211,20 +178,16 @@ class Stage3:
     def _post_hook(self, u):
         def hook(module, args, out):
             self.free(u.members, keep_shared=True)
-            if not torch.is_grad_enabled():
-                return out
-            return _map_tensors(out, lambda ts: self._regather(u, ts))
+            if torch.is_grad_enabled():
+                for t in _tensors(out):
+                    if t.requires_grad and t.grad_fn is not None:
+                        t.register_hook(self._regather(u))
         return hook
 
-    def _regather(self, u, ts):
-        live = [j for j, t in enumerate(ts) if t.requires_grad]
-        if not live:
-            return ts
-        outs = Regather.apply(self, u, *[ts[j] for j in live])
-        ts = list(ts)
-        for j, o in zip(live, outs):
-            ts[j] = o
-        return ts
+    def _regather(self, u):
+        def hook(grad):
+            self.ensure(u.uses)
+        return hook
 
     def grad_ready(self, i):
         """A parameter's gradient is final for this backward."""
