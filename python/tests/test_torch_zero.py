@@ -124,3 +124,29 @@ def test_gradients_leave_during_backward(stage):
             assert eng.params[i].grad is None, eng.names[i]
     eng.after_backward()
     assert queue.next == 0 and all(p.grad is None for p in eng.params)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_clip_grad_norm_returns_and_clips_as_torch(stage):
+    import torch
+    import torch.nn.functional as F
+    import torch_zero_equiv as t
+
+    for norm_type, max_norm in ((2.0, 0.1), (float("inf"), 0.05), (1.0, 1e6)):
+        ref, _ = t.make("sgd")
+        model, opt = t.make("sgd")
+        eng = _engine(model, opt, stage)
+        x, y = t.data(3, 6)
+        F.cross_entropy(ref(x, True), y).backward()
+        F.cross_entropy(model(x, True), y).backward()
+        eng.after_backward()
+        want = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type)
+        got = eng.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+        assert isinstance(got, torch.Tensor) and abs(float(got) - float(want)) <= 1e-5 * float(want), (norm_type, got, want)
+        for name, p in ref.named_parameters():
+            i = eng.aliases[name]
+            if p.grad is None:
+                assert not eng.has_grad[i], name
+                continue
+            err = t.norm_err(eng._shard_view(i), p.grad)
+            assert err <= 1e-5, (norm_type, name, err)

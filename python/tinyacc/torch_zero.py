@@ -39,12 +39,11 @@ coefficient max_norm / (norm + 1e-6) (torch's) scales every shard.
 """
 
 import collections
-import pickle
 
 import torch
 
 from . import distributed as dist
-from .torch_zero_shard import MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, broadcast_
+from .torch_zero_shard import MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, broadcast_, broadcast_object
 
 
 def config_value(accelerator, section, key, default):
@@ -134,9 +133,12 @@ class ZeroEngine:
             self._gather_params()  # the owners' values, on every rank
         for g in self.optimizer.param_groups:
             g["params"] = [p for p in g["params"] if self.index[id(p)] in self._owned_set]
+        for p in self.params:
+            p.grad = None
         if stage == 1:
             for i in self.owned:
-                self.params[i].grad = self._shard_view(i)
+                if self.params[i].requires_grad:
+                    self.params[i].grad = self._shard_view(i)
 
     # -- the interface ----------------------------------------------------------
 
@@ -165,7 +167,8 @@ class ZeroEngine:
             self.optimizer.step()
         finally:
             for i in self.owned:
-                self.params[i].grad = self._shard_view(i) if self.stage == 1 else None
+                keep = self.stage == 1 and self.params[i].requires_grad
+                self.params[i].grad = self._shard_view(i) if keep else None
         if self.stage < 3:
             self._gather_params()
         else:
@@ -241,7 +244,7 @@ class ZeroEngine:
                 meta = {}
                 for pos, st in sd["state"].items():
                     meta[pos] = {key: (("t", tuple(v.shape)) if _is_f32(v) else ("v", v)) for key, v in st.items()}
-            meta = _broadcast_object(meta, k, self.rank)
+            meta = broadcast_object(meta, k, self.rank)
             for pos in sorted(meta):
                 state[pos] = {}
                 for key in sorted(meta[pos]):
@@ -390,21 +393,3 @@ class ZeroOptimizer:
 
 def _is_f32(v):
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.dim() > 0
-
-
-def _broadcast_object(obj, src, rank):
-    """A picklable object from rank src to every rank: its bytes travel as
-    one float32 per byte (exact), its length as three 16-bit digits."""
-    data = pickle.dumps(obj) if rank == src else b""
-    n = len(data)
-    head = torch.tensor([n & 0xFFFF, (n >> 16) & 0xFFFF, n >> 32], dtype=torch.float32)
-    broadcast_(head, src)
-    h = [int(x) for x in head.tolist()]
-    n = h[0] | (h[1] << 16) | (h[2] << 32)
-    if rank == src:
-        buf = torch.tensor(list(data), dtype=torch.float32)
-    else:
-        buf = torch.empty(n, dtype=torch.float32)
-    if n:
-        broadcast_(buf, src)
-    return obj if rank == src else pickle.loads(bytes(buf.to(torch.uint8).tolist()))

@@ -21,6 +21,7 @@ own memory (data_ptr), with no copy on the Python side.
 """
 
 import ctypes
+import pickle
 
 import torch
 
@@ -209,3 +210,21 @@ class InOrder:
             self.next += 1
             self.done(self.items[self.next - 1])
         self._reset()
+
+
+def broadcast_object(obj, src, rank):
+    """A picklable object from rank src to every rank: its bytes travel as
+    one float32 per byte (exact), its length as three 16-bit digits."""
+    data = pickle.dumps(obj) if rank == src else b""
+    n = len(data)
+    head = torch.tensor([n & 0xFFFF, (n >> 16) & 0xFFFF, n >> 32], dtype=torch.float32)
+    broadcast_(head, src)
+    h = [int(x) for x in head.tolist()]
+    n = h[0] | (h[1] << 16) | (h[2] << 32)
+    if rank == src:
+        buf = torch.tensor(list(data), dtype=torch.float32)
+    else:
+        buf = torch.empty(n, dtype=torch.float32)
+    if n:
+        broadcast_(buf, src)
+    return obj if rank == src else pickle.loads(bytes(buf.to(torch.uint8).tolist()))
