@@ -43,7 +43,8 @@ import collections
 import torch
 
 from . import distributed as dist
-from .torch_zero_shard import MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, broadcast_, broadcast_object
+from .torch_zero_shard import (MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, balance, broadcast_,
+                               broadcast_object)
 
 
 def config_value(accelerator, section, key, default):
@@ -115,17 +116,17 @@ class ZeroEngine:
                 node.register_hook(self._grad_hook(i))
                 self._accumulators.append(node)
         self.z3 = self.queue = None
+        self.owner = balance([p.numel() for p in self.params], self.world)
         if stage == 1:
-            self.groups = [ShardGroup(range(n), self.params, self.rank, self.world)]
+            self.groups = [ShardGroup(range(n), self.params, self.rank, self.world, self.owner)]
         elif stage == 2:
-            self.groups = self._bucket_groups(self.buckets.width * self.world)
+            self.groups = self._bucket_groups(self.buckets.width * (self.world + 1))
             self.queue = InOrder(self.groups, [[i for i in g.indices if self.params[i].requires_grad]
                                                for g in self.groups], self._reduce_bucket)
         else:
             from .torch_zero3 import Stage3
             self.z3 = Stage3(self, config_value(accelerator, "zero", "wrap", None))
             self.groups = self.z3.groups
-        self.owner = {i: g.owner[i] for g in self.groups for i in g.indices}
         self.group_of = {i: g for g in self.groups for i in g.indices}
         self.owned = [i for g in self.groups for i in g.owned]
         self._owned_set = set(self.owned)
@@ -315,16 +316,16 @@ class ZeroEngine:
     def _bucket_groups(self, elems):
         """ZeRO-2's shard groups: the parameters in reverse order (about the
         order backward finishes them) cut into buckets of about elems
-        elements, each spread over the ranks with the loads carried on."""
-        groups, cur, size, load = [], [], 0, [0] * self.world
+        elements; owners are chosen over the whole model."""
+        groups, cur, size = [], [], 0
         for i in reversed(range(len(self.params))):
             cur.append(i)
             size += self.params[i].numel()
             if size >= elems:
-                groups.append(ShardGroup(cur, self.params, self.rank, self.world, load))
+                groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
                 cur, size = [], 0
         if cur or not groups:
-            groups.append(ShardGroup(cur, self.params, self.rank, self.world, load))
+            groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
         return groups
 
     def _reduce_bucket(self, g):

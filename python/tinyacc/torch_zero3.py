@@ -102,9 +102,8 @@ class Stage3:
                 raise ValueError("tinyacc: parameter %s belongs to no ZeRO-3 unit" % engine.names[i])
             users[i][0].members.append(i)
         self.groups = []
-        load = [0] * engine.world
         for u in self.units:
-            u.group = ShardGroup(u.members, params, engine.rank, engine.world, load)
+            u.group = ShardGroup(u.members, params, engine.rank, engine.world, engine.owner)
             u.trainable = [i for i in u.members if params[i].requires_grad]
             self.groups.append(u.group)
         self.order = [u for u in reversed(self.units) if u is not self.root_unit]

@@ -12,8 +12,9 @@ are the plain even ones:
     reduce_scatter: N × B (every rank's full gradients)  ->  B (my block, averaged)
     all_gather:     B (my block of parameters)           ->  N × B (everyone's)
 
-Both run in windows of S columns (S = bucket elements / N), so the
-temporary buffer is one bucket, N × S, whatever the model size; a
+Both run in windows of S columns (S = bucket elements / (N + 1)), so the
+temporary buffers (N × S received, S sent) are one bucket whatever the
+model size; a
 parameter that straddles a window boundary is copied in pieces.
 
 The collectives are the world group's C functions called on the tensors'
@@ -57,12 +58,10 @@ def broadcast_(buf, src):
     check(lib.tinyacc_broadcast(_ptr(buf), buf.numel(), int(src)))
 
 
-def balance(sizes, world, load=None):
+def balance(sizes, world):
     """Owner rank of each item: largest first, onto the least loaded rank
-    (ties to the lower rank), so max load <= total / world + max(sizes).
-    load (updated in place) carries the ranks' loads from earlier groups,
-    so many small groups still spread evenly."""
-    load = [0] * world if load is None else load
+    (ties to the lower rank), so max load <= total / world + max(sizes)."""
+    load = [0] * world
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         k = min(range(world), key=lambda k: (load[k], k))
@@ -78,12 +77,13 @@ class ShardGroup:
     shard is this rank's gradient block without its padding (allocated once).
     """
 
-    def __init__(self, indices, params, rank, world, load=None):
+    def __init__(self, indices, params, rank, world, owner):
+        """owner: rank of every parameter index (balance over the model's
+        parameters, so that groups of a few parameters still spread)."""
         self.indices = list(indices)
         self.rank, self.world = rank, world
         sizes = [params[i].numel() for i in self.indices]
-        owners = balance(sizes, world, load)
-        self.owner = {i: owners[j] for j, i in enumerate(self.indices)}
+        self.owner = {i: owner[i] for i in self.indices}
         self.layout = [[] for _ in range(world)]
         fill = [0] * world
         for i, n in zip(self.indices, sizes):
@@ -123,7 +123,8 @@ class Buckets:
 
     def __init__(self, bucket_elems, world):
         self.world = world
-        self.width = max(1, int(bucket_elems) // world)
+        # N windows received plus one sent: one bucket in all.
+        self.width = max(1, int(bucket_elems) // (world + 1))
         self.buf = None
         self.send = None
 
