@@ -35,11 +35,11 @@ def test_zero_stages_match_one_process(cli, nproc):
                 assert text.count(tag) == nproc, "%s missing from\n%s" % (tag, text)
 
 
-def _engine(model, opt, stage=2, bucket_mb=25):
+def _engine(model, opt, stage=2, bucket_mb=25, wrap=None):
     import types
     from tinyacc.torch_zero import ZeroEngine
     acc = types.SimpleNamespace(process_index=0, num_processes=1,
-                                config={"zero": {"stage": stage}, "ddp": {"bucket_mb": bucket_mb}})
+                                config={"zero": {"stage": stage, "wrap": wrap}, "ddp": {"bucket_mb": bucket_mb}})
     return ZeroEngine(acc, model, opt, stage)
 
 
@@ -72,6 +72,10 @@ def test_misuse_is_refused_naming_the_parameter():
     other = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"optimizer holds a tensor of shape \(2, 2\) that is not a parameter"):
         _engine(m, torch.optim.SGD(list(m.parameters()) + list(other.parameters()), lr=0.1))
+    seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with pytest.raises(ValueError, match=r"zero.wrap=\['Block'\] names no module class of the model below its "
+                                         r"root; its classes are Linear, ReLU"):
+        _engine(seq, torch.optim.SGD(seq.parameters(), lr=0.1), stage=3, wrap=["Block"])
     eng = _engine(m, torch.optim.SGD(m.parameters(), lr=0.1))
     with pytest.raises(RuntimeError, match=r"optimizer.step\(\) was called before any backward"):
         eng.wrap_optimizer().step()

@@ -58,8 +58,12 @@ class Stage3:
         self.e = engine
         params, index = engine.params, engine.index
         root = engine.module
+        if isinstance(wrap, str) and not wrap.strip():
+            wrap = None
         if wrap:
-            names = set([wrap] if isinstance(wrap, str) else wrap)
+            if isinstance(wrap, str):  # "Block,Linear" as an environment variable gives it
+                wrap = [w.strip() for w in wrap.split(",") if w.strip()]
+            names = set(wrap)
             mods = []
 
             def walk(m, prefix):
@@ -70,6 +74,10 @@ class Stage3:
                     else:
                         walk(c, full + ".")
             walk(root, "")
+            if not mods:
+                classes = sorted({type(m).__name__ for m in root.modules()} - {type(root).__name__})
+                raise ValueError("tinyacc: zero.wrap=%s names no module class of the model below its root; its "
+                                 "classes are %s" % (sorted(names), ", ".join(classes)))
         else:
             mods = list(root.named_children())
         self.units = []
@@ -97,9 +105,7 @@ class Stage3:
             for i in u.uses:
                 users.setdefault(i, []).append(u)
         self.shared = {i for i, us in users.items() if len(us) > 1}
-        for i in range(len(params)):
-            if i not in users:  # a parameter of no unit's modules: cannot happen, kept whole-safe
-                raise ValueError("tinyacc: parameter %s belongs to no ZeRO-3 unit" % engine.names[i])
+        for i in range(len(params)):  # every parameter is in a module unit or the root's
             users[i][0].members.append(i)
         self.groups = []
         for u in self.units:
