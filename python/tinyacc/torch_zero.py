@@ -1,0 +1,396 @@
+"""ZeRO stages 1, 2 and 3 for torch models (data-parallel ranks = the world).
+
+PyTorch computes forward and backward in the script's process; this engine
+decides where gradients, optimizer state and (at stage 3) parameters live,
+and moves them with the world group's collectives (torch_zero_shard).
+
+Sharding is by whole parameters, so any torch optimizer works unchanged:
+each rank owns a balanced subset of the parameters, the script's optimizer
+is rebuilt in place to hold only the owned ones (every param_group keeps
+its hyperparameters), and each rank steps only what it owns.
+
+  stage 1  gradients are whole on every rank while a step accumulates; on
+           the micro-batch that syncs, one reduce-scatter leaves each owner
+           the average of its parameters' gradients; after the step the
+           owners' updated parameters are all-gathered. Micro-batches that do
+           not sync communicate nothing.
+  stage 2  as 1, but every micro-batch reduce-scatters and drops the whole
+           gradients: a rank keeps only its shard (sum over micro-batches of
+           the rank average), so no whole gradient survives a micro-batch.
+           The parameters are cut into buckets (ddp.bucket_mb) in reverse
+           order, each with its own owners, and a bucket is reduced while
+           backward still runs, as soon as its gradients are final.
+  stage 3  the parameters themselves are sharded (torch_zero3): a unit's
+           parameters are gathered before its forward and its backward and
+           freed after.
+
+Why this equals one process with the global batch: with the loss of each
+micro-batch divided by the accumulation steps A, the gradient one process
+computes on the global batch of N·A equal micro-batches is
+(1/N) Σ_ranks Σ_micro ∇(loss/A), which is what the average over ranks of the
+locally accumulated sums gives, whichever rank holds it. A parameter no rank
+used since training began keeps grad None (as in plain PyTorch, whose
+optimizers skip it); once used anywhere its gradient is a tensor, zeroed
+in place by zero_grad, as the prepared optimizer never sets None.
+
+The clip norm is over the global gradient: every owner adds Σ|g|^p of its
+averaged parameters' gradients, one all-reduce sums them, and the same
+coefficient max_norm / (norm + 1e-6) (torch's) scales every shard.
+"""
+
+import collections
+
+import torch
+
+from . import distributed as dist
+from .torch_zero_shard import (MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, balance, broadcast_,
+                               broadcast_object)
+
+
+def config_value(accelerator, section, key, default):
+    """accelerator.config[section][key], or default when absent (a Config,
+    a dict, or no config at all)."""
+    cfg = getattr(accelerator, "config", None)
+    try:
+        v = cfg[section][key]
+    except (KeyError, TypeError, AttributeError):
+        return default
+    return default if v is None else v
+
+
+def unique_parameters(module):
+    """(names, params): every parameter once, under its first name, and
+    aliases: every name (shared ones too) -> index."""
+    names, params, index, aliases = [], [], {}, {}
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            if p is None:
+                continue
+            full = mname + "." + pname if mname else pname
+            if id(p) not in index:
+                index[id(p)] = len(params)
+                names.append(full)
+                params.append(p)
+            aliases.setdefault(full, index[id(p)])
+    for n, p in zip(names, params):
+        if p.dtype != torch.float32:
+            raise TypeError("tinyacc: parameter %s is %s; only float32 parameters are supported" % (n, p.dtype))
+        if not p.is_contiguous():
+            raise ValueError("tinyacc: parameter %s is not contiguous; call .contiguous() on it before prepare" % n)
+        if p.device.type != "cpu":
+            raise ValueError("tinyacc: parameter %s is on %s; only CPU parameters are supported" % (n, p.device))
+    return names, params, index, aliases
+
+
+class ZeroEngine:
+    """ZeRO stage 1, 2 or 3 over a torch module and its optimizer."""
+
+    def __init__(self, accelerator, module, optimizer, stage):
+        if stage not in (1, 2, 3):
+            raise ValueError("tinyacc: ZeroEngine needs zero.stage 1, 2 or 3, got %r" % (stage,))
+        self.accelerator, self.module, self.optimizer, self.stage = accelerator, module, optimizer, stage
+        self.rank = getattr(accelerator, "process_index", None)
+        self.world = getattr(accelerator, "num_processes", None)
+        if self.rank is None or self.world is None:
+            self.rank, self.world = dist.init()
+        self.names, self.params, self.index, self.aliases = unique_parameters(module)
+        n = len(self.params)
+        self._full_groups = [list(g["params"]) for g in optimizer.param_groups]
+        for g in self._full_groups:
+            for p in g:
+                if id(p) not in self.index:
+                    raise ValueError("tinyacc: the optimizer holds a tensor of shape %s that is not a parameter of the "
+                                     "model; create the optimizer from model.parameters()" % (tuple(p.shape),))
+        bucket_mb = float(config_value(accelerator, "ddp", "bucket_mb", 25))
+        self.buckets = Buckets(bucket_mb * (1 << 20) / 4, self.world)
+        self._sync = True
+        self._backwards = 0
+        self._used_local = [False] * n
+        self.has_grad = [False] * n
+        # Each parameter's gradient accumulator (kept alive here): its hook
+        # runs once per backward, after the gradient is accumulated.
+        self._accumulators = []
+        for i, p in enumerate(self.params):
+            if p.requires_grad:
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                node.register_hook(self._grad_hook(i))
+                self._accumulators.append(node)
+        self.z3 = self.queue = None
+        self.owner = balance([p.numel() for p in self.params], self.world)
+        if stage == 1:
+            self.groups = [ShardGroup(range(n), self.params, self.rank, self.world, self.owner)]
+        elif stage == 2:
+            self.groups = self._bucket_groups(self.buckets.width * (self.world + 1))
+            self.queue = InOrder(self.groups, [[i for i in g.indices if self.params[i].requires_grad]
+                                               for g in self.groups], self._reduce_bucket)
+        else:
+            from .torch_zero3 import Stage3
+            self.z3 = Stage3(self, config_value(accelerator, "zero", "wrap", None))
+            self.groups = self.z3.groups
+        self.group_of = {i: g for g in self.groups for i in g.indices}
+        self.owned = [i for g in self.groups for i in g.owned]
+        self._owned_set = set(self.owned)
+        if stage < 3:
+            self._gather_params()  # the owners' values, on every rank
+        for g in self.optimizer.param_groups:
+            g["params"] = [p for p in g["params"] if self.index[id(p)] in self._owned_set]
+        for p in self.params:
+            p.grad = None
+        if stage == 1:
+            for i in self.owned:
+                if self.params[i].requires_grad:
+                    self.params[i].grad = self._shard_view(i)
+
+    # -- the interface ----------------------------------------------------------
+
+    def set_sync(self, sync):
+        self._sync = bool(sync)
+
+    def after_backward(self):
+        self._backwards += 1
+        if self.stage == 1:
+            if self._sync:
+                self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=False)
+        elif self.stage == 2:
+            self.queue.flush()
+        else:
+            self.z3.flush()
+        if self._sync:
+            self._exchange_used()
+
+    def step(self):
+        if self._backwards == 0:
+            raise RuntimeError("tinyacc: optimizer.step() was called before any backward; call "
+                               "accelerator.backward(loss) first")
+        for i in self.owned:
+            self.params[i].grad = self._shard_view(i) if self.has_grad[i] else None
+        try:
+            self.optimizer.step()
+        finally:
+            for i in self.owned:
+                keep = self.stage == 1 and self.params[i].requires_grad
+                self.params[i].grad = self._shard_view(i) if keep else None
+        if self.stage < 3:
+            self._gather_params()
+        else:
+            self.z3.free_all()
+
+    def zero_grad(self):
+        for g in self.groups:
+            g.shard.zero_()
+        for i, p in enumerate(self.params):
+            if p.grad is not None and i not in self._owned_set:
+                p.grad.zero_()
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        sel = []
+        for p in parameters:
+            if id(p) not in self.index:
+                raise ValueError("tinyacc: clip_grad_norm_ got a tensor of shape %s that is not a parameter of the "
+                                 "prepared model" % (tuple(p.shape),))
+            i = self.index[id(p)]
+            if i in self._owned_set and self.has_grad[i]:
+                sel.append(i)
+        norm_type = float(norm_type)
+        grads = [self._shard_view(i) for i in sel]
+        if norm_type == float("inf"):
+            local = max([float(g.abs().max()) for g in grads if g.numel()] + [0.0])
+            t = torch.tensor([local], dtype=torch.float32)
+            all_reduce_(t, MAX)
+            total = float(t[0])
+        else:
+            local = sum(float(torch.norm(g, norm_type)) ** norm_type for g in grads)
+            t = torch.tensor([local], dtype=torch.float32)
+            all_reduce_(t, SUM)
+            total = float(t[0]) ** (1.0 / norm_type)
+        coef = float(max_norm) / (total + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return torch.tensor(total, dtype=torch.float32)
+
+    def full_state_dict(self):
+        if self.stage == 3:
+            whole = self.z3.gather_whole()
+        else:
+            whole = {i: p.detach().clone() for i, p in enumerate(self.params)}
+        return collections.OrderedDict((self.names[i], whole[i]) for i in range(len(self.params)))
+
+    def load_model_state(self, sd):
+        unknown = [k for k in sd if k not in self.aliases]
+        missing = [n for i, n in enumerate(self.names)
+                   if not any(self.aliases[k] == i for k in sd if k in self.aliases)]
+        if unknown or missing:
+            raise KeyError("tinyacc: model state does not match the model: unknown %s, missing %s" % (unknown, missing))
+        with torch.no_grad():
+            for k, v in sd.items():
+                i = self.aliases[k]
+                p = self.params[i]
+                if self.stage == 3 and i not in self._owned_set:
+                    continue
+                if tuple(v.shape) != tuple(p.shape):
+                    raise ValueError("tinyacc: %s has shape %s in the state but %s in the model" % (k, tuple(v.shape), tuple(p.shape)))
+                p.copy_(v)
+
+    def optimizer_state_dict(self):
+        """The whole optimizer's state_dict, as torch would give it for the
+        full parameter list (collective: each owner sends its states)."""
+        sd = self._with_full_groups(self.optimizer.state_dict)
+        state = {}
+        for k in range(self.world):
+            meta = None
+            if k == self.rank:
+                meta = {}
+                for pos, st in sd["state"].items():
+                    meta[pos] = {key: (("t", tuple(v.shape)) if _is_f32(v) else ("v", v)) for key, v in st.items()}
+            meta = broadcast_object(meta, k, self.rank)
+            for pos in sorted(meta):
+                state[pos] = {}
+                for key in sorted(meta[pos]):
+                    kind, val = meta[pos][key]
+                    if kind == "v":
+                        state[pos][key] = val
+                        continue
+                    t = sd["state"][pos][key].detach().clone().contiguous() if k == self.rank else torch.empty(val)
+                    broadcast_(t.view(-1), k)
+                    state[pos][key] = t
+        return {"state": state, "param_groups": sd["param_groups"]}
+
+    def load_optimizer_state_dict(self, sd):
+        """Loads a whole state_dict (as optimizer_state_dict gives); each
+        rank keeps its owned parameters' states. A parameter with state has
+        been stepped, so it had a gradient: it keeps one (zeros) from now."""
+        self._with_full_groups(lambda: self.optimizer.load_state_dict(sd))
+        positions = [self.index[id(p)] for g in self._full_groups for p in g]
+        for pos in sd["state"]:
+            self.has_grad[positions[int(pos)]] = True
+        for p in list(self.optimizer.state):
+            if self.index[id(p)] not in self._owned_set:
+                del self.optimizer.state[p]
+
+    def memory(self):
+        own = self.owned if self.stage == 3 else range(len(self.params))
+        params_bytes = sum(4 * self.params[i].numel() for i in own)
+        grads = sum(4 * g.shard.numel() for g in self.groups) + self.buckets.nbytes()
+        for i, p in enumerate(self.params):
+            if p.grad is not None and i not in self._owned_set:
+                grads += p.grad.element_size() * p.grad.numel()
+        optim = 0
+        for st in self.optimizer.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    optim += v.element_size() * v.numel()
+        return dict(params_bytes=params_bytes, grads_bytes=grads, optim_bytes=optim)
+
+    def wrap_module(self):
+        return self.module
+
+    def wrap_optimizer(self):
+        return ZeroOptimizer(self)
+
+    # -- inside -----------------------------------------------------------------
+
+    def _grad_hook(self, i):
+        def hook(*_):
+            self._used_local[i] = True
+            if self.queue is not None:
+                self.queue.ready(i)
+            elif self.z3 is not None:
+                self.z3.grad_ready(i)
+        return hook
+
+    def _local_grad(self, i):
+        g = self.params[i].grad
+        return None if g is None else g.view(-1)
+
+    def _shard_view(self, i):
+        return self.group_of[i].shard_view(i, self.params[i].shape)
+
+    def _gather_params(self):
+        flat = lambda i: self.params[i].data.view(-1)  # noqa: E731
+        for g in self.groups:
+            self.buckets.all_gather(g, flat, flat)
+
+    def _bucket_groups(self, elems):
+        """ZeRO-2's shard groups: the parameters in reverse order (about the
+        order backward finishes them) cut into buckets of about elems
+        elements; owners are chosen over the whole model."""
+        groups, cur, size = [], [], 0
+        for i in reversed(range(len(self.params))):
+            cur.append(i)
+            size += self.params[i].numel()
+            if size >= elems:
+                groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
+                cur, size = [], 0
+        if cur or not groups:
+            groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
+        return groups
+
+    def _reduce_bucket(self, g):
+        """ZeRO-2: a bucket whose gradients are all final goes to its owners
+        (added to their shards) and the whole gradients are dropped."""
+        self.buckets.reduce_scatter(g, self._local_grad, g.shard, accumulate=True)
+        for i in g.indices:
+            self.params[i].grad = None
+
+    def _exchange_used(self):
+        """has_grad |= used on any rank (one small all-reduce per step)."""
+        flags = torch.tensor([1.0 if (u or h) else 0.0 for u, h in zip(self._used_local, self.has_grad)],
+                             dtype=torch.float32)
+        if flags.numel():
+            all_reduce_(flags, MAX)
+        self.has_grad = [bool(f > 0) for f in flags.tolist()]
+
+    def _with_full_groups(self, fn):
+        """Runs fn with the optimizer's groups holding every parameter again
+        (as torch's state_dict/load_state_dict number them)."""
+        for g, full in zip(self.optimizer.param_groups, self._full_groups):
+            g["params"] = full
+        try:
+            return fn()
+        finally:
+            for g, full in zip(self.optimizer.param_groups, self._full_groups):
+                g["params"] = [p for p in full if self.index[id(p)] in self._owned_set]
+
+
+class ZeroOptimizer:
+    """What prepare returns for the optimizer: steps and zeroes only on
+    micro-batches that sync, states whole."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.optimizer = engine.optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("tinyacc: optimizer.step(closure) is not supported under ZeRO")
+        if self._engine._sync:
+            self._engine.step()
+
+    def zero_grad(self, set_to_none=False):
+        if self._engine._sync:
+            self._engine.zero_grad()
+
+    def state_dict(self):
+        return self._engine.optimizer_state_dict()
+
+    def load_state_dict(self, sd):
+        self._engine.load_optimizer_state_dict(sd)
+
+
+def _is_f32(v):
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.dim() > 0

@@ -1,0 +1,231 @@
+"""Whole-parameter shards and the bucketed collectives that move them.
+
+A shard group is a list of parameters split over the data-parallel ranks
+by whole parameters: each parameter has one owner, chosen by the greedy
+"largest first onto the least loaded rank" rule, which leaves every rank
+with at most (group size / N + the largest parameter) elements. Rank k's
+owned parameters, flattened and concatenated in group order, form its
+block; every block is padded to the same length B (the largest load), so
+the group as a whole is an N × B matrix and the two collectives of ZeRO
+are the plain even ones:
+
+    reduce_scatter: N × B (every rank's full gradients)  ->  B (my block, averaged)
+    all_gather:     B (my block of parameters)           ->  N × B (everyone's)
+
+Both run in windows of S columns (S = bucket elements / (N + 1)), so the
+temporary buffers (N × S received, S sent) are one bucket whatever the
+model size; a
+parameter that straddles a window boundary is copied in pieces.
+
+The collectives are the world group's C functions called on the tensors'
+own memory (data_ptr), with no copy on the Python side.
+"""
+
+import ctypes
+import pickle
+
+import torch
+
+from ._lib import check, lib
+
+AVG = 1
+MAX = 2
+SUM = 0
+_F32P = ctypes.POINTER(ctypes.c_float)
+
+
+def _ptr(t):
+    assert t.dtype == torch.float32 and t.is_contiguous()
+    return ctypes.cast(t.data_ptr(), _F32P)
+
+
+def reduce_scatter_(inp, out, op=AVG):
+    """out = this rank's block of the reduction of inp (N × len(out))."""
+    check(lib.tinyacc_reduce_scatter(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op))
+
+
+def all_gather_(inp, out):
+    """out = every rank's inp, concatenated in rank order."""
+    check(lib.tinyacc_all_gather(_ptr(inp), inp.numel(), _ptr(out), out.numel()))
+
+
+def all_reduce_(buf, op=SUM):
+    """buf = the reduction of buf over the ranks, in place."""
+    check(lib.tinyacc_all_reduce(_ptr(buf), buf.numel(), op))
+
+
+def broadcast_(buf, src):
+    check(lib.tinyacc_broadcast(_ptr(buf), buf.numel(), int(src)))
+
+
+def balance(sizes, world):
+    """Owner rank of each item: largest first, onto the least loaded rank
+    (ties to the lower rank), so max load <= total / world + max(sizes)."""
+    load = [0] * world
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        k = min(range(world), key=lambda k: (load[k], k))
+        owner[i] = k
+        load[k] += sizes[i]
+    return owner
+
+
+class ShardGroup:
+    """Parameters (indices into the engine's list) sharded by owner.
+
+    layout[k] is [(index, offset in rank k's block, numel)], block is B,
+    shard is this rank's gradient block without its padding (allocated once).
+    """
+
+    def __init__(self, indices, params, rank, world, owner):
+        """owner: rank of every parameter index (balance over the model's
+        parameters, so that groups of a few parameters still spread)."""
+        self.indices = list(indices)
+        self.rank, self.world = rank, world
+        sizes = [params[i].numel() for i in self.indices]
+        self.owner = {i: owner[i] for i in self.indices}
+        self.layout = [[] for _ in range(world)]
+        fill = [0] * world
+        for i, n in zip(self.indices, sizes):
+            k = self.owner[i]
+            self.layout[k].append((i, fill[k], n))
+            fill[k] += n
+        self.block = max(fill) if fill else 0
+        self.offset = {i: off for k in range(world) for i, off, _ in self.layout[k]}
+        self.owned = [i for i, _, _ in self.layout[rank]]
+        # Only the owned elements: the padding up to B exists in transit only.
+        self.shard = torch.zeros(fill[rank])
+
+    def shard_view(self, i, shape):
+        """Parameter i's gradient inside this rank's shard (i must be owned)."""
+        assert self.owner[i] == self.rank
+        off = self.offset[i]
+        return self.shard[off:off + shape.numel()].view(shape)
+
+    def windows(self, width):
+        a = 0
+        while a < self.block:
+            b = min(self.block, a + width)
+            yield a, b
+            a = b
+
+    def pieces(self, k, a, b):
+        """(index, lo, hi) of rank k's parameters overlapping block columns
+        [a, b): elements [lo - off, hi - off) of parameter index."""
+        for i, off, n in self.layout[k]:
+            lo, hi = max(a, off), min(b, off + n)
+            if lo < hi:
+                yield i, off, lo, hi
+
+
+class Buckets:
+    """The one temporary buffer (N × S floats) all windows go through."""
+
+    def __init__(self, bucket_elems, world):
+        self.world = world
+        # N windows received plus one sent: one bucket in all.
+        self.width = max(1, int(bucket_elems) // (world + 1))
+        self.buf = None
+        self.send = None
+
+    def get(self, width):
+        need = self.world * width
+        if self.buf is None or self.buf.numel() < need:
+            self.buf = torch.empty(need)
+            self.send = torch.empty(width)
+        return self.buf[:need], self.send[:width]
+
+    def nbytes(self):
+        return 0 if self.buf is None else 4 * (self.buf.numel() + self.send.numel())
+
+    def reduce_scatter(self, group, grad_of, into, accumulate):
+        """Averages every rank's gradients of group over the ranks into
+        `into` (this rank's block): grad_of(i) is parameter i's flat local
+        gradient or None (zeros). accumulate adds instead of overwriting."""
+        for a, b in group.windows(self.width):
+            w = b - a
+            buf, out = self.get(w)
+            buf.zero_()
+            for k in range(self.world):
+                for i, off, lo, hi in group.pieces(k, a, b):
+                    g = grad_of(i)
+                    if g is not None:
+                        buf[k * w + lo - a:k * w + hi - a].copy_(g[lo - off:hi - off])
+            reduce_scatter_(buf, out, AVG)
+            e = min(b, into.numel())
+            if a < e:
+                if accumulate:
+                    into[a:e].add_(out[:e - a])
+                else:
+                    into[a:e].copy_(out[:e - a])
+
+    def all_gather(self, group, data_of, dest_of):
+        """Every rank's owned parameters of group to the others: data_of(i)
+        is owned parameter i's flat data; dest_of(i) the flat tensor that
+        receives non-owned parameter i (None: not wanted)."""
+        for a, b in group.windows(self.width):
+            w = b - a
+            buf, send = self.get(w)
+            send.zero_()
+            for i, off, lo, hi in group.pieces(group.rank, a, b):
+                send[lo - a:hi - a].copy_(data_of(i)[lo - off:hi - off])
+            all_gather_(send, buf)
+            for k in range(self.world):
+                if k == group.rank:
+                    continue
+                for i, off, lo, hi in group.pieces(k, a, b):
+                    d = dest_of(i)
+                    if d is not None:
+                        d[lo - off:hi - off].copy_(buf[k * w + lo - a:k * w + hi - a])
+
+
+class InOrder:
+    """Calls done(item) for items in one fixed order, each as soon as it
+    and all before it are complete: item k is complete when every index
+    of needs[k] has been reported ready (each index in at most one item).
+
+    Every rank reduces its items in the same order whatever order its
+    gradients arrive in, so the collectives pair up; an item whose
+    gradients do not all arrive (a parameter unused in this backward)
+    holds the later ones back until flush()."""
+
+    def __init__(self, items, needs, done):
+        self.items, self.needs, self.done = items, [list(n) for n in needs], done
+        self.item_of = {i: k for k, n in enumerate(self.needs) for i in n}
+        self._reset()
+
+    def _reset(self):
+        self.left = [len(n) for n in self.needs]
+        self.next = 0
+
+    def ready(self, i):
+        k = self.item_of.get(i)
+        if k is not None:
+            self.left[k] -= 1
+        while self.next < len(self.items) and self.left[self.next] <= 0:
+            self.next += 1
+            self.done(self.items[self.next - 1])
+
+    def flush(self):
+        while self.next < len(self.items):
+            self.next += 1
+            self.done(self.items[self.next - 1])
+        self._reset()
+
+
+def broadcast_object(obj, src, rank):
+    """A picklable object from rank src to every rank: its bytes travel as
+    one float32 per byte (exact), its length as three 16-bit digits."""
+    data = pickle.dumps(obj) if rank == src else b""
+    n = len(data)
+    head = torch.tensor([n & 0xFFFF, (n >> 16) & 0xFFFF, n >> 32], dtype=torch.float32)
+    broadcast_(head, src)
+    h = [int(x) for x in head.tolist()]
+    n = h[0] | (h[1] << 16) | (h[2] << 32)
+    if rank == src:
+        buf = torch.tensor(list(data), dtype=torch.float32)
+    else:
+        buf = torch.empty(n, dtype=torch.float32)
+    if n:
+        broadcast_(buf, src)
+    return obj if rank == src else pickle.loads(bytes(buf.to(torch.uint8).tolist()))
