@@ -184,6 +184,7 @@ func TestEquivalencePipelineLayouts(t *testing.T) {
 	}{
 		{"pp 2", 2, 1, func(c *config.Config) {}},
 		{"pp 2 zb1 × dp 2 zero1", 4, 2, func(c *config.Config) { c.PP.Schedule, c.Zero.Stage = "zb1", 1 }},
+		{"pp 2 × tp 2 + SP", 4, 1, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
 	} {
 		cfg := single
 		cfg.Parallel.PP = 2

@@ -26,6 +26,9 @@ type Pipeline struct {
 	// is summed over it.
 	embed comm.Group
 	rank  int
+	// seqParts is how many parts a micro-batch's sequence rows are cut
+	// into between stages: tp under sequence parallel, else 1.
+	seqParts int
 }
 
 // New builds the pipeline plugin of cfg over mesh m: it generates the
@@ -54,7 +57,10 @@ func New(cfg config.Config, m *mesh.Mesh) (*Pipeline, error) {
 			return nil, err
 		}
 	}
-	pl := &Pipeline{sched: s, split: split, group: m.PP(), rank: m.PPRank()}
+	pl := &Pipeline{sched: s, split: split, group: m.PP(), rank: m.PPRank(), seqParts: 1}
+	if cfg.TP.SequenceParallel && sh.TP > 1 {
+		pl.seqParts = sh.TP
+	}
 	// One embedding group per (dp, cp, tp) position, created on every
 	// rank in the same order.
 	for dp := 0; dp < sh.DP; dp++ {
@@ -137,7 +143,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 		switch a.Kind {
 		case RecvAct:
 			x, _ := t.Train.Batch(step, a.Micro, t.DataRank, t.DataSize, B, A)
-			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1), t.Model.Config.NEmbd)
+			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/o.seqParts, t.Model.Config.NEmbd)
 			if err = o.group.Recv(sl.in, a.Peer); err == nil {
 				sl.in.RequiresGrad()
 			}
@@ -288,7 +294,7 @@ func (o *Pipeline) EvalLoss(t *trainer.Trainer, x, y *tensor.Tensor) (float64, e
 	for c := o.rank; c <= last; c += s.P {
 		var in *tensor.Tensor
 		if c > 0 {
-			in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1), t.Model.Config.NEmbd)
+			in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/o.seqParts, t.Model.Config.NEmbd)
 			if err := o.group.Recv(in, s.RankOf(c-1)); err != nil {
 				return 0, fmt.Errorf("pp: stage %d: evaluation input of chunk %d: %w", o.rank, c, err)
 			}
