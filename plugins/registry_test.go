@@ -225,6 +225,7 @@ func TestEquivalenceContextParallel(t *testing.T) {
 	rows = append(rows,
 		row{"cp 2 × dp 2", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize = 2, 2 }},
 		row{"cp 2 × dp 2 zero 2", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize, c.Zero.Stage = 2, 2, 2 }},
+		row{"cp 2 × dp 2 zero 3", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize, c.Zero.Stage = 2, 2, 3 }},
 		row{"cp 2 × tp 2 + SP", 4, func(c *config.Config) { c.Parallel.CP, c.Parallel.TP, c.TP.SequenceParallel = 2, 2, true }},
 		row{"cp 2 × pp 2", 4, func(c *config.Config) {
 			c.Parallel.CP, c.Parallel.PP, c.Train.GradAccum, c.Train.BatchSize = 2, 2, 2, 2
@@ -263,4 +264,24 @@ func TestBuildContextParallel(t *testing.T) {
 		require.True(t, ps[0].(*cp.CP).ReduceGrads)
 		return nil
 	}))
+}
+
+// TestContextParallelEvaluation: evaluation under cp 2 (each rank its
+// chunks of the same batches) reports one process's validation loss.
+func TestContextParallelEvaluation(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Train.Steps, cfg.Data.ValFraction, cfg.Train.EvalBatches = 2, 0.2, 2
+	var single [1]float64
+	ptest.Parallel(t, cfg, 1, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		return []trainer.Plugin{evalProbe{&single[0]}}, nil, nil
+	})
+	cfg.Parallel.CP = 2
+	var evals [2]float64
+	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		ps, m, err := Build(cfg, g)
+		return append(ps, evalProbe{&evals[g.Rank()]}), m, err
+	})
+	for r, got := range evals {
+		require.InEpsilon(t, single[0], got, 1e-5, "rank %d's evaluation", r)
+	}
 }

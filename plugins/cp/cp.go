@@ -25,8 +25,8 @@ type CP struct {
 	Ring bool
 	// Split is Zigzag or Contiguous.
 	Split string
-	// ReduceGrads makes the plugin average the loss and every gradient
-	// over the CP group itself: for a run whose data-parallel plugin
+	// ReduceGrads makes the plugin average every gradient over the CP
+	// group itself: for a run whose data-parallel plugin
 	// reduces over the DP group only (ZeRO, DDP as a plugin process), or
 	// has none. Plain DDP reduces over the DP × CP group instead.
 	ReduceGrads bool
@@ -40,7 +40,6 @@ type CP struct {
 var (
 	_ trainer.Preparer    = (*CP)(nil)
 	_ trainer.GradReadier = (*CP)(nil)
-	_ trainer.LossReducer = (*CP)(nil)
 )
 
 // New returns the context-parallel plugin over m's CP group: attention
@@ -101,6 +100,9 @@ func (p *CP) Prepare(t *trainer.Trainer) error {
 	if e := t.Model.Embed; e != nil {
 		e.Layer = &Embedding{Inner: e.Layer, Pos: mine}
 	}
+	if h := t.Model.Head; h != nil {
+		h.Out = &Head{HeadLoss: h.Out, G: g, Trace: t.Trace}
+	}
 	for _, b := range t.Model.Blocks() {
 		c, ok := b.Core.(*nn.CausalAttention)
 		if !ok {
@@ -130,17 +132,6 @@ func (p *CP) GradReady(t *trainer.Trainer, q *tensor.Tensor, _ tensor.PassInfo) 
 	return nil
 }
 
-// ReduceLoss implements trainer.LossReducer: with ReduceGrads, the mean
-// over the CP group. Every rank's loss is its mean over equally many
-// tokens (B sequences × T/cp positions), so the mean of the ranks' means
-// is the mean over every token of the sequences.
-func (p *CP) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
-	if !p.ReduceGrads {
-		return loss, nil
-	}
-	return t.MeanOver(p.m.CP(), loss)
-}
-
 // Embedding is the input layer of a context-parallel rank: Inner (the
 // model's embedding, maybe vocabulary-parallel) on this rank's tokens of
 // each sequence, told their global positions so that the position
@@ -157,4 +148,48 @@ func (e *Embedding) Forward(idx *tensor.Tensor, p nn.Pass) (*tensor.Tensor, erro
 	}
 	p.Pos = e.Pos
 	return e.Inner.Forward(idx, p)
+}
+
+// Head is the output layer of a context-parallel rank: Inner's loss over
+// this rank's tokens, whose value the forward replaces by the mean over
+// the CP group (one all-reduce of a scalar) and whose gradient is left
+// alone. Every rank's loss is its mean over equally many tokens (B
+// sequences × T/cp positions), so the mean of the ranks' means is the mean
+// over every token of the sequences: what one process reports, in
+// training and in evaluation alike. The gradient stays that of the rank's
+// own mean; the data-parallel average of those over DP × CP (or over CP
+// by ReduceGrads, then DP) is the gradient of the global mean.
+type Head struct {
+	nn.HeadLoss
+	G     comm.Group
+	Trace *trace.Recorder
+}
+
+// Loss implements nn.HeadLoss.
+func (h *Head) Loss(x, targets *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
+	loss, err := h.HeadLoss.Loss(x, targets, p)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.Apply("cp.mean_loss", &meanLossFn{h: h}, loss)
+}
+
+type meanLossFn struct{ h *Head }
+
+func (f *meanLossFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tensor, error) {
+	g := f.h.G
+	v := tensor.FromF64([]float64{in[0].Scalar()}, 1)
+	span := f.h.Trace.Begin("all_reduce loss cp", "comm", trace.Comm).With("bytes", v.Bytes()).With("group", g.Name())
+	err := g.AllReduce(v, comm.Avg)
+	span.End()
+	if err != nil {
+		return nil, fmt.Errorf("cp: rank %d: mean of the loss over group %s: %w", g.Rank(), g.Name(), err)
+	}
+	out := tensor.New(in[0].DType(), in[0].Shape()...)
+	out.Set(0, v.F64()[0])
+	return out, nil
+}
+
+func (f *meanLossFn) Backward(_ *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
+	return []*tensor.Tensor{g}, nil
 }

@@ -50,7 +50,9 @@
 // B·T/n of them, the same count on every rank, so the mean over the CP
 // ranks of their means is the mean over every token of the sequences, and
 // the DP × CP mean of the per-rank means is the global batch's mean loss;
-// the same holds for the gradients. Plain DDP therefore averages over the
+// the same holds for the gradients. The loss a rank reports (training and
+// evaluation) is that CP mean, taken in forward (Head); its gradient stays
+// the rank's own. Plain DDP therefore averages over the
 // mesh's DP × CP group at once. ZeRO and DDP as a plugin process reduce
 // over the DP group only; the cp plugin then averages each gradient over
 // CP itself as it becomes ready, before them (CP.ReduceGrads). Parameters
