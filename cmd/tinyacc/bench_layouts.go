@@ -33,6 +33,8 @@ var layoutRows = []layoutRow{
 	{"dp %d", "--parallel.dp=%d", dpCommBytes},
 	{"tp %d", "--parallel.tp=%d", tpCommBytes(false)},
 	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true)},
+	{"cp %d ring", "--parallel.cp=%d --cp.attention=ring", cpCommBytes(true)},
+	{"cp %d allgather", "--parallel.cp=%d --cp.attention=allgather", cpCommBytes(false)},
 }
 
 // layoutBench is the model and global batch every row trains.
