@@ -152,3 +152,37 @@ func TestZigzagBalance(t *testing.T) {
 }
 
 func nnPass() nn.Pass { return nn.Pass{} }
+
+// A layer given rows other than its own says which rank and how many.
+func TestAttentionRefusesOtherRows(t *testing.T) {
+	pos, err := AllPositions(Zigzag, 8, 2)
+	require.NoError(t, err)
+	require.NoError(t, comm.RunLocal(2, comm.Options{Timeout: 5 * time.Second}, func(g comm.Group) error {
+		a := &Attention{NHead: 2, G: g, Pos: pos, Ring: true}
+		_, err := a.Forward(tensor.New(tensor.Float32, 1, 8, 24), nn.Pass{})
+		require.EqualError(t, err, fmt.Sprintf("cp: rank %d's attention got 8 rows of each sequence; it holds 4 (positions %v)", g.Rank(), pos[g.Rank()]))
+		e := &Embedding{Pos: pos[g.Rank()]}
+		_, err = e.Forward(tensor.New(tensor.Int32, 1, 8), nn.Pass{})
+		require.EqualError(t, err, fmt.Sprintf("cp: the embedding got 8 tokens of each sequence; this rank holds 4 (positions %d..%d of its chunks): context parallel runs on whole block_size windows", pos[g.Rank()][0], pos[g.Rank()][3]))
+		return nil
+	}))
+}
+
+// A ring whose peer never joins fails within the deadline, naming the
+// rank, the group, the step and the transfer.
+func TestRingPeerMissing(t *testing.T) {
+	pos, err := AllPositions(Zigzag, 8, 2)
+	require.NoError(t, err)
+	var got error
+	_ = comm.RunLocal(2, comm.Options{Timeout: 300 * time.Millisecond}, func(g comm.Group) error {
+		if g.Rank() == 1 {
+			return nil
+		}
+		a := &Attention{NHead: 2, G: g, Pos: pos, Ring: true}
+		_, got = a.Forward(randF32(rand.New(rand.NewSource(1)), 1, 4, 24), nn.Pass{})
+		return got
+	})
+	require.Error(t, got)
+	want := fmt.Sprintf("cp: rank 0 of group %s: ring forward step 0: send keys and values to rank 1, receive from rank 1: ", "world")
+	require.Equal(t, want, got.Error()[:min(len(want), len(got.Error()))], "%v", got)
+}
