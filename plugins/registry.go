@@ -112,10 +112,11 @@ func dataParallel(cfg config.Config, m *mesh.Mesh) (trainer.Plugin, error) {
 	}
 	if cfg.Parallel.CP > 1 {
 		d, err := ddp.New(m.DPCP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
-		if d != nil {
-			d.Data = m.DP()
+		if err != nil {
+			return nil, err
 		}
-		return d, err
+		d.Data = m.DP()
+		return d, nil
 	}
 	return ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
 }
