@@ -4,8 +4,8 @@
 //	ddp   data parallel: naive all-reduce and bucketed, overlapped all-reduce
 //	zero  ZeRO stages 1, 2 and 3 over the data-parallel group
 //	tp    tensor (and sequence) parallel, Megatron style
-//	pp    pipeline schedules (AFAB, 1F1B, interleaved, ZB)     (to come)
-//	cp    context parallel (ring attention)                    (to come)
+//	pp    pipeline schedules (AFAB, 1F1B, interleaved, ZB)
+//	cp    context parallel (ring and all-gather attention, zigzag split)
 //
 // Each strategy is a trainer.Plugin implementing only the hooks it needs
 // (see core/trainer/plugin.go); the naive form of each lives beside the

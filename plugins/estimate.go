@@ -3,6 +3,7 @@ package plugins
 import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/cp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
@@ -23,7 +24,14 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 	}
 	var ests []trainer.MemoryEstimator
 	// Model rewriters (tp, cp) and the step owner (pp) come here, in
-	// Build's order, once they exist.
+	// Build's order.
+	if world > 1 && p.CP > 1 {
+		c, err := cp.Estimator(cfg.CP.Attention, p.CP)
+		if err != nil {
+			return nil, err
+		}
+		ests = append(ests, c)
+	}
 	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
 		z, err := zero.Estimator(cfg.Zero.Stage)
 		if err != nil {

@@ -16,23 +16,28 @@ import (
 )
 
 // estimateLayouts are the layouts this build registers (one process, DDP
-// both modes, ZeRO-1/2/3), each with and without gradient accumulation.
+// both modes, ZeRO-1/2/3, each with and without gradient accumulation;
+// context parallel with each attention form).
 var estimateLayouts = []struct {
 	name                string
 	world, stage, accum int
 	mode                string
+	cp                  string // "": no context parallel; else "cp attention split" with parallel.cp = world
 }{
-	{"one process", 1, 0, 1, ""},
-	{"one process grad_accum 2", 1, 0, 2, ""},
-	{"ddp bucketed dp 2", 2, 0, 1, "bucketed"},
-	{"ddp naive dp 2", 2, 0, 1, "naive"},
-	{"ddp dp 2 grad_accum 2", 2, 0, 2, "bucketed"},
-	{"zero-1 dp 2", 2, 1, 1, ""},
-	{"zero-2 dp 2", 2, 2, 1, ""},
-	{"zero-3 dp 2", 2, 3, 1, ""},
-	{"zero-1 dp 2 grad_accum 2", 2, 1, 2, ""},
-	{"zero-2 dp 2 grad_accum 2", 2, 2, 2, ""},
-	{"zero-3 dp 2 grad_accum 2", 2, 3, 2, ""},
+	{"one process", 1, 0, 1, "", ""},
+	{"one process grad_accum 2", 1, 0, 2, "", ""},
+	{"ddp bucketed dp 2", 2, 0, 1, "bucketed", ""},
+	{"ddp naive dp 2", 2, 0, 1, "naive", ""},
+	{"ddp dp 2 grad_accum 2", 2, 0, 2, "bucketed", ""},
+	{"zero-1 dp 2", 2, 1, 1, "", ""},
+	{"zero-2 dp 2", 2, 2, 1, "", ""},
+	{"zero-3 dp 2", 2, 3, 1, "", ""},
+	{"zero-1 dp 2 grad_accum 2", 2, 1, 2, "", ""},
+	{"zero-2 dp 2 grad_accum 2", 2, 2, 2, "", ""},
+	{"zero-3 dp 2 grad_accum 2", 2, 3, 2, "", ""},
+	{"cp 2 ring", 2, 0, 1, "", "ring zigzag"},
+	{"cp 2 allgather", 2, 0, 1, "", "allgather zigzag"},
+	{"cp 4 ring contiguous", 4, 0, 1, "", "ring contiguous"},
 }
 
 // measure trains cfg on world goroutine ranks through Build and returns
@@ -78,6 +83,11 @@ func TestEstimateMatchesMeasured(t *testing.T) {
 				cfg.Train.Steps, cfg.Train.GradAccum, cfg.Zero.Stage = 2, l.accum, l.stage
 				if l.mode != "" {
 					cfg.DDP.Mode = l.mode
+				}
+				if l.cp != "" {
+					cfg.Parallel.CP = l.world
+					_, err := fmt.Sscan(l.cp, &cfg.CP.Attention, &cfg.CP.Split)
+					require.NoError(t, err)
 				}
 				est, err := Estimate(cfg, l.world)
 				require.NoError(t, err)

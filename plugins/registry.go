@@ -7,6 +7,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/cp"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/process"
@@ -22,7 +23,9 @@ import (
 // parallel), then data parallel (DDP or ZeRO). parallel.dp = 0 gives data
 // parallelism every rank the other dimensions leave. parallel.tp > 1 adds
 // tensor parallel over the TP group (tp.sequence_parallel for its sequence
-// parallel form). zero.stage 0 picks
+// parallel form); parallel.cp > 1 context parallel over the CP group
+// (cp.attention, cp.split), whose gradients plain DDP averages over
+// DP × CP. zero.stage 0 picks
 // DDP (ddp.mode naive or bucketed), 1 to 3 the ZeRO stage, both over the
 // data-parallel group. A single process gets no mesh and no plugins but
 // the process plugins. The binaries of plugins.process are started here
@@ -66,7 +69,7 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		return nil, nil, err
 	}
 	var out []trainer.Plugin
-	// Model rewriters first: tensor parallel (context parallel to come),
+	// Model rewriters first: tensor parallel, then context parallel;
 	// then the step owner (pipeline parallel).
 	if p.TP > 1 {
 		t, err := tp.New(m, cfg.TP.SequenceParallel)
@@ -75,6 +78,13 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		}
 		out = append(out, t)
 	}
+	if p.CP > 1 {
+		c, err := cp.New(m, cfg.CP.Attention, cfg.CP.Split, !ddpOverDPCP(cfg))
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, c)
+	}
 	if p.PP > 1 {
 		o, err := pp.New(cfg, m)
 		if err != nil {
@@ -82,7 +92,7 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		}
 		out = append(out, o)
 	}
-	if dp > 1 {
+	if dp > 1 || (p.CP > 1 && ddpOverDPCP(cfg)) {
 		d, err := dataParallel(cfg, m)
 		if err != nil {
 			return nil, nil, err
@@ -100,5 +110,23 @@ func dataParallel(cfg config.Config, m *mesh.Mesh) (trainer.Plugin, error) {
 	if cfg.DDP.Process {
 		return process.NewDDP(m.DP(), m.Rank())
 	}
+	if cfg.Parallel.CP > 1 {
+		d, err := ddp.New(m.DPCP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+		if err != nil {
+			return nil, err
+		}
+		d.Data = m.DP()
+		return d, nil
+	}
 	return ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+}
+
+// ddpOverDPCP reports whether data parallel is plain DDP, which averages
+// gradients over the DP × CP group at once (a CP rank's loss is the mean
+// over its equal share of the sequences' tokens, so the DP × CP mean of
+// the ranks' gradients is the gradient of the global batch's mean loss).
+// ZeRO and DDP as a plugin process reduce over the DP group only; context
+// parallel then averages over CP itself first.
+func ddpOverDPCP(cfg config.Config) bool {
+	return cfg.Zero.Stage == 0 && !cfg.DDP.Process
 }

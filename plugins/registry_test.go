@@ -12,6 +12,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/cp"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -183,6 +184,7 @@ func TestEquivalencePipelineLayouts(t *testing.T) {
 	}{
 		{"pp 2", 2, 1, func(c *config.Config) {}},
 		{"pp 2 zb1 × dp 2 zero1", 4, 2, func(c *config.Config) { c.PP.Schedule, c.Zero.Stage = "zb1", 1 }},
+		{"pp 2 × tp 2 + SP", 4, 1, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
 	} {
 		cfg := single
 		cfg.Parallel.PP = 2
@@ -193,5 +195,93 @@ func TestEquivalencePipelineLayouts(t *testing.T) {
 			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", l.name, r))
 		}
 		ptest.AssertReplicas(t, got, l.name)
+	}
+}
+
+// TestEquivalenceContextParallel: context-parallel layouts built by Build
+// train like one process on the same global batch (losses 1e-5, weights
+// 1e-4): cp 2 and 4, ring and all-gather attention, zigzag and contiguous
+// splits, and cp 2 beside dp 2, tp 2 (with sequence parallel) and pp 2.
+// The CP ranks of a group read the same sequences, each its chunks.
+func TestEquivalenceContextParallel(t *testing.T) {
+	base := ptest.Config()
+	base.Train.Steps, base.Train.BatchSize = 3, 4
+	want := ptest.Single(t, base)
+	type row struct {
+		name  string
+		n     int
+		apply func(c *config.Config)
+	}
+	var rows []row
+	for _, n := range []int{2, 4} {
+		for _, att := range []string{"ring", "allgather"} {
+			for _, split := range []string{"zigzag", "contiguous"} {
+				rows = append(rows, row{fmt.Sprintf("cp %d %s %s", n, att, split), n, func(c *config.Config) {
+					c.Parallel.CP, c.CP.Attention, c.CP.Split = n, att, split
+				}})
+			}
+		}
+	}
+	rows = append(rows,
+		row{"cp 2 × dp 2", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize = 2, 2 }},
+		row{"cp 2 × dp 2 zero 2", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize, c.Zero.Stage = 2, 2, 2 }},
+		row{"cp 2 × dp 2 zero 3", 4, func(c *config.Config) { c.Parallel.CP, c.Train.BatchSize, c.Zero.Stage = 2, 2, 3 }},
+		row{"cp 2 × tp 2 + SP", 4, func(c *config.Config) { c.Parallel.CP, c.Parallel.TP, c.TP.SequenceParallel = 2, 2, true }},
+		row{"cp 2 × pp 2", 4, func(c *config.Config) {
+			c.Parallel.CP, c.Parallel.PP, c.Train.GradAccum, c.Train.BatchSize = 2, 2, 2, 2
+		}},
+	)
+	for _, l := range rows {
+		cfg := base
+		l.apply(&cfg)
+		require.NoError(t, cfg.Validate(), l.name)
+		got := ptest.Parallel(t, cfg, l.n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+		for r := range got {
+			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", l.name, r))
+		}
+		ptest.AssertReplicas(t, got, l.name)
+	}
+}
+
+// TestBuildContextParallel: cp comes after tp and before data parallel;
+// plain DDP reduces over DP × CP and reads data by DP rank, while ZeRO
+// leaves the CP average to the cp plugin.
+func TestBuildContextParallel(t *testing.T) {
+	require.NoError(t, comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
+		cfg := ptest.Config()
+		cfg.Parallel.CP = 2
+		ps, m, err := Build(cfg, g)
+		require.NoError(t, err)
+		require.Len(t, ps, 2)
+		require.IsType(t, &cp.CP{}, ps[0])
+		require.False(t, ps[0].(*cp.CP).ReduceGrads)
+		require.IsType(t, &ddp.DDP{}, ps[1])
+		require.Equal(t, m.DP(), ps[1].(*ddp.DDP).Data)
+		require.Equal(t, 2, m.CP().Size())
+		cfg.Zero.Stage = 1
+		ps, _, err = Build(cfg, g)
+		require.NoError(t, err)
+		require.True(t, ps[0].(*cp.CP).ReduceGrads)
+		return nil
+	}))
+}
+
+// TestContextParallelEvaluation: evaluation under cp 2 (each rank its
+// chunks of the same batches) reports one process's validation loss.
+func TestContextParallelEvaluation(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Train.Steps, cfg.Data.ValFraction, cfg.Train.EvalBatches = 2, 0.2, 2
+	var single [1]float64
+	ptest.Parallel(t, cfg, 1, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		return []trainer.Plugin{evalProbe{&single[0]}}, nil, nil
+	})
+	cfg.Parallel.CP = 2
+	var evals [2]float64
+	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
+		ps, m, err := Build(cfg, g)
+		return append(ps, evalProbe{&evals[g.Rank()]}), m, err
+	})
+	for r, got := range evals {
+		require.InEpsilon(t, single[0], got, 1e-5, "rank %d's evaluation", r)
 	}
 }

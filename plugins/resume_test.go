@@ -39,6 +39,7 @@ var layouts = []layout{
 	{"tp2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
 	{"tp2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
 	{"tp2 sp zero3 dp2", 4, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel, c.Zero.Stage = 2, true, 3 }},
+	{"cp2", 2, func(c *config.Config) { c.Parallel.CP = 2 }},
 }
 
 const resumeGlobal = 8
@@ -47,9 +48,10 @@ func (l layout) config(steps int) config.Config {
 	c := ptest.Config()
 	c.Train.Steps = steps
 	l.apply(&c)
-	// Tensor-parallel ranks share their micro-batch and pipeline stages
-	// run the same one: the data-parallel ranks split the global batch.
-	c.Train.BatchSize = resumeGlobal / (l.ranks / (c.Parallel.PP * c.Parallel.TP))
+	// Tensor- and context-parallel ranks share their micro-batch and
+	// pipeline stages run the same one: the data-parallel ranks split the
+	// global batch.
+	c.Train.BatchSize = resumeGlobal / (l.ranks / (c.Parallel.PP * c.Parallel.TP * c.Parallel.CP))
 	return c
 }
 

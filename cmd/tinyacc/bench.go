@@ -23,7 +23,7 @@ import (
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|pp|soak|ckpt|process|torch [flags]")
+		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|pp|cp|soak|ckpt|process|torch [flags]")
 	}
 	switch args[0] {
 	case "step":
@@ -36,6 +36,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		return benchPP(args[1:], stdout, stderr)
 	case "layouts":
 		return benchLayouts(args[1:], stdout, stderr)
+	case "cp":
+		return benchCP(args[1:], stdout, stderr)
 	case "soak":
 		return benchSoak(args[1:], stdout, stderr)
 	case "ckpt":
@@ -45,7 +47,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	case "torch":
 		return benchTorch(args[1:], stdout, stderr)
 	}
-	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, pp, soak, ckpt, process, torch)", args[0])
+	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, pp, cp, soak, ckpt, process, torch)", args[0])
 }
 
 // benchShape is the GPT both sides of `bench step` train.

@@ -37,6 +37,8 @@ var layoutRows = []layoutRow{
 	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b" + ppMicroFlag, ppCommBytes(1)},
 	{"pp %d interleaved", "--parallel.pp=%d --pp.schedule=interleaved --pp.virtual_stages=2" + ppMicroFlag, ppCommBytes(2)},
 	{"pp %d zb1", "--parallel.pp=%d --pp.schedule=zb1" + ppMicroFlag, ppCommBytes(1)},
+	{"cp %d ring", "--parallel.cp=%d --cp.attention=ring", cpCommBytes(true)},
+	{"cp %d allgather", "--parallel.cp=%d --cp.attention=allgather", cpCommBytes(false)},
 }
 
 // ppMicro is the micro-batches per step (train.grad_accum) of the pipeline

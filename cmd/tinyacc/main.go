@@ -79,6 +79,10 @@ Usage:
   tinyacc bench pp [--micro 2,4,8] [--steps N]
       Pipeline schedules on 2 processes: ms/step, idle share of wall time from
       the trace beside the simulator's and the formula's, activation peaks.
+  tinyacc bench cp [--nproc N] [--steps N]
+      Context parallel: attention FLOPs and time per rank under the zigzag and
+      contiguous splits, the ring's transfer time hidden behind compute (cp 2,
+      2 processes), activation peak per rank beside one process's.
   tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.

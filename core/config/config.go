@@ -96,6 +96,16 @@ type Config struct {
 		// model.block_size % parallel.tp == 0. Ignored when tp is 1.
 		SequenceParallel bool `koanf:"sequence_parallel"`
 	} `koanf:"tp"`
+	CP struct {
+		// Attention is how a context-parallel rank sees the other ranks'
+		// keys and values: "ring" passes them around the CP group block by
+		// block, overlapped with compute; "allgather" gathers them all.
+		Attention string `koanf:"attention"`
+		// Split is how a sequence is cut over the CP ranks: "zigzag"
+		// (2·cp chunks, rank r holds r and 2·cp-1-r: causal work balanced)
+		// or "contiguous" (rank r holds chunk r).
+		Split string `koanf:"split"`
+	} `koanf:"cp"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
@@ -175,6 +185,7 @@ func Defaults() Config {
 
 	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
+	c.CP.Attention, c.CP.Split = "ring", "zigzag"
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"

@@ -34,7 +34,7 @@ func TestDefaultsMatchDocumentedValues(t *testing.T) {
 func TestKeys(t *testing.T) {
 	want := []string{
 		"checkpoint.dir", "checkpoint.every", "checkpoint.keep_last",
-		"comm.backend", "comm.timeout",
+		"comm.backend", "comm.timeout", "cp.attention", "cp.split",
 		"data.format", "data.max_bytes", "data.order", "data.path", "data.val_fraction", "data.val_path",
 		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode", "ddp.process",
 		"device", "init_from", "memory.limit", "metrics_file",

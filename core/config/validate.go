@@ -78,7 +78,7 @@ func (c *Config) Validate() error {
 	for _, k := range []struct {
 		key, plugin string
 		n           int
-	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "context parallel", pl.CP}} {
+	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "", pl.CP}} {
 		if k.n < 1 {
 			v.addf("config: %s=%d must be >= 1", k.key, k.n)
 		} else if k.n > 1 && k.plugin != "" {
@@ -102,6 +102,7 @@ func (c *Config) Validate() error {
 			v.addf("config: model.block_size=%d is not divisible by parallel.tp=%d: tp.sequence_parallel splits the sequence over the tp ranks; choose block_size a multiple of tp or set tp.sequence_parallel=false", m.BlockSize, tp)
 		}
 	}
+	c.validateCP(v) // cp.go
 	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)

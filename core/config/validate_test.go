@@ -83,6 +83,18 @@ func TestValidateMessages(t *testing.T) {
 			"config: model.vocab_size=300 is smaller than parallel.tp=512: every tensor-parallel rank holds some rows of the vocabulary"},
 		{"sequence parallel", func(c *Config) { c.Parallel.TP, c.TP.SequenceParallel, c.Model.BlockSize = 2, true, 129 },
 			"config: model.block_size=129 is not divisible by parallel.tp=2: tp.sequence_parallel splits the sequence over the tp ranks; choose block_size a multiple of tp or set tp.sequence_parallel=false"},
+		{"cp contiguous", func(c *Config) { c.Parallel.CP, c.CP.Split, c.Model.BlockSize = 3, "contiguous", 16 },
+			"config: model.block_size=16 is not divisible by parallel.cp=3: context parallel cuts every sequence into equal chunks; choose block_size a multiple of 3"},
+		{"cp zigzag", func(c *Config) { c.Parallel.CP, c.Model.BlockSize = 4, 20 },
+			"config: model.block_size=20 is not divisible by 2 × parallel.cp=4 (cp.split=zigzag: two chunks per rank) = 8: context parallel cuts every sequence into equal chunks; choose block_size a multiple of 8"},
+		{"cp zigzag sequence parallel", func(c *Config) {
+			c.Parallel.CP, c.Parallel.TP, c.TP.SequenceParallel, c.Model.BlockSize = 2, 2, true, 20
+		},
+			"config: model.block_size=20 is not divisible by 2 × parallel.cp=2 (cp.split=zigzag: two chunks per rank) × parallel.tp=2 (tp.sequence_parallel splits a rank's rows again) = 8: context parallel cuts every sequence into equal chunks; choose block_size a multiple of 8"},
+		{"cp attention", func(c *Config) { c.CP.Attention = "ulysses" },
+			`config: cp.attention="ulysses" is not supported: use one of ring, allgather`},
+		{"cp split", func(c *Config) { c.CP.Split = "striped" },
+			`config: cp.split="striped" is not supported: use one of zigzag, contiguous`},
 		{"dp", func(c *Config) { c.Parallel.DP = -1 },
 			"config: parallel.dp=-1 must not be negative: set it to 0 or more"},
 		{"backend", func(c *Config) { c.Comm.Backend = "nccl" },

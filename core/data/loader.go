@@ -3,6 +3,7 @@ package data
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"sort"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
@@ -33,6 +34,7 @@ type Loader struct {
 	length int64  // tokens over all segments
 	vocab  int    // ids must be below it (0: unchecked)
 	err    error  // the first bad token id a window met
+	cols   []int  // the positions of each window batches keep (nil: all)
 }
 
 // NewLoader builds a loader over tokens with block size T. order is
@@ -194,18 +196,43 @@ func (l *Loader) EvalBatch(k, B int) (x, y *tensor.Tensor) {
 	return l.gather(func(j int) int { return l.seqOffset(first + uint64(j)) }, B)
 }
 
-// gather copies B windows into fresh [B, T] tensors; fresh buffers keep the
-// batch independent of the stream, so callers may keep or mutate it.
+// KeepColumns makes Batch and EvalBatch return only the given positions of
+// every window, in the order given: [B, len(cols)] inputs and the targets
+// at the same positions. A context-parallel rank keeps its chunks of every
+// sequence this way, reading the same windows as the rest of its group.
+// nil keeps every position.
+func (l *Loader) KeepColumns(cols []int) error {
+	for _, c := range cols {
+		if c < 0 || c >= l.t {
+			return fmt.Errorf("data: column %d is outside a window of block_size %d", c, l.t)
+		}
+	}
+	l.cols = slices.Clone(cols)
+	return nil
+}
+
+// gather copies B windows into fresh [B, T] tensors (T: the kept columns);
+// fresh buffers keep the batch independent of the stream, so callers may
+// keep or mutate it.
 func (l *Loader) gather(offset func(j int) int, B int) (x, y *tensor.Tensor) {
 	T := l.t
+	if l.cols != nil {
+		T = len(l.cols)
+	}
 	xs := make([]int32, B*T)
 	ys := make([]int32, B*T)
-	w := make([]int32, T+1)
+	w := make([]int32, l.t+1)
 	for j := 0; j < B; j++ {
 		sg, o := l.locate(offset(j))
 		l.read(sg, o, w)
-		copy(xs[j*T:(j+1)*T], w[:T])
-		copy(ys[j*T:(j+1)*T], w[1:])
+		if l.cols == nil {
+			copy(xs[j*T:(j+1)*T], w[:T])
+			copy(ys[j*T:(j+1)*T], w[1:])
+			continue
+		}
+		for i, c := range l.cols {
+			xs[j*T+i], ys[j*T+i] = w[c], w[c+1]
+		}
 	}
 	return tensor.FromI32(xs, B, T), tensor.FromI32(ys, B, T)
 }

@@ -207,3 +207,39 @@ func TestBatchPanicsOnBadArguments(t *testing.T) {
 	assert.Panics(t, func() { l.EvalBatch(-1, 1) })
 	assert.Panics(t, func() { l.Sample(-1) })
 }
+
+// A loader that keeps some columns returns exactly those positions of the
+// windows the whole loader returns, inputs and targets alike.
+func TestKeepColumns(t *testing.T) {
+	toks := make([]int32, 200)
+	for i := range toks {
+		toks[i] = int32(i * 7 % 101)
+	}
+	whole, err := NewLoader(toks, 8, "random", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part, err := NewLoader(toks, 8, "random", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols := []int{0, 1, 6, 7}
+	if err := part.KeepColumns(cols); err != nil {
+		t.Fatal(err)
+	}
+	wx, wy := whole.Batch(2, 1, 1, 2, 3, 2)
+	px, py := part.Batch(2, 1, 1, 2, 3, 2)
+	if s := px.Shape(); len(s) != 2 || s[0] != 3 || s[1] != 4 {
+		t.Fatalf("shape %v, want [3 4]", s)
+	}
+	for b := 0; b < 3; b++ {
+		for i, c := range cols {
+			if px.I32()[b*4+i] != wx.I32()[b*8+c] || py.I32()[b*4+i] != wy.I32()[b*8+c] {
+				t.Fatalf("row %d column %d differs from the whole window's position %d", b, i, c)
+			}
+		}
+	}
+	if err := part.KeepColumns([]int{8}); err == nil || err.Error() != "data: column 8 is outside a window of block_size 8" {
+		t.Fatalf("got %v", err)
+	}
+}

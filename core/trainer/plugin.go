@@ -23,9 +23,10 @@ import (
 //     error is returned once backward is done.
 //   - Value hooks compose. LossReducer: each reduces the value the
 //     previous one returned, so a loss is reduced once over each group
-//     that splits the batch (data parallel over dp, context parallel over
-//     cp); a group that does not split the batch (tensor parallel, whose
-//     ranks compute the same loss) reduces nothing. MemoryGatherer: each
+//     that splits the batch (data parallel over dp, or dp × cp; context
+//     parallel's head averages over cp in forward); a group that does not
+//     split the batch (tensor parallel, whose ranks compute the same
+//     loss) reduces nothing. MemoryGatherer: each
 //     receives the reports gathered so far and returns them amended.
 //   - At most one plugin owns the step (StepOwner); a second is an error
 //     before training. Likewise at most one plugin holds a given

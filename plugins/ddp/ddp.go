@@ -22,6 +22,12 @@ const mib = 1 << 20
 // DDP is the data-parallel plugin of one rank. It implements
 // trainer.Preparer, GradReadier, PreStepper and LossReducer.
 type DDP struct {
+	// Data is the group whose ranks read different samples (nil: the
+	// reduction group). Under context parallel DDP averages gradients
+	// over the DP × CP group, whose CP ranks read the same sequences
+	// (their own chunks of them): Data is then the DP group.
+	Data comm.Group
+
 	g    comm.Group
 	mode string
 	// bucketBytes and firstBytes cap the buckets of the bucketed mode.
@@ -80,9 +86,13 @@ func (d *DDP) Mode() string { return d.mode }
 // rank at its slice of the global batch and, in bucketed mode, lays the
 // gradients out in their buckets.
 func (d *DDP) Prepare(t *trainer.Trainer) error {
-	if dp := t.Cfg.Parallel.DP; dp > 0 && dp != d.g.Size() {
+	data := d.g
+	if d.Data != nil {
+		data = d.Data
+	}
+	if dp := t.Cfg.Parallel.DP; dp > 0 && dp != data.Size() {
 		return fmt.Errorf("ddp: parallel.dp is %d but data-parallel group %q has %d ranks; set parallel.dp to %d or 0",
-			dp, d.g.Name(), d.g.Size(), d.g.Size())
+			dp, data.Name(), data.Size(), data.Size())
 	}
 	// Initial weights already depend only on (seed, name); broadcasting
 	// anyway keeps replicas identical whatever the caller loaded.
@@ -97,7 +107,7 @@ func (d *DDP) Prepare(t *trainer.Trainer) error {
 			return fmt.Errorf("ddp: broadcast initial %s from rank 0: %w", p.Name, err)
 		}
 	}
-	t.DataRank, t.DataSize = d.g.Rank(), d.g.Size()
+	t.DataRank, t.DataSize = data.Rank(), data.Size()
 	if d.mode == Bucketed {
 		return d.layout(t)
 	}
@@ -123,7 +133,8 @@ func (d *DDP) PreStep(t *trainer.Trainer) error {
 }
 
 // ReduceLoss implements trainer.LossReducer: every rank's loss is its mean
-// over equally many samples, so the average of the ranks' losses is the
+// over equally many tokens (samples, or under context parallel equal
+// chunks of the same samples), so the average of the ranks' losses is the
 // mean over the global batch.
 func (d *DDP) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
 	return t.MeanOver(d.g, loss)

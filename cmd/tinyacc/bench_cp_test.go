@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// `tinyacc bench cp` runs its layouts as processes and prints the counted
+// attention FLOPs per rank: equal under zigzag, (c(c+1)/2 + c²)/(c(c+1)/2)
+// = 100/36 apart under the contiguous split of 16 tokens over 2 ranks
+// (chunks of c = 8), with the overlap and memory sections after them.
+func TestBenchCP(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "tinyacc")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cmd := exec.Command(bin, "bench", "cp", "--nproc", "2", "--steps", "2", "--repeats", "1",
+		"--n_layer", "1", "--n_embd", "32", "--block_size", "16", "--batch", "2")
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	s := stdout.String()
+	require.Contains(t, s, "\nzigzag      max/min: FLOPs 1.000, ", s)
+	require.Contains(t, s, "\ncontiguous  max/min: FLOPs 2.778, ", s)
+	require.Contains(t, s, "\noverlap: cp 2 ring, 2 processes", s)
+	for _, row := range []string{"cp 2 ring zigzag ", "cp 2 ring contiguous ", "cp 2 ring ", "cp 2 allgather "} {
+		require.True(t, strings.Contains(s, "\n"+row), "no %q row:\n%s", row, s)
+	}
+}
+
+// `tinyacc train --local-ranks 16` on the full 4D mesh (dp 2, tp 2, pp 2,
+// cp 2) logs the losses of one process with the same global batch.
+func TestTrain4DLocalRanks(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "tinyacc")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=16",
+		"--train.steps=3", "--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
+	run := func(name string, extra ...string) []float64 {
+		metrics := filepath.Join(dir, name+".jsonl")
+		cmd := exec.Command(bin, append(append(append([]string{}, common...), "--metrics_file="+metrics), extra...)...)
+		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s %v:\n%s", name, extra, b)
+		return trainLosses(t, metrics)
+	}
+	want := run("single", "--train.batch_size=8")
+	got := run("4d", "--local-ranks", "16", "--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--parallel.cp=2", "--train.batch_size=4")
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.InEpsilon(t, want[i], got[i], 1e-5, "loss of step %d", i)
+	}
+}
