@@ -95,11 +95,13 @@ type Trainer struct {
 	// DataRank and DataSize place this rank in the data-parallel group:
 	// it reads its slice of the global batch. Plugins set them in Prepare.
 	DataRank, DataSize int
-	// SeqParts is how many parts each sequence of the residual stream
-	// between blocks is cut into across ranks that share a batch: 1
-	// unless a plugin splits the sequence (sequence parallel multiplies
-	// it by tp). A rank holds (B, T/SeqParts, C) of it, which is what a
-	// pipeline stage boundary carries. Plugins set it in Prepare.
+	// SeqParts is how many parts the rank's batch rows (B, T) are cut
+	// into along the sequence in the residual stream between blocks: 1
+	// unless a plugin splits the sequence inside the model (sequence
+	// parallel multiplies it by tp; context parallel cuts the rows in the
+	// data loader already, so it does not count here). A rank holds
+	// (B, T/SeqParts, C), which is what a pipeline stage boundary
+	// carries. Plugins set it in Prepare.
 	SeqParts int
 
 	Plugins []Plugin
