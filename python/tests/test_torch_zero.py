@@ -29,6 +29,7 @@ def test_zero3_sequential_and_wrap(cli):
     # Accelerator in test_torch_ddp.py; this launch covers what it does not.
     text = launch(cli, 2, "torch_zero_equiv.py")
     assert text.count("ok sequential stage=3 world=2") == 2, text
+    assert text.count("ok modulelist stage=3 world=2") == 2, text
     assert text.count("ok wrap=Linear stage=3 world=2") == 2, text
 
 

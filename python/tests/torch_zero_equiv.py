@@ -5,7 +5,8 @@ plain PyTorch in one process with the global batch: per-step losses (1e-5
 relative), the norm clip_grad_norm_ returns, the final weights (1e-4
 norm-wise) and the optimizer state. test_torch_zero.py uses its pieces in
 one process; run under `tinyacc launch --nproc N` (main), every rank checks
-ZeRO-3 on an nn.Sequential with an in-place ReLU and zero.wrap=Linear, and
+ZeRO-3 on an nn.Sequential with an in-place ReLU, on blocks in a
+ModuleList, and zero.wrap=Linear, and
 prints one "ok ..." line per check."""
 
 import types
@@ -157,13 +158,32 @@ def check_run(tag, got, ref_model, ref_opt, ref_losses, ref_norms):
     return sd, osd
 
 
-def sequential(rank, world):
-    """ZeRO-3 on an nn.Sequential whose ReLU(inplace=True) rewrites a
-    unit's output in place, against plain torch (SGD, 3 steps)."""
+class Stack(nn.Module):
+    """Blocks in a ModuleList, which has no forward of its own: the default
+    units are its Linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)])
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + torch.tanh(b(x))
+        return self.out(x)
+
+
+def make_sequential():
+    return nn.Sequential(nn.Linear(6, 12), nn.ReLU(inplace=True), nn.Linear(12, 12), nn.LayerNorm(12),
+                         nn.Linear(12, 3))
+
+
+def sequential(rank, world, build=make_sequential):
+    """ZeRO-3 on build() (default: an nn.Sequential whose ReLU(inplace=True)
+    rewrites a unit's output in place) against plain torch (SGD, 3 steps)."""
     def make_seq():
         torch.manual_seed(1)
-        m = nn.Sequential(nn.Linear(6, 12), nn.ReLU(inplace=True), nn.Linear(12, 12), nn.LayerNorm(12),
-                          nn.Linear(12, 3))
+        m = build()
         return m, torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.5)
     ref, ref_opt = make_seq()
     m, opt = make_seq()
@@ -191,12 +211,15 @@ def sequential(rank, world):
 
 def main():
     """What the Accelerator's equivalence tests (test_torch_ddp.py) do not
-    cover: ZeRO-3 on an nn.Sequential with an in-place ReLU, and zero.wrap
+    cover: ZeRO-3 on an nn.Sequential with an in-place ReLU, on blocks in a
+    ModuleList, and zero.wrap
     by class name on a model whose root owns parameters, one of them unused
     on some ranks only."""
     rank, world = dist.init()
     sequential(rank, world)
     print("ok sequential stage=3 world=%d" % world, flush=True)
+    sequential(rank, world, Stack)
+    print("ok modulelist stage=3 world=%d" % world, flush=True)
     ref_model, ref_opt, ref_losses, ref_norms = reference("adamw", world, 3)
     got = run(3, "adamw", 3, rank, world, wrap=["Linear"])
     check_run("wrap=Linear", got, ref_model, ref_opt, ref_losses, ref_norms)
