@@ -121,6 +121,10 @@ type Config struct {
 	} `koanf:"plugins"`
 	Zero struct {
 		Stage int `koanf:"stage"` // 0 = plain data parallel, 1/2/3 = ZeRO stage
+		// Wrap names the module classes that are ZeRO-3 units of a torch
+		// model (Python); empty = each direct child module, with the
+		// root's own parameters as one more unit.
+		Wrap []string `koanf:"wrap"`
 	} `koanf:"zero"`
 	Checkpoint struct {
 		Dir      string `koanf:"dir"`       // where step-NNNNNNN/ checkpoints go; "" = none

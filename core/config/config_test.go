@@ -46,7 +46,7 @@ func TestKeys(t *testing.T) {
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
 		"train.min_lr", "train.momentum", "train.nonfinite", "train.nonfinite_max_skips", "train.optimizer", "train.peak_flops", "train.schedule",
 		"train.seed", "train.steps", "train.threads", "train.warmup_steps", "train.weight_decay",
-		"zero.stage",
+		"zero.stage", "zero.wrap",
 	}
 	assert.Equal(t, want, Keys())
 }

@@ -1,6 +1,8 @@
-"""ZeRO-1/2/3 for torch models, under `tinyacc launch`, against plain
-PyTorch in one process with the global batch (the checks live in the
-launched scripts, which every rank runs; see torch_zero_equiv.py)."""
+"""ZeRO-1/2/3 engines for torch models, driven directly (not through the
+Accelerator, whose equivalence tests are in test_torch_ddp.py): a world of
+one against plain PyTorch, misuse, accumulation, gradients leaving during
+backward, clipping, and under `tinyacc launch` an nn.Sequential with an
+in-place ReLU and zero.wrap (see torch_zero_equiv.py)."""
 
 import os
 import subprocess
@@ -22,17 +24,13 @@ def launch(cli, nproc, script, *args):
     return text
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_zero_stages_match_one_process(cli, nproc):
-    # Resuming, zero.wrap and an nn.Sequential run at 2 ranks only, to keep the test short.
-    text = launch(cli, nproc, "torch_zero_equiv.py", "1,2,3", *(["--extras"] if nproc == 2 else []))
-    if nproc == 2:
-        assert text.count("ok sequential stage=3 world=2") == 2, text
-    for stage in (1, 2, 3):
-        for opt in ("adamw", "sgd"):
-            for accum in (1, 3):
-                tag = "ok stage=%d opt=%s accum=%d world=%d" % (stage, opt, accum, nproc)
-                assert text.count(tag) == nproc, "%s missing from\n%s" % (tag, text)
+def test_zero3_sequential_and_wrap(cli):
+    # The stage × optimizer × accumulation matrix runs through the
+    # Accelerator in test_torch_ddp.py; this launch covers what it does not.
+    text = launch(cli, 2, "torch_zero_equiv.py")
+    assert text.count("ok sequential stage=3 world=2") == 2, text
+    assert text.count("ok modulelist stage=3 world=2") == 2, text
+    assert text.count("ok wrap=Linear stage=3 world=2") == 2, text
 
 
 def _engine(model, opt, stage=2, bucket_mb=25, wrap=None):

@@ -4,9 +4,12 @@ Accelerator under `tinyacc launch`: the pieces of the torch equivalence
 tests (any zero.stage).
 
 The model has an embedding, a LayerNorm, several Linear layers, a weight
-shared by two Linear modules, an output head tied to the embedding, and a
-Linear ("extra") applied only to flagged samples, so it is unused on some
-steps altogether and on some ranks in others.
+shared by two Linear modules, an output head tied to the embedding, a
+Linear ("extra") applied only on odd steps (the data flags whole global
+batches, so every rank agrees: ZeRO-3 needs every rank to run the same
+modules), unused on the others, and a parameter of the root ("rare") added
+only to rows that start with token 0 or 1, so it is unused on some ranks
+in some steps and on every rank in others.
 
 Run as a script, it is the worker: `torch_models.py '<json args>'`.
 """
@@ -36,6 +39,7 @@ class RefModel(torch.nn.Module):
         self.extra = torch.nn.Linear(WIDTH, WIDTH)
         self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.emb.weight  # tied
+        self.rare = torch.nn.Parameter(torch.full((WIDTH,), 0.5))
 
     def forward(self, x, flag):
         h = self.norm(self.emb(x).mean(1))
@@ -43,16 +47,24 @@ class RefModel(torch.nn.Module):
         h = torch.tanh(self.proj_b(torch.tanh(self.proj_a(h))))
         if bool(flag.any()):
             h = h + flag.unsqueeze(1) * self.extra(h)
+        sel = x[:, 0] < 2
+        if bool(sel.any()):
+            h = torch.where(sel[:, None], h + self.rare, h)
         return self.head(h)
 
 
-def dataset(n):
-    """n samples (x, flag, y); flag marks every 16th sample from index 5."""
+def dataset(n, steps=None):
+    """n samples (x, flag, y); with steps (global batches), flag marks
+    every sample of the odd global batches, without, every 16th sample from
+    index 5."""
     g = torch.Generator()
     g.manual_seed(7)
     x = torch.randint(0, VOCAB, (n, SEQ), generator=g)
     y = torch.randint(0, VOCAB, (n,), generator=g)
-    flag = torch.tensor([1.0 if i % 16 == 5 else 0.0 for i in range(n)])
+    if steps:
+        flag = torch.tensor([1.0 if (i // (n // steps)) % 2 == 1 else 0.0 for i in range(n)])
+    else:
+        flag = torch.tensor([1.0 if i % 16 == 5 else 0.0 for i in range(n)])
     return torch.utils.data.TensorDataset(x, flag, y)
 
 
@@ -69,14 +81,15 @@ def new_model():
     return RefModel()
 
 
-def reference(opt_kind, steps, global_batch, clip):
+def reference(opt_kind, steps, global_batch, clip, sched=False):
     """Plain PyTorch, one process: step s trains on samples
-    [s·global_batch, (s+1)·global_batch). Returns losses, clip norms and
-    the final state dict."""
+    [s·global_batch, (s+1)·global_batch), with new_scheduler when sched.
+    Returns losses, clip norms and the final state dict."""
     torch.set_num_threads(1)
     model = new_model()
     opt = make_optimizer(opt_kind, model.parameters())
-    ds = dataset(steps * global_batch)
+    lr = new_scheduler(opt) if sched else None
+    ds = dataset(steps * global_batch, steps)
     losses, norms = [], []
     for s in range(steps):
         x, flag, y = ds[s * global_batch:(s + 1) * global_batch]
@@ -85,6 +98,8 @@ def reference(opt_kind, steps, global_batch, clip):
         if clip:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         opt.step()
+        if lr is not None:
+            lr.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses, norms, model.state_dict()
@@ -182,43 +197,100 @@ def metrics_worker(args):
             json.dump({"gathered": gathered, "read": everyone, "batches": len(read)}, f)
 
 
-def worker(args):
-    """Trains RefModel through the Accelerator with args: opt, steps,
-    batch (per rank), grad_accum, clip, config (a dict for Accelerator),
-    out. Rank 0 writes losses (the mean over every rank and micro-batch of
-    a step), clip norms, the final weights and the trace path."""
-    torch.set_num_threads(1)
+def new_scheduler(opt):
+    """A torch LR schedule the reference and the prepared optimizer share."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.5 * s))
+
+
+def train_case(case, out_dir):
+    """Trains RefModel through a fresh Accelerator with case: opt, steps,
+    batch (per rank), grad_accum, clip, sched (a torch LR scheduler on the
+    prepared optimizer), config (a dict for Accelerator), resume_at (save
+    the state after that many steps, then go on with a new model, optimizer
+    and loader that load it). Returns (accelerator, result): losses (the
+    mean over every rank and micro-batch of a step), clip norms, grad
+    data_ptrs, memory rows (last, and the peak of gradient + optimizer
+    bytes around each step) and the saved model's directory."""
     from tinyacc import Accelerator
-    G = int(args["grad_accum"])
-    acc = Accelerator(args.get("config") or {}, gradient_accumulation_steps=G)
-    N = acc.num_processes
-    model = new_model()
-    opt = make_optimizer(args["opt"], model.parameters())
-    ds = dataset(args["steps"] * args["batch"] * N * G)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args["batch"], shuffle=False)
-    model, opt, loader = acc.prepare(model, opt, loader)
-    losses, norms, ptrs, acc_loss = [], [], [], 0.0
-    for x, flag, y in loader:
-        with acc.accumulate(model):
-            loss = F.cross_entropy(model(x, flag), y)
-            acc.backward(loss)
-            acc_loss += float(acc.reduce(loss.detach(), "mean")) / G
-            if acc.sync_gradients:
-                if args.get("clip"):
-                    norms.append(float(acc.clip_grad_norm_(model.parameters(), args["clip"])))
-                losses.append(acc_loss)
-                acc_loss = 0.0
-                ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters() if p.grad is not None})
-            opt.step()
-            opt.zero_grad()
-    acc.save_model(model, os.path.join(os.path.dirname(args["out"]), "model"))
-    weights = {k: v.tolist() for k, v in acc.unwrap_model(model).state_dict().items()}
-    mem = acc.memory()
+    G = int(case["grad_accum"])
+    N = None
+    ds = None
+
+    def build(seed):
+        acc = Accelerator(case.get("config") or {}, gradient_accumulation_steps=G)
+        model = new_model()
+        if seed is not None:  # other weights, to show load_state replaces them
+            torch.manual_seed(seed)
+            model = RefModel()
+        opt = make_optimizer(case["opt"], model.parameters())
+        loader = torch.utils.data.DataLoader(ds, batch_size=case["batch"], shuffle=False)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        sched = new_scheduler(opt) if case.get("sched") else None
+        return acc, model, opt, loader, sched
+
+    from tinyacc import distributed
+    N = distributed.world_size()
+    ds = dataset(case["steps"] * case["batch"] * N * G, case["steps"])
+    acc, model, opt, loader, sched = build(None)
+    res = {"losses": [], "norms": [], "ptrs": [], "peak": 0}
+    state_dir = os.path.join(out_dir, "state")
+
+    def run(acc, model, opt, loader, sched, stop=None):
+        acc_loss = 0.0
+        for x, flag, y in loader:
+            with acc.accumulate(model):
+                loss = F.cross_entropy(model(x, flag), y)
+                acc.backward(loss)
+                acc_loss += float(acc.reduce(loss.detach(), "mean")) / G
+                if acc.sync_gradients:
+                    if case.get("clip"):
+                        res["norms"].append(float(acc.clip_grad_norm_(model.parameters(), case["clip"])))
+                    res["losses"].append(acc_loss)
+                    acc_loss = 0.0
+                    res["ptrs"].append({n: p.grad.data_ptr() for n, p in model.named_parameters() if p.grad is not None})
+                    m = acc.memory()
+                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
+                opt.step()
+                if acc.sync_gradients:
+                    m = acc.memory()
+                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
+                    if sched is not None:
+                        sched.step()
+                opt.zero_grad()
+                if acc.sync_gradients and stop is not None and len(res["losses"]) == stop:
+                    return
+
+    if case.get("resume_at"):
+        run(acc, model, opt, loader, sched, stop=case["resume_at"])
+        acc.save_state(state_dir)
+        acc._torch.close()
+        acc, model, opt, loader, sched = build(999)
+        acc.load_state(state_dir)
+    run(acc, model, opt, loader, sched)
+    model_dir = os.path.join(out_dir, "model")
+    acc.save_model(model, model_dir)
+    res["memory"] = acc.memory()
+    res["model"] = model_dir
+    res["world"] = N
+    return acc, res
+
+
+def worker(args):
+    """Runs args["cases"] one after the other (each a fresh Accelerator,
+    model, optimizer and loader; see train_case); rank 0 writes the list of
+    results to args["out"], each case's files under out's directory/<k>."""
+    torch.set_num_threads(1)
+    base = os.path.dirname(args["out"])
+    results, acc = [], None
+    for k, case in enumerate(args["cases"]):
+        if acc is not None:
+            acc._torch.close()
+        acc, res = train_case(case, os.path.join(base, str(k)))
+        results.append(res)
     acc.end_training()
     if acc.is_main_process:
         with open(args["out"], "w") as f:
-            json.dump({"losses": losses, "norms": norms, "weights": weights, "ptrs": ptrs, "memory": mem,
-                       "world": N}, f)
+            json.dump(results, f)
 
 
 if __name__ == "__main__":

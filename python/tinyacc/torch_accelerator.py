@@ -2,7 +2,10 @@
 the loop's calls on them (backward, no_sync, clipping, state, memory).
 
 One engine per prepared module (torch_engine.TorchEngine): DDPEngine at
-zero.stage 0, torch_zero.ZeroEngine above. For a torch optimizer the engine
+zero.stage 0, torch_zero.ZeroEngine at 1, 2 and 3 (units by zero.wrap).
+Whatever the engine, prepare returns a PreparedModule and a
+PreparedOptimizer (a torch.optim.Optimizer sharing the script's
+param_groups and state, so torch's LR schedulers drive it) delegating to it. For a torch optimizer the engine
 applies none of the run config's train.* optimizer keys (lr, schedule,
 warmup_steps, weight_decay, grad_clip, beta1, beta2, eps, momentum): the
 script's optimizer and its own clip_grad_norm_ calls rule.
@@ -197,13 +200,15 @@ class TorchState:
 def expand_shared(module, saved):
     """saved (a shared tensor once, under its first name) with every name of
     module's state_dict filled in from the entry sharing its memory."""
+    # By identity, not memory: under ZeRO-3 a parameter this rank does not
+    # own holds no memory between uses.
     own = module.state_dict(keep_vars=True)
     first = {}
     for k, t in own.items():
-        first.setdefault((t.data_ptr(), t.numel(), t.dtype), k)
+        first.setdefault(id(t), k)
     out = {}
     for k, t in own.items():
-        src = k if k in saved else first[(t.data_ptr(), t.numel(), t.dtype)]
+        src = k if k in saved else first[id(t)]
         if src not in saved:
             raise KeyError("tinyacc: the saved model has no tensor %r" % k)
         out[k] = saved[src]

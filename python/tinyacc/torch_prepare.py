@@ -120,15 +120,18 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def defaults(self):
         return self.optimizer.defaults
 
+    def _syncing(self):
+        return self._accelerator.sync_gradients
+
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("tinyacc: optimizer.step(closure) is not supported on a prepared optimizer")
-        if self._accelerator.sync_gradients:
+        if self._syncing():
             self._engine.step()
 
     def zero_grad(self, set_to_none=None):
-        # Gradients are views into the engine's buckets: zeroed, never None.
-        if self._accelerator.sync_gradients:
+        # Gradients live in the engine's memory: zeroed, never None.
+        if self._syncing():
             self._engine.zero_grad()
 
     def state_dict(self):

@@ -43,6 +43,8 @@ import collections
 import torch
 
 from . import distributed as dist
+from .torch_engine import TorchEngine
+from .torch_prepare import PreparedOptimizer
 from .torch_zero_shard import (MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, balance, broadcast_,
                                broadcast_object)
 
@@ -82,20 +84,30 @@ def unique_parameters(module):
     return names, params, index, aliases
 
 
-class ZeroEngine:
-    """ZeRO stage 1, 2 or 3 over a torch module and its optimizer."""
+class ZeroEngine(TorchEngine):
+    """ZeRO stage 1, 2 or 3 over a torch module and its optimizer (None: a
+    model without one, whose gradients are still reduced and sharded).
+    Every rank starts from rank 0's parameters and buffers, as under
+    zero.stage 0."""
 
     def __init__(self, accelerator, module, optimizer, stage):
         if stage not in (1, 2, 3):
             raise ValueError("tinyacc: ZeroEngine needs zero.stage 1, 2 or 3, got %r" % (stage,))
-        self.accelerator, self.module, self.optimizer, self.stage = accelerator, module, optimizer, stage
+        super().__init__(accelerator, module, optimizer)
+        self.stage = stage
         self.rank = getattr(accelerator, "process_index", None)
         self.world = getattr(accelerator, "num_processes", None)
         if self.rank is None or self.world is None:
             self.rank, self.world = dist.init()
         self.names, self.params, self.index, self.aliases = unique_parameters(module)
+        self._layout = self._fingerprint()
         n = len(self.params)
-        self._full_groups = [list(g["params"]) for g in optimizer.param_groups]
+        if self.world > 1:
+            with torch.no_grad():
+                for t in module.state_dict(keep_vars=True).values():
+                    if t.dtype == torch.float32 and t.is_contiguous() and t.numel():
+                        broadcast_(t.data.view(-1), 0)
+        self._full_groups = [list(g["params"]) for g in optimizer.param_groups] if optimizer is not None else []
         for g in self._full_groups:
             for p in g:
                 if id(p) not in self.index:
@@ -132,7 +144,7 @@ class ZeroEngine:
         self._owned_set = set(self.owned)
         if stage < 3:
             self._gather_params()  # the owners' values, on every rank
-        for g in self.optimizer.param_groups:
+        for g in self._groups():
             g["params"] = [p for p in g["params"] if self.index[id(p)] in self._owned_set]
         for p in self.params:
             p.grad = None
@@ -144,7 +156,21 @@ class ZeroEngine:
     # -- the interface ----------------------------------------------------------
 
     def set_sync(self, sync):
-        self._sync = bool(sync)
+        self.sync = self._sync = bool(sync)
+
+    def before_backward(self):
+        """Refuses a model whose parameters changed after prepare (new,
+        gone or replaced ones): the shards and hooks were built for the old
+        ones."""
+        if self._fingerprint() != self._layout:
+            now = {id(p): n for n, p in self.module.named_parameters()}
+            for pid, n in now.items():
+                if pid not in self.index:
+                    raise RuntimeError("tinyacc: the model changed after prepare: parameter %r is new; prepare the "
+                                       "model again after changing it" % n)
+            gone = [n for n, p in zip(self.names, self.params) if id(p) not in now]
+            raise RuntimeError("tinyacc: the model changed after prepare: parameter %r is gone; prepare the model "
+                               "again after changing it" % (gone[0] if gone else self.names[0]))
 
     def after_backward(self):
         self._backwards += 1
@@ -165,7 +191,8 @@ class ZeroEngine:
         for i in self.owned:
             self.params[i].grad = self._shard_view(i) if self.has_grad[i] else None
         try:
-            self.optimizer.step()
+            if self.optimizer is not None:
+                self.optimizer.step()
         finally:
             for i in self.owned:
                 keep = self.stage == 1 and self.params[i].requires_grad
@@ -212,20 +239,37 @@ class ZeroEngine:
         return torch.tensor(total, dtype=torch.float32)
 
     def full_state_dict(self):
+        """Every parameter whole (once, under its first name) and every
+        buffer, in the module's state_dict order (collective at stage 3)."""
         if self.stage == 3:
             whole = self.z3.gather_whole()
         else:
             whole = {i: p.detach().clone() for i, p in enumerate(self.params)}
-        return collections.OrderedDict((self.names[i], whole[i]) for i in range(len(self.params)))
+        out, done = collections.OrderedDict(), set()
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            i = self.index.get(id(t))
+            if i is None:
+                out[name] = t.detach().clone()
+            elif i not in done:
+                done.add(i)
+                out[self.names[i]] = whole[i]
+        for i in range(len(self.params)):  # parameters state_dict leaves out (none in torch's modules)
+            if i not in done:
+                out[self.names[i]] = whole[i]
+        return out
 
     def load_model_state(self, sd):
-        unknown = [k for k in sd if k not in self.aliases]
+        buffers = dict(self.module.named_buffers())
+        unknown = [k for k in sd if k not in self.aliases and k not in buffers]
         missing = [n for i, n in enumerate(self.names)
                    if not any(self.aliases[k] == i for k in sd if k in self.aliases)]
         if unknown or missing:
             raise KeyError("tinyacc: model state does not match the model: unknown %s, missing %s" % (unknown, missing))
         with torch.no_grad():
             for k, v in sd.items():
+                if k in buffers:
+                    buffers[k].copy_(v)
+                    continue
                 i = self.aliases[k]
                 p = self.params[i]
                 if self.stage == 3 and i not in self._owned_set:
@@ -237,6 +281,8 @@ class ZeroEngine:
     def optimizer_state_dict(self):
         """The whole optimizer's state_dict, as torch would give it for the
         full parameter list (collective: each owner sends its states)."""
+        if self.optimizer is None:
+            return {}
         sd = self._with_full_groups(self.optimizer.state_dict)
         state = {}
         for k in range(self.world):
@@ -262,6 +308,8 @@ class ZeroEngine:
         """Loads a whole state_dict (as optimizer_state_dict gives); each
         rank keeps its owned parameters' states. A parameter with state has
         been stepped, so it had a gradient: it keeps one (zeros) from now."""
+        if self.optimizer is None or not sd:
+            return
         self._with_full_groups(lambda: self.optimizer.load_state_dict(sd))
         positions = [self.index[id(p)] for g in self._full_groups for p in g]
         for pos in sd["state"]:
@@ -278,7 +326,7 @@ class ZeroEngine:
             if p.grad is not None and i not in self._owned_set:
                 grads += p.grad.element_size() * p.grad.numel()
         optim = 0
-        for st in self.optimizer.state.values():
+        for st in (self.optimizer.state.values() if self.optimizer is not None else ()):
             for v in st.values():
                 if isinstance(v, torch.Tensor):
                     optim += v.element_size() * v.numel()
@@ -343,6 +391,12 @@ class ZeroEngine:
             all_reduce_(flags, MAX)
         self.has_grad = [bool(f > 0) for f in flags.tolist()]
 
+    def _groups(self):
+        return self.optimizer.param_groups if self.optimizer is not None else []
+
+    def _fingerprint(self):
+        return [(id(p), tuple(p.shape) if self.stage < 3 else None) for p in self.module.parameters()]
+
     def _with_full_groups(self, fn):
         """Runs fn with the optimizer's groups holding every parameter again
         (as torch's state_dict/load_state_dict number them)."""
@@ -355,41 +409,17 @@ class ZeroEngine:
                 g["params"] = [p for p in full if self.index[id(p)] in self._owned_set]
 
 
-class ZeroOptimizer:
-    """What prepare returns for the optimizer: steps and zeroes only on
-    micro-batches that sync, states whole."""
+class ZeroOptimizer(PreparedOptimizer):
+    """The optimizer of an engine used without an Accelerator: a
+    torch.optim.Optimizer sharing the script's param_groups and state
+    (so torch's LR schedulers drive it) that steps and zeroes only when
+    the engine syncs; its state_dict is the whole optimizer's."""
 
     def __init__(self, engine):
-        self._engine = engine
-        self.optimizer = engine.optimizer
+        super().__init__(engine.optimizer, engine, engine.accelerator)
 
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def step(self, closure=None):
-        if closure is not None:
-            raise ValueError("tinyacc: optimizer.step(closure) is not supported under ZeRO")
-        if self._engine._sync:
-            self._engine.step()
-
-    def zero_grad(self, set_to_none=False):
-        if self._engine._sync:
-            self._engine.zero_grad()
-
-    def state_dict(self):
-        return self._engine.optimizer_state_dict()
-
-    def load_state_dict(self, sd):
-        self._engine.load_optimizer_state_dict(sd)
+    def _syncing(self):
+        return self._engine._sync
 
 
 def _is_f32(v):

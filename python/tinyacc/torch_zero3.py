@@ -1,7 +1,8 @@
 """ZeRO-3 for torch models: the parameters themselves are sharded.
 
 The model is cut into units by the wrap policy (`zero.wrap`: module class
-names, outermost match; default: each direct child of the root), plus one
+names, outermost match; default: each direct child of the root, the
+children of a ModuleList or ModuleDict child in its place), plus one
 unit for the parameters no such module holds (the root's own, and those
 of modules outside every unit). Each unit's parameters form a shard group
 (torch_zero_shard): every parameter is owned whole by one rank, which
@@ -79,7 +80,17 @@ class Stage3:
                 raise ValueError("tinyacc: zero.wrap=%s names no module class of the model below its root; its "
                                  "classes are %s" % (sorted(names), ", ".join(classes)))
         else:
-            mods = list(root.named_children())
+            mods = []
+
+            def children(m, prefix):
+                # A ModuleList or ModuleDict has no forward of its own (its
+                # hooks would never run): its children are the units.
+                for n, c in m.named_children():
+                    if isinstance(c, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                        children(c, prefix + n + ".")
+                    else:
+                        mods.append((prefix + n, c))
+            children(root, "")
         self.units = []
         inside = set()
         for name, m in mods:
