@@ -72,7 +72,14 @@ func LoadWith(file string, env []string, args []string, declare Declarer) (*Reso
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return resolveDeclared(layers, declare)
+	r, err := resolveDeclared(layers, declare)
+	if err != nil {
+		return nil, err
+	}
+	if err := capReadmeSteps(r, env); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // FromMap builds a validated Config from the defaults plus overrides. Keys
