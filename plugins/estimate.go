@@ -3,6 +3,7 @@ package plugins
 import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
@@ -22,8 +23,11 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 		dp = world / max(1, p.TP*p.CP*p.PP)
 	}
 	var ests []trainer.MemoryEstimator
-	// Model rewriters (tp, cp) and the step owner (pp) come here, in
-	// Build's order, once they exist.
+	// Model rewriters (tp, then cp), then the step owner (pp), in Build's
+	// order.
+	if p.TP > 1 {
+		ests = append(ests, tp.Estimator{N: p.TP})
+	}
 	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
 		z, err := zero.Estimator(cfg.Zero.Stage)
 		if err != nil {
