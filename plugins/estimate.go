@@ -3,6 +3,7 @@ package plugins
 import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
@@ -27,6 +28,13 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 	// order.
 	if p.TP > 1 {
 		ests = append(ests, tp.Estimator{N: p.TP})
+	}
+	if p.PP > 1 {
+		e, err := pp.NewEstimator(cfg, p.PP)
+		if err != nil {
+			return nil, err
+		}
+		ests = append(ests, e)
 	}
 	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
 		z, err := zero.Estimator(cfg.Zero.Stage)

@@ -13,7 +13,8 @@ import (
 
 // modelLayouts are the layouts that rewrite the model or own the step:
 // tensor parallel (with and without sequence parallel, alone and under
-// dp 2) and pipeline parallel under each schedule (alone and under dp 2).
+// dp 2, ZeRO-1 and ZeRO-3) and pipeline parallel under each schedule
+// (2 and 4 stages, an uneven split, and under dp 2).
 var modelLayouts = []struct {
 	name  string
 	world int
@@ -27,6 +28,14 @@ var modelLayouts = []struct {
 	{"tp 2 × dp 2 ddp", 4, func(c *config.Config) { c.Parallel.TP = 2 }},
 	{"tp 2 × dp 2 zero-1", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Zero.Stage = 1 }},
 	{"tp 2 × dp 2 zero-3", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Zero.Stage = 3 }},
+	{"pp 2 afab", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "afab" }},
+	{"pp 2 1f1b", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b" }},
+	{"pp 2 interleaved", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "interleaved"; c.PP.VirtualStages = 2 }},
+	{"pp 2 zb1", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "zb1" }},
+	{"pp 2 1f1b × dp 2", 4, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b" }},
+	{"pp 4 1f1b", 4, func(c *config.Config) { c.Parallel.PP = 4; c.PP.Schedule = "1f1b" }},
+	{"pp 4 zb1", 4, func(c *config.Config) { c.Parallel.PP = 4; c.PP.Schedule = "zb1" }},
+	{"pp 2 1f1b layers 3,1", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b"; c.PP.Layers = "3,1" }},
 }
 
 // TestEstimateMatchesMeasuredModelLayouts is TestEstimateMatchesMeasured
