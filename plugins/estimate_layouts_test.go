@@ -33,6 +33,8 @@ var modelLayouts = []struct {
 	{"pp 2 interleaved", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "interleaved"; c.PP.VirtualStages = 2 }},
 	{"pp 2 zb1", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "zb1" }},
 	{"pp 2 1f1b × dp 2", 4, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b" }},
+	{"pp 2 1f1b × dp 2 zero-1", 4, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b"; c.Zero.Stage = 1 }},
+	{"tp 2 × pp 2 1f1b", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Parallel.PP = 2; c.PP.Schedule = "1f1b" }},
 	{"pp 4 1f1b", 4, func(c *config.Config) { c.Parallel.PP = 4; c.PP.Schedule = "1f1b" }},
 	{"pp 4 zb1", 4, func(c *config.Config) { c.Parallel.PP = 4; c.PP.Schedule = "zb1" }},
 	{"pp 2 1f1b layers 3,1", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b"; c.PP.Layers = "3,1" }},

@@ -104,26 +104,32 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //     gradients (12·C·C per block, V·C for a table), which W forms: the
 //     deferred weight gradients keep the backward's graph and its
 //     gradients alive until then.
-func chunkTerms(m nn.GPTConfig, B, L int, first, last bool) (saved, full, held int64) {
-	b, t, c, h, v, l := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L)
-	saved = l * (18*b*t*c + b*h*t*t + 4*b*t)
-	full = l * (36*b*t*c + b*h*t*t + 12*c*c)
+//
+// Under tensor parallel over n ranks the head- and MLP-internal parts
+// divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
+// block (q|k|v, the attention output, the MLP's hidden layer before and
+// after GELU) and 24 of the 36, the attention probabilities, the split
+// weight gradients, the vocabulary rows and the logits.
+func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
+	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
+	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
+	full = l * ((12+24/k)*b*t*c + b*h*t*t/k + 12*c*c/k)
 	if first {
 		saved += 2 * b * t * c
-		full += v*c + t*c + 2*b*t*c
+		full += v*c/k + t*c + 2*b*t*c
 	} else {
 		saved += b * t * c
 		full += b * t * c
 	}
 	if last {
-		saved += 2*b*t*v + b*t*c + 2*b*t
-		full += v*c + 3*b*t*v + 4*b*t*c + 15*b*t
+		saved += 2*b*t*v/k + b*t*c + 2*b*t
+		full += v*c/k + 3*b*t*v/k + 4*b*t*c + 15*b*t
 	} else {
 		full += b * t * c // the received output gradient
 	}
-	held = full - l*12*c*c
+	held = full - l*12*c*c/k
 	if first || last {
-		held -= v * c
+		held -= v * c / k
 	}
 	return saved, full, held
 }
@@ -131,7 +137,7 @@ func chunkTerms(m nn.GPTConfig, B, L int, first, last bool) (saved, full, held i
 // play runs rank r's list as RunStep does and returns the activation
 // peak in floats and the most input gradients (B·T·C each, counted as
 // gradients: they are the received leaves' gradients) alive at once.
-func (e *Estimator) play(m nn.GPTConfig, B, r int) (peak int64, inGrads int) {
+func (e *Estimator) play(m nn.GPTConfig, B, tp, r int) (peak int64, inGrads int) {
 	s := e.sched
 	last := s.Chunks() - 1
 	alive := map[[2]int]int64{} // what each live (chunk, micro) holds
@@ -147,7 +153,7 @@ func (e *Estimator) play(m nn.GPTConfig, B, r int) (peak int64, inGrads int) {
 	grads := 0
 	for _, a := range s.Ranks[r] {
 		key := [2]int{a.Chunk, a.Micro}
-		saved, full, held := chunkTerms(m, B, e.split[a.Chunk], a.Chunk == 0, a.Chunk == last)
+		saved, full, held := chunkTerms(m, B, e.split[a.Chunk], tp, a.Chunk == 0, a.Chunk == last)
 		switch a.Kind {
 		case Forward:
 			alive[key] = saved
@@ -184,7 +190,7 @@ func (e *Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.Memory
 		return fmt.Errorf("pp: rank %d is outside a pipeline of %d stages over %d ranks", in.Rank, e.sched.P, in.World)
 	}
 	B := in.Cfg.Train.BatchSize
-	peak, inGrads := e.play(in.Model, B, r)
+	peak, inGrads := e.play(in.Model, B, in.Cfg.Parallel.TP, r)
 	est.ActPeak = 4*peak + 1024
 	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(in.Model.BlockSize) * int64(in.Model.NEmbd)
 	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes

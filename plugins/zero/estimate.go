@@ -73,6 +73,9 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	transient := 4 * (embed + pair)
 	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
 	e.OptimBytes = perElem * owned
+	// Gradients the plugins before ZeRO added beyond the parameters'
+	// (a pipeline stage's received inputs) are not ZeRO's to shard.
+	otherGrads := e.GradsBytes - 4*trainer.Numel(in.Params)
 	switch z.stage {
 	case 1:
 		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded
@@ -82,6 +85,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	case 3:
 		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+transient, 4*padded/int64(n)+transient
 	}
+	e.GradsBytes += otherGrads
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
 		// buffer while backward goes on: two shards in flight.
