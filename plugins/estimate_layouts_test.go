@@ -65,8 +65,8 @@ func TestEstimateMatchesMeasuredModelLayouts(t *testing.T) {
 				require.Len(t, est, l.world)
 				for r, m := range got {
 					e := est[r]
-					t.Logf("rank %d: params %d est %d | grads %d est %d | optim %d est %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)",
-						r, m.ParamsBytes, e.ParamsBytes, m.GradsBytes, e.GradsBytes, m.OptimBytes, e.OptimBytes,
+					t.Logf("%s rank %d: params %d est %d | grads %d est %d | optim %d est %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)",
+						t.Name()[len("TestEstimateMatchesMeasuredModelLayouts/"):], r, m.ParamsBytes, e.ParamsBytes, m.GradsBytes, e.GradsBytes, m.OptimBytes, e.OptimBytes,
 						m.ActPeak, e.ActPeak, pct(e.ActPeak, m.ActPeak), m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
 				}
 				for r, m := range got {
