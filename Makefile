@@ -7,7 +7,7 @@ BIN      := build/tinyacc
 APT_PKGS := gcc libopenblas-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-venv libopenmpi-dev openmpi-bin
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all deps build demo test test-go fuzz test-python vet python bench-step bench-comm bench-comm-netns bench-dp bench-layouts bench-bindings clean
+.PHONY: all deps build demo test test-go fuzz test-python test-readme vet python bench-step bench-comm bench-comm-netns bench-dp bench-layouts bench-bindings clean
 
 all: build
 
@@ -36,7 +36,7 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
-test: deps vet test-go fuzz test-python
+test: deps vet test-go fuzz test-python test-readme
 
 test-go:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
@@ -57,6 +57,12 @@ fuzz:
 
 test-python: python
 	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider tools/torchref bench/test_comm_bench.py python/tests
+
+# test-readme runs the README's sh blocks in order in a copy of the
+# repository, step counts capped at TINYACC_README_STEPS (see
+# tools/readmetest); blocks marked <!-- readme-test: skip --> are not run.
+test-readme: deps
+	TINYACC_README_TEST=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./tools/readmetest
 
 # python builds libtinyacc.so into the Python package, for PYTHONPATH=python.
 python: deps

@@ -10,7 +10,8 @@ import (
 
 // world is this process's world group, created from the launcher's
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) on first use.
-// Without a launcher it is a world of one that needs no network. The mutex
+// Without a launcher it is a world of one that needs no network. Every
+// operation on it has comm.timeout's deadline (see worldOptions). The mutex
 // also serialises collectives, which every rank must issue in the same
 // order anyway.
 var world struct {
@@ -24,7 +25,11 @@ func worldGroup() (comm.Group, error) {
 	if world.g != nil {
 		return world.g, nil
 	}
-	g, err := comm.InitFromEnv(comm.Options{})
+	opts, err := worldOptions()
+	if err != nil {
+		return nil, err
+	}
+	g, err := comm.InitFromEnv(opts)
 	if err != nil {
 		return nil, wrap(errComm, fmt.Errorf("joining the world group (check RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or start the program with `tinyacc launch`): %w", err))
 	}

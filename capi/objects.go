@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/config"
@@ -52,17 +51,11 @@ type loaderObj struct {
 	rank, size int
 }
 
-// apiConfigNew resolves the defaults plus a YAML or JSON document; blank
-// text means the defaults alone.
+// apiConfigNew resolves the defaults, a YAML or JSON document (blank text
+// is none), then the TINYACC_* environment, as the command line layers a
+// file under the environment (see apiConfigResolve).
 func apiConfigNew(text string) (int64, error) {
-	if strings.TrimSpace(text) == "" {
-		return register(&configObj{cfg: config.Defaults()}), nil
-	}
-	r, err := config.FromText(text)
-	if err != nil {
-		return 0, wrap(errConfig, err)
-	}
-	return register(&configObj{cfg: r.Config}), nil
+	return apiConfigResolve("", text, "")
 }
 
 // apiConfigFromEnv resolves the layers the CLI reads, minus flags: the

@@ -81,15 +81,23 @@ int tinyacc_free(tinyacc_handle handle);
 
 /* ---- Configuration ---------------------------------------------------- */
 
-/* A config from the built-in defaults plus YAML or JSON text (text starting
- * with '{' is JSON). "" or NULL gives the defaults. Unknown keys and invalid
- * values fail with TINYACC_ERR_CONFIG and a message naming the key. */
+/* A config from the built-in defaults, YAML or JSON text (text starting
+ * with '{' is JSON; "" or NULL for none), then TINYACC_* environment
+ * variables, as `tinyacc train` lays a file under the environment. Unknown
+ * keys, unknown TINYACC_* variables and invalid values fail with
+ * TINYACC_ERR_CONFIG and a message naming the key or variable. */
 int tinyacc_config_new(const char *text, tinyacc_handle *config);
 
 /* The config `tinyacc train` would use, without flags: the defaults, the
  * YAML file (NULL or "" for none), then TINYACC_* environment variables
  * (TINYACC_TRAIN__LR=1e-3 sets train.lr). */
 int tinyacc_config_from_env(const char *file, tinyacc_handle *config);
+
+/* Every layer of `tinyacc train`: the defaults, a YAML file or YAML/JSON
+ * text (NULL or "" for none; not both), TINYACC_* environment variables,
+ * then flags, one "--key=value" per line of args (NULL or "" for none):
+ * the explicit arguments of a binding, which win over the rest. */
+int tinyacc_config_resolve(const char *file, const char *text, const char *args, tinyacc_handle *config);
 
 /* Every key of a config as nested JSON, NUL-terminated, into buf (cap
  * bytes). *need (optional) receives the size needed including the NUL;

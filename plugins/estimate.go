@@ -4,6 +4,8 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/cp"
+	"github.com/tinyacc/tinyacc/plugins/pp"
+	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
@@ -23,14 +25,24 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 		dp = world / max(1, p.TP*p.CP*p.PP)
 	}
 	var ests []trainer.MemoryEstimator
-	// Model rewriters (tp, cp) and the step owner (pp) come here, in
-	// Build's order.
+	// Model rewriters (tp, then cp), then the step owner (pp), in Build's
+	// order.
+	if world > 1 && p.TP > 1 {
+		ests = append(ests, tp.Estimator{N: p.TP})
+	}
 	if world > 1 && p.CP > 1 {
 		c, err := cp.Estimator(cfg.CP.Attention, p.CP)
 		if err != nil {
 			return nil, err
 		}
 		ests = append(ests, c)
+	}
+	if world > 1 && p.PP > 1 {
+		e, err := pp.NewEstimator(cfg, p.PP)
+		if err != nil {
+			return nil, err
+		}
+		ests = append(ests, e)
 	}
 	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
 		z, err := zero.Estimator(cfg.Zero.Stage)

@@ -105,8 +105,8 @@ func TestEstimateMatchesMeasured(t *testing.T) {
 					}
 					within("activations", m.ActPeak, e.ActPeak)
 					within("peak", m.PeakBytes, e.PeakBytes)
-					t.Logf("rank %d: params %d grads %d optim %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)",
-						r, m.ParamsBytes, m.GradsBytes, m.OptimBytes, m.ActPeak, e.ActPeak, pct(e.ActPeak, m.ActPeak), m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
+					t.Logf("%s rank %d: params %d grads %d optim %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)",
+						t.Name()[len("TestEstimateMatchesMeasured/"):], r, m.ParamsBytes, m.GradsBytes, m.OptimBytes, m.ActPeak, e.ActPeak, pct(e.ActPeak, m.ActPeak), m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
 				}
 			})
 		}

@@ -99,7 +99,7 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 				if err != nil {
 					return err
 				}
-				hidden, err := hiddenCommShare(trace.RankPath(tracePath, 0))
+				hidden, err := hiddenCommShare(tracePath)
 				if err != nil {
 					return err
 				}
@@ -193,20 +193,14 @@ func readDPMetrics(path string) (msPerStep, steadyBytes float64, err error) {
 	return median(times), steadyBytes, sc.Err()
 }
 
-// hiddenCommShare reads a Chrome trace and returns the fraction of the
-// time spent in comm spans that overlaps compute spans.
+// hiddenCommShare reads a run's merged trace and returns the fraction of
+// rank 0's time spent in comm spans that overlaps its compute spans.
 func hiddenCommShare(path string) (float64, error) {
-	b, err := os.ReadFile(path)
+	ranks, err := trace.ReadRanks(path)
 	if err != nil {
 		return 0, err
 	}
-	var doc struct {
-		TraceEvents []trace.Event `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return HiddenShare(doc.TraceEvents), nil
+	return HiddenShare(ranks[0]), nil
 }
 
 // HiddenShare is Σ overlap(comm span, compute spans) / Σ comm span length.

@@ -34,7 +34,7 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 		return trainLosses(t, metrics)
 	}
 	want := run("single", "--train.batch_size=8")
-	for _, v := range [][]string{{"--zero.stage=0", "--ddp.mode=bucketed", "--train.batch_size=4"}, {"--zero.stage=3", "--train.batch_size=4"},
+	for _, v := range [][]string{{"--zero.stage=0", "--ddp.mode=bucketed", "--train.batch_size=4"}, {"--zero.stage=3", "--train.batch_size=4", "--trace=" + filepath.Join(dir, "z3.json")},
 		{"--parallel.tp=2", "--tp.sequence_parallel=true", "--train.batch_size=8"}} {
 		got := run("nproc", append([]string{"--nproc", "2"}, v...)...)
 		require.Len(t, got, len(want))
@@ -42,6 +42,8 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 			require.InEpsilon(t, want[i], got[i], 1e-5, "%v: loss of step %d", v, i)
 		}
 	}
+	// Rank 0 merged both processes' traces into one file.
+	requireMergedTrace(t, filepath.Join(dir, "z3.json"), 2, 6)
 }
 
 // `tinyacc bench layouts` runs every layout as processes and holds the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -72,25 +71,13 @@ func ppDraw(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// tracedStep reads every rank's trace file of a run (trace.rankN.json)
-// and rebuilds one step's timeline; step < 0 picks the last step.
+// tracedStep reads a run's merged trace (one track per rank, as `train
+// --trace` writes it) and rebuilds one step's timeline; step < 0 picks the
+// last step.
 func tracedStep(path string, step int) (*pp.Traced, error) {
-	var ranks [][]trace.Event
-	for r := 0; ; r++ {
-		b, err := os.ReadFile(trace.RankPath(path, r))
-		if errors.Is(err, os.ErrNotExist) && r > 0 {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		var doc struct {
-			TraceEvents []trace.Event `json:"traceEvents"`
-		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return nil, fmt.Errorf("%s: %w", trace.RankPath(path, r), err)
-		}
-		ranks = append(ranks, doc.TraceEvents)
+	ranks, err := trace.ReadRanks(path)
+	if err != nil {
+		return nil, err
 	}
 	if step < 0 {
 		for _, e := range ranks[0] {

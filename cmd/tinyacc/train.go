@@ -159,11 +159,9 @@ func trainRank(ctx context.Context, cfg config.Config, world comm.Group, stdout 
 		return err
 	}
 	if rec != nil {
-		path := trace.RankPath(cfg.Trace, rank)
-		if err := rec.WriteFile(path); err != nil {
+		if err := writeTrace(cfg, rec, world, log); err != nil {
 			return err
 		}
-		fmt.Fprintf(log, "tinyacc: trace written to %s (one file per rank)\n", path)
 	}
 	if res.StepsRun > 0 {
 		fmt.Fprintf(log, "tinyacc: trained %d steps in %.1fs: loss %.4f -> %.4f\n",

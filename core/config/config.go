@@ -218,6 +218,7 @@ var Reserved = []ReservedVar{
 	{"TINYACC_PLUGIN_BUILTIN", "set by the host: which compiled-in plugin tinyacc serves as a plugin process"},
 	{"TINYACC_GO", "the go command the Makefile and the README test build with"},
 	{"TINYACC_README_STEPS", "the step count the README test turns the README's examples down to"},
+	{"TINYACC_README_TEST", "1 runs the README test (make test-readme); go test ./... skips it"},
 	{"TINYACC_HOST_ID", "overrides the host identity that decides which ranks share memory (ranks in separate network namespaces of one machine)"},
 }
 

@@ -2,7 +2,6 @@ package config
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +59,12 @@ func LoadWith(file string, env []string, args []string, declare Declarer) (*Reso
 			layers = append(layers, l)
 		}
 	}
+	return loadOver(layers, errs, env, args, declare)
+}
+
+// loadOver lays the environment and the flags over the layers read so far
+// (errs: the problems found reading them) and resolves the result.
+func loadOver(layers []layer, errs []error, env []string, args []string, declare Declarer) (*Resolved, error) {
 	errs = append(errs, CheckReservedEnv(env))
 	l, err := envLayer(env)
 	errs = append(errs, err)
@@ -72,7 +77,14 @@ func LoadWith(file string, env []string, args []string, declare Declarer) (*Reso
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return resolveDeclared(layers, declare)
+	r, err := resolveDeclared(layers, declare)
+	if err != nil {
+		return nil, err
+	}
+	if err := capReadmeSteps(r, env); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // FromMap builds a validated Config from the defaults plus overrides. Keys
@@ -98,29 +110,7 @@ func FromMap(m map[string]any) (*Config, error) {
 // with "{" is read as JSON, which keeps 64-bit integers exact) and validates
 // the result. Values from the text report their source as "text".
 func FromText(text string) (*Resolved, error) {
-	if len(text) > MaxTextBytes {
-		return nil, fmt.Errorf("config: config text is %d bytes, over the limit of %d (1 MiB); a config needs a few KiB", len(text), MaxTextBytes)
-	}
-	k := koanf.New(".")
-	var err error
-	if strings.HasPrefix(strings.TrimSpace(text), "{") {
-		var m map[string]any
-		dec := json.NewDecoder(strings.NewReader(text))
-		dec.UseNumber()
-		err = dec.Decode(&m)
-		if err == nil && dec.More() {
-			err = errors.New("unexpected text after the JSON object")
-		}
-		if err == nil {
-			err = k.Load(confmap.Provider(m, ""), nil)
-		}
-	} else {
-		err = k.Load(rawbytes.Provider([]byte(text)), boundedYAML{})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("config: parsing config text: %w", err)
-	}
-	l, err := checkedLayer(k, func(string) string { return "text" })
+	l, err := textLayer(text)
 	if err != nil {
 		return nil, err
 	}

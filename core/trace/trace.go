@@ -128,7 +128,10 @@ func (r *Recorder) WriteFile(path string) error {
 		{Name: "thread_name", Ph: "M", PID: r.rank, TID: Compute, Args: map[string]any{"name": "compute"}},
 		{Name: "thread_name", Ph: "M", PID: r.rank, TID: Comm, Args: map[string]any{"name": "comm"}},
 	}
-	b, err := json.Marshal(map[string]any{"traceEvents": append(meta, evs...), "displayTimeUnit": "ms"})
+	// otherData carries the rank and its time zero on the host's wall
+	// clock, from which Merge puts every rank on one clock.
+	other := map[string]any{"rank": r.rank, "start_unix_us": r.start.UnixMicro()}
+	b, err := json.Marshal(map[string]any{"traceEvents": append(meta, evs...), "displayTimeUnit": "ms", "otherData": other})
 	if err != nil {
 		return err
 	}

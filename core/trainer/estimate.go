@@ -36,6 +36,33 @@ type EstimateInput struct {
 	Rank, World int
 	// DPRank and DPSize place the rank in the data-parallel group.
 	DPRank, DPSize int
+	// Params are the parameters this rank holds, after every
+	// ParamLocalizer of the run (the whole model's without one).
+	Params []nn.ParamShape
+}
+
+// ParamLocalizer is implemented by the estimators of plugins that cut
+// the parameters (tensor parallel shards them, a pipeline stage keeps
+// some): given the parameters as the plugins before it left them, it
+// returns those this rank holds, with their local shapes. The core runs
+// every localizer, in plugin order, before any EstimateMemory call, and
+// counts parameters, gradients and optimizer state from the result, so a
+// later plugin (ZeRO) sees the local parameters in EstimateInput.Params.
+type ParamLocalizer interface {
+	LocalParams(in EstimateInput, ps []nn.ParamShape) []nn.ParamShape
+}
+
+// Numel is the number of elements of parameters ps.
+func Numel(ps []nn.ParamShape) int64 {
+	var n int64
+	for _, p := range ps {
+		k := int64(1)
+		for _, d := range p.Shape {
+			k *= int64(d)
+		}
+		n += k
+	}
+	return n
 }
 
 // MemoryEstimate is one rank's predicted memory. Its MemoryReport has the
@@ -95,7 +122,7 @@ func ActivationBytes(m nn.GPTConfig, B int) int64 {
 
 // EstimateMemory predicts the memory of every rank of a run of cfg on
 // world ranks laid out with data-parallel size dpSize (rank r is dp rank
-// r mod dpSize, as core/mesh lays out a world with no other dimension),
+// (r / (tp·cp)) mod dpSize, as core/mesh lays out pp × dp × cp × tp),
 // given the estimators of the run's plugins per rank (estimators(r)). It
 // allocates nothing. The result has one row per rank, in rank order.
 func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank int) []MemoryEstimator) ([]MemoryEstimate, error) {
@@ -103,10 +130,9 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	psi := m.NumParams()
-	optim := 8 * psi // AdamW: two moments
+	perElem := int64(8) // AdamW: two moments
 	if cfg.Train.Optimizer == "sgd" {
-		optim = 4 * psi // momentum buffer
+		perElem = 4 // momentum buffer
 	}
 	dataBytes, err := dataFootprint(cfg)
 	if err != nil {
@@ -116,15 +142,23 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 	for r := range out {
 		e := MemoryEstimate{DataBytes: dataBytes, RuntimeBytes: RuntimeBytes}
 		e.Rank = r
-		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, optim
+		in := EstimateInput{Cfg: cfg, Model: m, Rank: r, World: world, DPRank: (r / max(1, cfg.Parallel.TP*cfg.Parallel.CP)) % max(dpSize, 1), DPSize: max(dpSize, 1), Params: m.ParamShapes()}
+		var ests []MemoryEstimator
+		if estimators != nil {
+			ests = estimators(r)
+		}
+		for _, est := range ests {
+			if l, ok := est.(ParamLocalizer); ok {
+				in.Params = l.LocalParams(in, in.Params)
+			}
+		}
+		psi := Numel(in.Params)
+		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, perElem*psi
 		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize)
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
-		in := EstimateInput{Cfg: cfg, Model: m, Rank: r, World: world, DPRank: r % max(dpSize, 1), DPSize: max(dpSize, 1)}
-		if estimators != nil {
-			for _, est := range estimators(r) {
-				if err := est.EstimateMemory(in, &e); err != nil {
-					return nil, err
-				}
+		for _, est := range ests {
+			if err := est.EstimateMemory(in, &e); err != nil {
+				return nil, err
 			}
 		}
 		out[r] = e

@@ -20,12 +20,13 @@ func Estimator(stage int) (trainer.MemoryEstimator, error) {
 }
 
 // unitNumels are the parameter elements of the units NewLayout makes for
-// the whole model of shape m, in forward order: the embed unit (wte, wpe),
+// the parameters ps a rank holds (the whole model's, or a tensor-parallel
+// rank's parts), in forward order: the embed unit (wte, wpe),
 // each block, the head (ln_f).
-func unitNumels(m nn.GPTConfig) []int {
+func unitNumels(ps []nn.ParamShape) []int {
 	var units []int
 	cur, name := 0, ""
-	for _, p := range m.ParamShapes() {
+	for _, p := range ps {
 		unit := "embed"
 		if strings.HasPrefix(p.Name, "h.") {
 			unit = p.Name[:strings.Index(p.Name[2:], ".")+2]
@@ -51,7 +52,7 @@ func unitNumels(m nn.GPTConfig) []int {
 // largest two adjacent units) the transient working set of stages 2 and 3.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
-	numels := unitNumels(in.Model)
+	numels := unitNumels(in.Params)
 	var padded, owned, embed, pair, largest int64
 	sizes := make([]int64, len(numels))
 	for i, num := range numels {
@@ -70,8 +71,11 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		pair = max(pair, sizes[i]+sizes[i+1])
 	}
 	transient := 4 * (embed + pair)
-	perElem := e.OptimBytes / max(1, in.Model.NumParams()) // 8 for AdamW, 4 for SGD momentum
+	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
 	e.OptimBytes = perElem * owned
+	// Gradients the plugins before ZeRO added beyond the parameters'
+	// (a pipeline stage's received inputs) are not ZeRO's to shard.
+	otherGrads := e.GradsBytes - 4*trainer.Numel(in.Params)
 	switch z.stage {
 	case 1:
 		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded
@@ -81,6 +85,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	case 3:
 		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+transient, 4*padded/int64(n)+transient
 	}
+	e.GradsBytes += otherGrads
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
 		// buffer while backward goes on: two shards in flight.
@@ -94,7 +99,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	}
 	// Set-up holds the unsharded model and optimizer the trainer built,
 	// and one unit's flat buffer, before Prepare shards them.
-	psi := in.Model.NumParams()
+	psi := trainer.Numel(in.Params)
 	setup := 4*psi + perElem*psi + 4*max(embed, pair)
 	e.SetupPeakBytes = max(0, setup-e.PeakBytes)
 	return nil

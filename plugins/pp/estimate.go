@@ -1,0 +1,198 @@
+package pp
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Estimator is the pipeline's term of the memory estimate
+// (trainer.MemoryEstimator and trainer.ParamLocalizer): the parameters of
+// this rank's stage, and the activations its list of the schedule keeps
+// alive at once, found by playing the list as RunStep runs it.
+type Estimator struct {
+	sched *Schedule
+	split []int
+}
+
+// NewEstimator builds the estimator of cfg's pipeline of p stages from the
+// config alone: the same schedule and split New makes.
+func NewEstimator(cfg config.Config, p int) (*Estimator, error) {
+	s, err := Generate(cfg.PP.Schedule, p, cfg.PP.VirtualStages, cfg.Train.GradAccum)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	split, err := cfg.PPLayers()
+	if err != nil {
+		return nil, err
+	}
+	if split == nil {
+		if split, err = Balance(trainer.GPTConfig(cfg), p*cfg.PP.VirtualStages); err != nil {
+			return nil, err
+		}
+	}
+	return &Estimator{sched: s, split: split}, nil
+}
+
+// stage is the pipeline rank of a world rank: pp is the outermost mesh
+// dimension.
+func (e *Estimator) stage(in trainer.EstimateInput) int {
+	return in.Rank / max(1, in.World/e.sched.P)
+}
+
+// chunkOf maps block i to its model chunk.
+func (e *Estimator) chunkOf(i int) int {
+	for c, n := range e.split {
+		if i < n {
+			return c
+		}
+		i -= n
+	}
+	return -1
+}
+
+// LocalParams implements trainer.ParamLocalizer: what keepStage keeps,
+// the blocks of this rank's chunks, the embedding (wte, wpe) on the first
+// stage, the final LayerNorm and the tied wte on the last.
+func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []nn.ParamShape {
+	r, p := e.stage(in), e.sched.P
+	var out []nn.ParamShape
+	for _, q := range ps {
+		keep := false
+		switch {
+		case q.Name == "wte.weight":
+			keep = r == 0 || r == p-1
+		case q.Name == "wpe.weight":
+			keep = r == 0
+		case strings.HasPrefix(q.Name, "ln_f."):
+			keep = r == p-1
+		case strings.HasPrefix(q.Name, "h."):
+			i, err := strconv.Atoi(strings.SplitN(q.Name, ".", 3)[1])
+			keep = err == nil && e.chunkOf(i)%p == r
+		}
+		if keep {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// chunkTerms are the activation floats of one micro-batch on chunk c, as
+// the executor and the autograd tape allocate them (B, T, C the local
+// micro-batch and width, L the chunk's blocks):
+//
+//   - saved, from its forward to its backward: per block the 18·B·T·C
+//     its forward keeps for backward (the LayerNorms' outputs, q|k|v, the
+//     attention output and projection, the residuals, the MLP's 4C-wide
+//     hidden layer before and after GELU, its projection) and the
+//     attention probabilities B·H·T·T, with 4·B·T of LayerNorm
+//     statistics; the received input B·T·C on every chunk but the first,
+//     the embedding's two B·T·C on the first, the logits and their
+//     softmax (2·B·T·V) and the final LayerNorm on the last;
+//   - full, during its backward: trainer.ActivationBytes's terms for the
+//     chunk's part of the model (36·B·T·C + B·H·T·T + 12·C·C per block,
+//     the embedding's on the first chunk, the head's and the loss's on
+//     the last) plus the received input and output gradient;
+//   - held, after a split backward until its W: full less the weight
+//     gradients (12·C·C per block, V·C for a table), which W forms: the
+//     deferred weight gradients keep the backward's graph and its
+//     gradients alive until then.
+//
+// Under tensor parallel over n ranks the head- and MLP-internal parts
+// divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
+// block (q|k|v, the attention output, the MLP's hidden layer before and
+// after GELU) and 24 of the 36, the attention probabilities, the split
+// weight gradients, the vocabulary rows and the logits.
+func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
+	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
+	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
+	full = l * ((12+24/k)*b*t*c + b*h*t*t/k + 12*c*c/k)
+	if first {
+		saved += 2 * b * t * c
+		full += v*c/k + t*c + 2*b*t*c
+	} else {
+		saved += b * t * c
+		full += b * t * c
+	}
+	if last {
+		saved += 2*b*t*v/k + b*t*c + 2*b*t
+		full += v*c/k + 3*b*t*v/k + 4*b*t*c + 15*b*t
+	} else {
+		full += b * t * c // the received output gradient
+	}
+	held = full - l*12*c*c/k
+	if first || last {
+		held -= v * c / k
+	}
+	return saved, full, held
+}
+
+// play runs rank r's list as RunStep does and returns the activation
+// peak in floats and the most input gradients (B·T·C each, counted as
+// gradients: they are the received leaves' gradients) alive at once.
+func (e *Estimator) play(m nn.GPTConfig, B, tp, r int) (peak int64, inGrads int) {
+	s := e.sched
+	last := s.Chunks() - 1
+	alive := map[[2]int]int64{} // what each live (chunk, micro) holds
+	sum := func(except [2]int) int64 {
+		var n int64
+		for k, v := range alive {
+			if k != except {
+				n += v
+			}
+		}
+		return n
+	}
+	grads := 0
+	for _, a := range s.Ranks[r] {
+		key := [2]int{a.Chunk, a.Micro}
+		saved, full, held := chunkTerms(m, B, e.split[a.Chunk], tp, a.Chunk == 0, a.Chunk == last)
+		switch a.Kind {
+		case Forward:
+			alive[key] = saved
+			peak = max(peak, sum(key)+saved)
+		case Backward:
+			peak = max(peak, sum(key)+full)
+			if a.Chunk != 0 {
+				grads++
+				inGrads = max(inGrads, grads)
+			}
+			if s.Split {
+				alive[key] = held
+			} else {
+				delete(alive, key)
+			}
+		case Weight:
+			peak = max(peak, sum(key)+full)
+			delete(alive, key)
+		}
+		if a.Chunk != 0 && ((s.Split && a.Kind == Weight) || (!s.Split && a.Kind == SendGrad)) {
+			grads--
+		}
+	}
+	return peak, inGrads
+}
+
+// EstimateMemory implements trainer.MemoryEstimator: the core has
+// counted the stage's parameters (LocalParams); the activations are the
+// peak of this rank's list, and the received inputs' gradients alive at
+// once add to the gradients.
+func (e *Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
+	r := e.stage(in)
+	if r >= e.sched.P {
+		return fmt.Errorf("pp: rank %d is outside a pipeline of %d stages over %d ranks", in.Rank, e.sched.P, in.World)
+	}
+	B := in.Cfg.Train.BatchSize
+	peak, inGrads := e.play(in.Model, B, in.Cfg.Parallel.TP, r)
+	est.ActPeak = 4*peak + 1024
+	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(in.Model.BlockSize) * int64(in.Model.NEmbd)
+	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes
+	return nil
+}

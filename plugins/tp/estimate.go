@@ -1,0 +1,67 @@
+package tp
+
+import (
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Estimator is tensor parallel's term of the memory estimate
+// (trainer.MemoryEstimator and trainer.ParamLocalizer) for a TP group of
+// N ranks: each rank's part of the parameters, as Prepare cuts them, and
+// the activations of one micro-batch with the head- and MLP-internal
+// buffers divided by N.
+type Estimator struct{ N int }
+
+// LocalParams implements trainer.ParamLocalizer: the part of each
+// parameter TP rank r of n holds, as Prepare cuts them: c_attn and
+// mlp.c_fc by columns (heads, for c_attn), their biases alike;
+// attn.c_proj and mlp.c_proj by rows, their biases whole; the tied wte by
+// rows of the vocabulary (VocabRange); wpe and the LayerNorms whole.
+func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []nn.ParamShape {
+	n, r := e.N, in.Rank%e.N // TP is the innermost mesh dimension
+	out := make([]nn.ParamShape, len(ps))
+	for i, p := range ps {
+		shape := append([]int(nil), p.Shape...)
+		switch name := p.Name; {
+		case name == "wte.weight":
+			lo, hi := VocabRange(shape[0], n, r)
+			shape[0] = hi - lo
+		case strings.HasSuffix(name, "attn.c_attn.weight"), strings.HasSuffix(name, "mlp.c_fc.weight"),
+			strings.HasSuffix(name, "attn.c_attn.bias"), strings.HasSuffix(name, "mlp.c_fc.bias"):
+			shape[len(shape)-1] /= n
+		case strings.HasSuffix(name, "c_proj.weight"):
+			shape[0] /= n
+		}
+		out[i] = nn.ParamShape{Name: p.Name, Shape: shape}
+	}
+	return out
+}
+
+// ActivationBytes is trainer.ActivationBytes under tensor parallel over n
+// ranks. Of a block's 36·B·T·C, the buffers as wide as the model (the
+// LayerNorms' inputs and outputs, the residual stream, the row-parallel
+// outputs after their all-reduce, and their gradients: 12·B·T·C) stay
+// whole; the others (q|k|v, the attention output, the MLP's 4C-wide
+// hidden layer before and after GELU, and their gradients: 24·B·T·C) are
+// divided by n, as are the attention probabilities (H/n heads), the
+// weight gradients of the split Linears, the embedding's and the head's
+// rows of the vocabulary and the logits (V/n columns). Sequence parallel
+// keeps the same buffers: its LayerNorm regions hold 1/n of the sequence,
+// but the column layers' gathered inputs are whole and saved for
+// backward, so the total moves by about 1% (TestEstimateMatchesMeasured).
+func ActivationBytes(m nn.GPTConfig, B, n int) int64 {
+	b, t, c, l, h, v, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize), int64(n)
+	floats := (12+24/k)*b*t*c*l + b*h*t*t*l/k + 12*c*c*l/k + 2*v*c/k + t*c + 3*b*t*v/k + 6*b*t*c + 15*b*t
+	return 4*floats + 1024
+}
+
+// EstimateMemory implements trainer.MemoryEstimator: the core has
+// counted this rank's parts of the parameters (LocalParams); the
+// activations follow ActivationBytes.
+func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
+	est.ActPeak = ActivationBytes(in.Model, in.Cfg.Train.BatchSize, e.N)
+	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes
+	return nil
+}
