@@ -29,6 +29,12 @@ func worldGroup() (comm.Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	return joinWorld(opts)
+}
+
+// joinWorld joins the world group with opts; the caller holds world's
+// lock and world.g is nil.
+func joinWorld(opts comm.Options) (comm.Group, error) {
 	g, err := comm.InitFromEnv(opts)
 	if err != nil {
 		return nil, wrap(errComm, fmt.Errorf("joining the world group (check RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or start the program with `tinyacc launch`): %w", err))
@@ -55,6 +61,26 @@ func apiDistInit() (rank, size int, err error) {
 		return nil
 	})
 	return rank, size, err
+}
+
+// apiDistInitConfig joins the world group (once) with the deadline of the
+// config h (comm.timeout), so a binding whose configuration is a document
+// or a dict, not only the environment, bounds every collective and barrier
+// by it. A group already joined keeps the deadline it was joined with.
+func apiDistInitConfig(h int64) (rank, size int, err error) {
+	c, err := get[configObj](h)
+	if err != nil {
+		return 0, 0, err
+	}
+	world.Lock()
+	defer world.Unlock()
+	g := world.g
+	if g == nil {
+		if g, err = joinWorld(comm.Options{Timeout: c.cfg.Comm.Timeout}); err != nil {
+			return 0, 0, err
+		}
+	}
+	return g.Rank(), g.Size(), nil
 }
 
 // apiDistFinalize leaves the world group; a later collective joins again.

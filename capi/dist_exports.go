@@ -21,6 +21,20 @@ func tinyacc_dist_init(rank, size *C.int64_t) C.int {
 	})
 }
 
+//export tinyacc_dist_init_config
+func tinyacc_dist_init_config(config C.int64_t, rank, size *C.int64_t) C.int {
+	return call(func() error {
+		r, s, err := apiDistInitConfig(int64(config))
+		if rank != nil {
+			*rank = C.int64_t(r)
+		}
+		if size != nil {
+			*size = C.int64_t(s)
+		}
+		return err
+	})
+}
+
 //export tinyacc_dist_finalize
 func tinyacc_dist_finalize() C.int {
 	return call(apiDistFinalize)

@@ -260,6 +260,12 @@ int tinyacc_load_checkpoint(tinyacc_handle session, const char *dir, int64_t *st
  * (both optional). */
 int tinyacc_dist_init(int64_t *rank, int64_t *size);
 
+/* As tinyacc_dist_init, with the deadline of config's comm.timeout for
+ * every collective and barrier of the world group (tinyacc_dist_init reads
+ * it from the TINYACC_* environment). A group already joined keeps the
+ * deadline it was joined with. */
+int tinyacc_dist_init_config(tinyacc_handle config, int64_t *rank, int64_t *size);
+
 /* Leaves the world group; a later collective joins again. */
 int tinyacc_dist_finalize(void);
 

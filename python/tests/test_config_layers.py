@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import PKG
 
 YAML = "model: {n_layer: 3, n_embd: 48, n_head: 4}\ntrain: {lr: 0.01, steps: 7, batch_size: 2}\ncomm: {timeout: 90s}\n"
@@ -87,7 +89,7 @@ def test_unknown_variable_is_an_error_with_the_nearest_name():
 BARRIER = textwrap.dedent("""
     import sys, threading
     from tinyacc import Accelerator, TinyaccError
-    acc = Accelerator({})
+    acc = Accelerator(CONFIG)
     if acc.process_index == 1:
         threading.Event().wait()  # never reaches the barrier; the launcher ends it
     try:
@@ -98,10 +100,14 @@ BARRIER = textwrap.dedent("""
 """)
 
 
-def test_wait_for_everyone_is_bounded_by_comm_timeout(cli, tmp_path):
+@pytest.mark.parametrize("where", ["env", "dict"])
+def test_wait_for_everyone_is_bounded_by_comm_timeout(cli, tmp_path, where):
+    """comm.timeout bounds the barrier whether it comes from the
+    environment or from the dict the Accelerator is given."""
     script = tmp_path / "barrier.py"
-    script.write_text(BARRIER)
-    env = _clean_env(TINYACC_COMM__TIMEOUT="2s")
+    config = {"comm": {"timeout": "2s"}} if where == "dict" else {}
+    script.write_text(BARRIER.replace("CONFIG", repr(config)))
+    env = _clean_env(TINYACC_COMM__TIMEOUT="2s") if where == "env" else _clean_env()
     out = subprocess.run([cli, "launch", "--nproc", "2", "--", sys.executable, str(script)], env=env,
                          capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr

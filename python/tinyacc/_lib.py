@@ -119,6 +119,7 @@ _SIGNATURES = {
     "tinyacc_save_checkpoint": (_c, [i64, _s]),
     "tinyacc_load_checkpoint": (_c, [i64, _s, P(i64)]),
     "tinyacc_dist_init": (_c, [P(i64), P(i64)]),
+    "tinyacc_dist_init_config": (_c, [i64, P(i64), P(i64)]),
     "tinyacc_dist_finalize": (_c, []),
     "tinyacc_all_reduce": (_c, [_f32p, i64, i32]),
     "tinyacc_all_gather": (_c, [_f32p, i64, _f32p, i64]),

@@ -27,7 +27,7 @@ class Accelerator:
         if gradient_accumulation_steps is not None:
             cfg = cfg.with_overrides({"train": {"grad_accum": int(gradient_accumulation_steps)}})
         self.config = cfg
-        self._rank, self._world = dist.init()
+        self._rank, self._world = dist.init(cfg)
         self._session = None
         self._model = self._optimizer = self._loader = None
         # Accelerate's gradient state: sync_gradients is set when an

@@ -23,10 +23,15 @@ def _op(op):
     return int(op)
 
 
-def init():
-    """Joins the world group (once); returns (rank, world_size)."""
+def init(config=None):
+    """Joins the world group (once); returns (rank, world_size). With a
+    Config, every collective and barrier of the group has its comm.timeout
+    as deadline (else the TINYACC_* environment's); the first join decides."""
     r, s = i64(), i64()
-    check(lib.tinyacc_dist_init(ctypes.byref(r), ctypes.byref(s)))
+    if config is not None:
+        check(lib.tinyacc_dist_init_config(config.handle, ctypes.byref(r), ctypes.byref(s)))
+    else:
+        check(lib.tinyacc_dist_init(ctypes.byref(r), ctypes.byref(s)))
     return r.value, s.value
 
 
