@@ -263,21 +263,14 @@ func ringOverlap(evs []trace.Event) (transfer, hidden float64) {
 	return transfer, share * transfer
 }
 
-// rankTraces reads the per-rank trace files of a run.
+// rankTraces reads a run's merged trace: the events of each of its n ranks.
 func rankTraces(path string, n int) ([][]trace.Event, error) {
-	out := make([][]trace.Event, n)
-	for r := range out {
-		b, err := os.ReadFile(trace.RankPath(path, r))
-		if err != nil {
-			return nil, err
-		}
-		var doc struct {
-			TraceEvents []trace.Event `json:"traceEvents"`
-		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return nil, fmt.Errorf("%s: %w", trace.RankPath(path, r), err)
-		}
-		out[r] = doc.TraceEvents
+	out, err := trace.ReadRanks(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != n {
+		return nil, fmt.Errorf("%s: the trace holds %d ranks, want %d", path, len(out), n)
 	}
 	return out, nil
 }
