@@ -57,6 +57,7 @@ func (f *faulty) PreStep(*trainer.Trainer) error {
 	f.steps++
 	if f.steps == 2 {
 		syscall.Kill(os.Getpid(), f.sig)
+		select {} // never answer, whenever the signal lands
 	}
 	return nil
 }
@@ -75,7 +76,10 @@ func (f *faultyGrad) GradReady(t *trainer.Trainer, p *tensor.Tensor, _ tensor.Pa
 		return nil
 	}
 	if f.sig != 0 {
+		// The signal reaches every thread a little later; until then this
+		// goroutine must not answer, or the host would read its reply.
 		syscall.Kill(os.Getpid(), f.sig)
+		select {}
 	}
 	return fmt.Errorf("faulty: a bad gradient in step 2")
 }
