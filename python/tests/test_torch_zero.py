@@ -170,7 +170,7 @@ def test_range_group_cuts_parameters_at_equal_ranges():
     groups = [RangeGroup([0, 1, 2], params, r, 3) for r in range(3)]
     assert groups[0].block == 5
     assert [g.layout[g.rank] for g in groups] == [[(0, 0, 5, 0)], [(1, 0, 1, 0), (2, 1, 4, 0)], [(2, 0, 3, 4)]]
-    assert [g.shard.numel() for g in groups] == [5, 5, 3]
+    assert [g.shard.numel() for g in groups] == groups[0].fill == [5, 5, 3]
     assert [g.owned for g in groups] == [[0], [1, 2], [2]]
     # Columns [2, 5) of rank 1: the last 3 of parameter 2's first piece.
     assert list(groups[0].pieces(1, 2, 5)) == [(2, 1, 2, 5)]

@@ -52,6 +52,7 @@ class RangeGroup(ShardGroup):
         total = sum(sizes)
         self.block = -(-total // world)
         self.layout = [[] for _ in range(world)]
+        self.fill = [max(0, min(self.block, total - k * self.block)) for k in range(world)]
         start = 0
         for i, n in zip(self.indices, sizes):
             lo = start
@@ -63,7 +64,7 @@ class RangeGroup(ShardGroup):
             start += n
         self.owner = None
         self.owned = [i for i, _, _, _ in self.layout[rank]]
-        self.shard = torch.zeros(max(0, min(self.block, total - rank * self.block)))
+        self.shard = torch.zeros(self.fill[rank])
 
     def shard_view(self, i, shape):
         raise AssertionError("a range group holds pieces of parameters; use owned_pieces")
