@@ -144,7 +144,9 @@ class ZeroEngine(TorchEngine):
         self.owner = balance([p.numel() for p in self.params], self.world)
         self.ranges = stage < 3 and shard == "auto" and elementwise(optimizer)
         if stage == 1 and self.ranges:
-            self.groups = [RangeGroup(range(n), self.params, self.rank, self.world)]
+            # No shard: the reduce-scatter writes the averages into the owned
+            # pieces of the whole gradients, which stage 1 keeps anyway.
+            self.groups = [RangeGroup(range(n), self.params, self.rank, self.world, shard=False)]
         elif stage == 1:
             self.groups = [ShardGroup(range(n), self.params, self.rank, self.world, self.owner)]
         elif stage == 2:
@@ -198,6 +200,16 @@ class ZeroEngine(TorchEngine):
 
     def after_backward(self):
         self._backwards += 1
+        if self.stage == 1 and self.ranges:
+            if self._sync:
+                # Every parameter used anywhere gets a (zero) gradient to
+                # receive its average, one unused everywhere stays None.
+                self._exchange_used()
+                for i, p in enumerate(self.params):
+                    if self.has_grad[i] and p.grad is None and p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+                self.buckets.reduce_scatter(self.groups[0], self._local_grad, None, accumulate=False)
+            return
         if self.stage == 1:
             if self._sync:
                 self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=False)
@@ -215,7 +227,7 @@ class ZeroEngine(TorchEngine):
         for i in self.owned:
             self.params[i].grad = self._shard_view(i) if self.has_grad[i] else None
         for pc in self.pieces:
-            pc.param.grad = pc.grad if self.has_grad[pc.index] else None
+            pc.param.grad = self._piece_grad(pc) if self.has_grad[pc.index] else None
         try:
             if self.optimizer is not None:
                 self.optimizer.step()
@@ -250,7 +262,7 @@ class ZeroEngine(TorchEngine):
         norm_type = float(norm_type)
         # Every element once: the owned parameters or pieces of the selection.
         grads = [self._shard_view(i) for i in self.owned if i in sel]
-        grads += [pc.grad for pc in self.pieces if pc.index in sel]
+        grads += [self._piece_grad(pc) for pc in self.pieces if pc.index in sel]
         if norm_type == float("inf"):
             local = max([float(g.abs().max()) for g in grads if g.numel()] + [0.0])
             t = torch.tensor([local], dtype=torch.float32)
@@ -434,6 +446,13 @@ class ZeroEngine(TorchEngine):
     def _local_grad(self, i):
         g = self.params[i].grad
         return None if g is None else g.view(-1)
+
+    def _piece_grad(self, pc):
+        """A piece's averaged gradient: in its shard, or (range form, stage 1)
+        in the owned elements of the parameter's whole gradient."""
+        if pc.grad is not None:
+            return pc.grad
+        return self.params[pc.index].grad.view(-1)[pc.first:pc.first + pc.numel]
 
     def _shard_view(self, i):
         return self.group_of[i].shard_view(i, self.params[i].shape)

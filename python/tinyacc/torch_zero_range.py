@@ -45,7 +45,9 @@ class RangeGroup(ShardGroup):
     with at least one owned element; shard is this rank's gradient range
     without padding (allocated once)."""
 
-    def __init__(self, indices, params, rank, world):
+    def __init__(self, indices, params, rank, world, shard=True):
+        """shard=False: no gradient shard (the reduce-scatter writes into the
+        owned pieces of the whole gradients instead)."""
         self.indices = list(indices)
         self.rank, self.world = rank, world
         sizes = [params[i].numel() for i in self.indices]
@@ -64,15 +66,17 @@ class RangeGroup(ShardGroup):
             start += n
         self.owner = None
         self.owned = [i for i, _, _, _ in self.layout[rank]]
-        self.shard = torch.zeros(self.fill[rank])
+        self.shard = torch.zeros(self.fill[rank] if shard else 0)
+        self.has_shard = shard
 
     def shard_view(self, i, shape):
         raise AssertionError("a range group holds pieces of parameters; use owned_pieces")
 
     def owned_pieces(self):
-        """(index, first element, numel, gradient view in the shard) of every
-        piece this rank owns."""
-        return [(i, first, n, self.shard[col:col + n]) for i, col, n, first in self.layout[self.rank]]
+        """(index, first element, numel, gradient view in the shard, or None
+        without one) of every piece this rank owns."""
+        return [(i, first, n, self.shard[col:col + n] if self.has_shard else None)
+                for i, col, n, first in self.layout[self.rank]]
 
     def pieces(self, k, a, b):
         """(index, off, lo, hi) of rank k's pieces overlapping columns
@@ -87,7 +91,8 @@ class RangeGroup(ShardGroup):
 class Piece:
     """An owned piece of parameter index: param is a torch Parameter over
     elements [first, first + numel) of the parameter's own memory (the
-    optimizer steps it in place), grad its gradient in the shard."""
+    optimizer steps it in place), grad its gradient in the shard (None:
+    in the parameter's whole gradient)."""
 
     def __init__(self, index, param, first, numel, grad):
         self.index, self.first, self.numel, self.grad = index, first, numel, grad

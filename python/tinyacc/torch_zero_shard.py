@@ -142,7 +142,10 @@ class Buckets:
     def reduce_scatter(self, group, grad_of, into, accumulate):
         """Averages every rank's gradients of group over the ranks into
         `into` (this rank's block): grad_of(i) is parameter i's flat local
-        gradient or None (zeros). accumulate adds instead of overwriting."""
+        gradient or None (zeros). accumulate adds instead of overwriting.
+        into=None: the averages overwrite this rank's own pieces of the
+        local gradients (each piece is read into the window before it is
+        written, and no later window reads it)."""
         for a, b in group.windows(self.width):
             w = b - a
             buf, out = self.get(w)
@@ -159,6 +162,12 @@ class Buckets:
                 if group.fill[k] < b:
                     buf[k * w + max(group.fill[k] - a, 0):(k + 1) * w].zero_()
             reduce_scatter_(buf, out, AVG)
+            if into is None:
+                for i, off, lo, hi in group.pieces(group.rank, a, b):
+                    g = grad_of(i)
+                    if g is not None:
+                        g[lo - off:hi - off].copy_(out[lo - a:hi - a])
+                continue
             e = min(b, into.numel())
             if a < e:
                 if accumulate:
