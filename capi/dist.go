@@ -92,6 +92,7 @@ func apiDistFinalize() error {
 	}
 	g := world.g
 	world.g = nil
+	scratches.Delete(g)
 	return wrap(errComm, g.Close())
 }
 
@@ -112,7 +113,44 @@ func reduceOp(op int) (comm.ReduceOp, error) {
 
 // Every collective works on a Go copy of the caller's buffer and copies the
 // result back, so a timed-out operation still queued in the group can never
-// write into memory the caller has reused.
+// write into memory the caller has reused. The copies live in scratch
+// buffers, one pair per group, reused from call to call (a group's
+// collectives are serialised: by world's lock, or by the one goroutine
+// that drives a rank in tests), so a ZeRO step's bucket-sized collectives
+// allocate nothing; a failed collective drops its group's pair, as the
+// group may still write into it.
+type scratch struct{ in, out []float32 }
+
+var scratches sync.Map // comm.Group -> *scratch
+
+func scratchOf(g comm.Group) *scratch {
+	s, _ := scratches.LoadOrStore(g, &scratch{})
+	return s.(*scratch)
+}
+
+// take returns (*buf)[:n], growing *buf when it is shorter.
+func take(buf *[]float32, n int) []float32 {
+	if cap(*buf) < n {
+		*buf = make([]float32, n)
+	}
+	return (*buf)[:n]
+}
+
+// copyIn returns the group's input scratch holding a copy of b.
+func copyIn(g comm.Group, b []float32) []float32 {
+	s := take(&scratchOf(g).in, len(b))
+	copy(s, b)
+	return s
+}
+
+// outOf returns the group's output scratch of n elements.
+func outOf(g comm.Group, n int) []float32 { return take(&scratchOf(g).out, n) }
+
+// failed drops the group's scratch after a failed collective and wraps err.
+func failed(g comm.Group, err error) error {
+	scratches.Delete(g)
+	return wrap(errComm, err)
+}
 
 // allReduce reduces buf over the ranks of g, in place.
 func allReduce(g comm.Group, buf []float32, op int) error {
@@ -120,9 +158,9 @@ func allReduce(g comm.Group, buf []float32, op int) error {
 	if err != nil {
 		return err
 	}
-	t := tensor.FromF32(append([]float32(nil), buf...), len(buf))
+	t := tensor.FromF32(copyIn(g, buf), len(buf))
 	if err := g.AllReduce(t, rop); err != nil {
-		return wrap(errComm, err)
+		return failed(g, err)
 	}
 	copy(buf, t.F32())
 	return nil
@@ -133,10 +171,10 @@ func allGather(g comm.Group, in, out []float32) error {
 	if len(out) != g.Size()*len(in) {
 		return fail(errSize, "all_gather: output holds %d elements but world size %d x input %d = %d", len(out), g.Size(), len(in), g.Size()*len(in))
 	}
-	src := tensor.FromF32(append([]float32(nil), in...), len(in))
-	dst := tensor.FromF32(make([]float32, len(out)), len(out))
+	src := tensor.FromF32(copyIn(g, in), len(in))
+	dst := tensor.FromF32(outOf(g, len(out)), len(out))
 	if err := g.AllGather(src, dst); err != nil {
-		return wrap(errComm, err)
+		return failed(g, err)
 	}
 	copy(out, dst.F32())
 	return nil
@@ -152,10 +190,10 @@ func reduceScatter(g comm.Group, in, out []float32, op int) error {
 	if len(in) != g.Size()*len(out) {
 		return fail(errSize, "reduce_scatter: input holds %d elements but world size %d x output %d = %d", len(in), g.Size(), len(out), g.Size()*len(out))
 	}
-	src := tensor.FromF32(append([]float32(nil), in...), len(in))
-	dst := tensor.FromF32(make([]float32, len(out)), len(out))
+	src := tensor.FromF32(copyIn(g, in), len(in))
+	dst := tensor.FromF32(outOf(g, len(out)), len(out))
 	if err := g.ReduceScatter(src, dst, rop); err != nil {
-		return wrap(errComm, err)
+		return failed(g, err)
 	}
 	copy(out, dst.F32())
 	return nil
@@ -166,9 +204,9 @@ func broadcast(g comm.Group, buf []float32, root int) error {
 	if root < 0 || root >= g.Size() {
 		return fail(errInvalidArg, "broadcast: root %d is outside the world of %d ranks", root, g.Size())
 	}
-	t := tensor.FromF32(append([]float32(nil), buf...), len(buf))
+	t := tensor.FromF32(copyIn(g, buf), len(buf))
 	if err := g.Broadcast(t, root); err != nil {
-		return wrap(errComm, err)
+		return failed(g, err)
 	}
 	copy(buf, t.F32())
 	return nil

@@ -31,6 +31,10 @@ def test_zero3_sequential_and_wrap(cli):
     assert text.count("ok sequential stage=3 world=2") == 2, text
     assert text.count("ok modulelist stage=3 world=2") == 2, text
     assert text.count("ok wrap=Linear stage=3 world=2") == 2, text
+    for opt in ("adamw", "sgd"):
+        for stage in (1, 2):
+            for shard in ("auto", "params"):
+                assert text.count("ok %s stage=%d shard=%s world=2" % (opt, stage, shard)) == 2, text
 
 
 def _engine(model, opt, stage=2, bucket_mb=25, wrap=None):
@@ -150,5 +154,29 @@ def test_clip_grad_norm_returns_and_clips_as_torch(stage):
             if p.grad is None:
                 assert not eng.has_grad[i], name
                 continue
-            err = t.norm_err(eng._shard_view(i), p.grad)
+            got = eng._shard_view(i) if not eng.ranges else torch.cat([eng._piece_grad(pc) for pc in eng._pieces_of[i]])
+            err = t.norm_err(got.reshape(-1), p.grad.reshape(-1))
             assert err <= 1e-5, (norm_type, name, err)
+
+
+def test_range_group_cuts_parameters_at_equal_ranges():
+    """13 elements on 3 ranks: ranges of ceil(13 / 3) = 5, the last one
+    short (its padding exists in transit only); a parameter crossing a
+    boundary is cut into one piece per owner."""
+    import torch
+    from tinyacc.torch_zero_range import RangeGroup, elementwise
+
+    params = [torch.zeros(5), torch.zeros(1), torch.zeros(7)]
+    groups = [RangeGroup([0, 1, 2], params, r, 3) for r in range(3)]
+    assert groups[0].block == 5
+    assert [g.layout[g.rank] for g in groups] == [[(0, 0, 5, 0)], [(1, 0, 1, 0), (2, 1, 4, 0)], [(2, 0, 3, 4)]]
+    assert [g.shard.numel() for g in groups] == groups[0].fill == [5, 5, 3]
+    assert [g.owned for g in groups] == [[0], [1, 2], [2]]
+    # Columns [2, 5) of rank 1: the last 3 of parameter 2's first piece.
+    assert list(groups[0].pieces(1, 2, 5)) == [(2, 1, 2, 5)]
+
+    class MyAdam(torch.optim.Adam):
+        pass
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert elementwise(torch.optim.AdamW(p)) and elementwise(torch.optim.SGD(p, lr=0.1))
+    assert not elementwise(MyAdam(p)) and not elementwise(torch.optim.Adagrad(p)) and not elementwise(None)

@@ -88,13 +88,13 @@ def reference(opt_name, world, accum, steps=STEPS):
     return model, opt, losses, norms
 
 
-def run(stage, opt_name, accum, rank, world, wrap=None, state=None, start=0, steps=STEPS):
+def run(stage, opt_name, accum, rank, world, wrap=None, state=None, start=0, steps=STEPS, shard="auto"):
     """Trains steps [start, start + steps) under ZeRO; state: (model state,
     optimizer state) to start from."""
     model, opt = make(opt_name)
     acc = types.SimpleNamespace(process_index=rank, num_processes=world,
                                 config={"ddp": {"bucket_mb": BUCKET_MB}, "zero": {"stage": stage, "wrap": wrap}})
-    eng = ZeroEngine(acc, model, opt, stage)
+    eng = ZeroEngine(acc, model, opt, stage, shard)
     model, zopt = eng.wrap_module(), eng.wrap_optimizer()
     if state is not None:
         eng.load_model_state(state[0])
@@ -214,7 +214,8 @@ def main():
     cover: ZeRO-3 on an nn.Sequential with an in-place ReLU, on blocks in a
     ModuleList, and zero.wrap
     by class name on a model whose root owns parameters, one of them unused
-    on some ranks only."""
+    on some ranks only; stages 1-2 sharded by whole parameters beside
+    element ranges."""
     rank, world = dist.init()
     sequential(rank, world)
     print("ok sequential stage=3 world=%d" % world, flush=True)
@@ -225,6 +226,17 @@ def main():
     check_run("wrap=Linear", got, ref_model, ref_opt, ref_losses, ref_norms)
     assert got[5] > 0, "no step had the rare parameter unused on only some ranks"
     print("ok wrap=Linear stage=3 world=%d" % world, flush=True)
+    # Stages 1-2 in both forms, the optimizer state compared whole: element
+    # ranges (torch's AdamW and SGD) and whole parameters (the form every
+    # other optimizer gets), which the Accelerator's matrix does not reach.
+    for opt_name, accum in (("adamw", 3), ("sgd", 1)):
+        ref = reference(opt_name, world, accum)
+        for stage in (1, 2):
+            for shard in ("auto", "params"):
+                got = run(stage, opt_name, accum, rank, world, shard=shard)
+                assert got[0].ranges == (shard == "auto"), (stage, shard)
+                check_run("%s stage=%d shard=%s" % (opt_name, stage, shard), got, *ref)
+                print("ok %s stage=%d shard=%s world=%d" % (opt_name, stage, shard, world), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,20 @@ PyTorch computes forward and backward in the script's process; this engine
 decides where gradients, optimizer state and (at stage 3) parameters live,
 and moves them with the world group's collectives (torch_zero_shard).
 
-Sharding is by whole parameters, so any torch optimizer works unchanged:
-each rank owns a balanced subset of the parameters, the script's optimizer
-is rebuilt in place to hold only the owned ones (every param_group keeps
-its hyperparameters), and each rank steps only what it owns.
+Stages 1 and 2 shard in one of two forms:
+
+  by element range (torch_zero_range), for torch's SGD, Adam and AdamW,
+           whose step is elementwise: each shard group's elements, in one
+           flat order, are split into N equal contiguous ranges; the
+           script's optimizer is rebuilt in place to hold one Parameter per
+           owned piece (a view of the parameter's memory, in its
+           param_group, so the hyperparameters and LR schedulers apply);
+  by whole parameters (torch_zero_shard), for every other optimizer:
+           each rank owns a balanced subset of the parameters and the
+           optimizer holds only the owned ones.
+
+Either way each rank steps only what it owns. Stage 3 shards by whole
+parameters.
 
   stage 1  gradients are whole on every rank while a step accumulates; on
            the micro-batch that syncs, one reduce-scatter leaves each owner
@@ -45,6 +55,7 @@ import torch
 from . import distributed as dist
 from .torch_engine import TorchEngine
 from .torch_prepare import PreparedOptimizer
+from .torch_zero_range import Piece, RangeGroup, elementwise
 from .torch_zero_shard import (MAX, SUM, Buckets, InOrder, ShardGroup, all_reduce_, balance, broadcast_,
                                broadcast_object)
 
@@ -90,7 +101,9 @@ class ZeroEngine(TorchEngine):
     Every rank starts from rank 0's parameters and buffers, as under
     zero.stage 0."""
 
-    def __init__(self, accelerator, module, optimizer, stage):
+    def __init__(self, accelerator, module, optimizer, stage, shard="auto"):
+        """shard: "auto" (element ranges at stages 1-2 when the optimizer is
+        elementwise, else whole parameters) or "params" (whole parameters)."""
         if stage not in (1, 2, 3):
             raise ValueError("tinyacc: ZeroEngine needs zero.stage 1, 2 or 3, got %r" % (stage,))
         super().__init__(accelerator, module, optimizer)
@@ -129,10 +142,15 @@ class ZeroEngine(TorchEngine):
                 self._accumulators.append(node)
         self.z3 = self.queue = None
         self.owner = balance([p.numel() for p in self.params], self.world)
-        if stage == 1:
+        self.ranges = stage < 3 and shard == "auto" and elementwise(optimizer)
+        if stage == 1 and self.ranges:
+            # No shard: the reduce-scatter writes the averages into the owned
+            # pieces of the whole gradients, which stage 1 keeps anyway.
+            self.groups = [RangeGroup(range(n), self.params, self.rank, self.world, shard=False)]
+        elif stage == 1:
             self.groups = [ShardGroup(range(n), self.params, self.rank, self.world, self.owner)]
         elif stage == 2:
-            self.groups = self._bucket_groups(self.buckets.width * (self.world + 1))
+            self.groups = self._bucket_groups()
             self.queue = InOrder(self.groups, [[i for i in g.indices if self.params[i].requires_grad]
                                                for g in self.groups], self._reduce_bucket)
         else:
@@ -140,18 +158,26 @@ class ZeroEngine(TorchEngine):
             self.z3 = Stage3(self, config_value(accelerator, "zero", "wrap", None))
             self.groups = self.z3.groups
         self.group_of = {i: g for g in self.groups for i in g.indices}
-        self.owned = [i for g in self.groups for i in g.owned]
+        # Range form: the owned pieces (none of them a whole-owned parameter);
+        # whole form: the owned parameters.
+        self.pieces = [Piece(i, self.params[i], first, k, grad)
+                       for g in self.groups if self.ranges for i, first, k, grad in g.owned_pieces()]
+        self._pieces_of = collections.defaultdict(list)
+        for pc in self.pieces:
+            self._pieces_of[pc.index].append(pc)
+        self.owned = [] if self.ranges else [i for g in self.groups for i in g.owned]
         self._owned_set = set(self.owned)
         if stage < 3:
             self._gather_params()  # the owners' values, on every rank
         for g in self._groups():
-            g["params"] = [p for p in g["params"] if self.index[id(p)] in self._owned_set]
+            g["params"] = self._shard_params(g["params"])
         for p in self.params:
             p.grad = None
-        if stage == 1:
-            for i in self.owned:
-                if self.params[i].requires_grad:
-                    self.params[i].grad = self._shard_view(i)
+        # Whole form, stage 1: an owned parameter's gradient is its place in
+        # the shard, so backward accumulates there directly.
+        self._grad_in_shard = set(i for i in self.owned if stage == 1 and self.params[i].requires_grad)
+        for i in self._grad_in_shard:
+            self.params[i].grad = self._shard_view(i)
 
     # -- the interface ----------------------------------------------------------
 
@@ -174,6 +200,16 @@ class ZeroEngine(TorchEngine):
 
     def after_backward(self):
         self._backwards += 1
+        if self.stage == 1 and self.ranges:
+            if self._sync:
+                # Every parameter used anywhere gets a (zero) gradient to
+                # receive its average, one unused everywhere stays None.
+                self._exchange_used()
+                for i, p in enumerate(self.params):
+                    if self.has_grad[i] and p.grad is None and p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+                self.buckets.reduce_scatter(self.groups[0], self._local_grad, None, accumulate=False)
+            return
         if self.stage == 1:
             if self._sync:
                 self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=False)
@@ -190,13 +226,16 @@ class ZeroEngine(TorchEngine):
                                "accelerator.backward(loss) first")
         for i in self.owned:
             self.params[i].grad = self._shard_view(i) if self.has_grad[i] else None
+        for pc in self.pieces:
+            pc.param.grad = self._piece_grad(pc) if self.has_grad[pc.index] else None
         try:
             if self.optimizer is not None:
                 self.optimizer.step()
         finally:
             for i in self.owned:
-                keep = self.stage == 1 and self.params[i].requires_grad
-                self.params[i].grad = self._shard_view(i) if keep else None
+                self.params[i].grad = self._shard_view(i) if i in self._grad_in_shard else None
+            for pc in self.pieces:
+                pc.param.grad = None
         if self.stage < 3:
             self._gather_params()
         else:
@@ -206,22 +245,24 @@ class ZeroEngine(TorchEngine):
         for g in self.groups:
             g.shard.zero_()
         for i, p in enumerate(self.params):
-            if p.grad is not None and i not in self._owned_set:
+            if p.grad is not None and i not in self._grad_in_shard:
                 p.grad.zero_()
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
-        sel = []
+        sel = set()
         for p in parameters:
             if id(p) not in self.index:
                 raise ValueError("tinyacc: clip_grad_norm_ got a tensor of shape %s that is not a parameter of the "
                                  "prepared model" % (tuple(p.shape),))
             i = self.index[id(p)]
-            if i in self._owned_set and self.has_grad[i]:
-                sel.append(i)
+            if self.has_grad[i]:
+                sel.add(i)
         norm_type = float(norm_type)
-        grads = [self._shard_view(i) for i in sel]
+        # Every element once: the owned parameters or pieces of the selection.
+        grads = [self._shard_view(i) for i in self.owned if i in sel]
+        grads += [self._piece_grad(pc) for pc in self.pieces if pc.index in sel]
         if norm_type == float("inf"):
             local = max([float(g.abs().max()) for g in grads if g.numel()] + [0.0])
             t = torch.tensor([local], dtype=torch.float32)
@@ -283,6 +324,8 @@ class ZeroEngine(TorchEngine):
         full parameter list (collective: each owner sends its states)."""
         if self.optimizer is None:
             return {}
+        if self.ranges:
+            return self._range_state_dict()
         sd = self._with_full_groups(self.optimizer.state_dict)
         state = {}
         for k in range(self.world):
@@ -314,16 +357,67 @@ class ZeroEngine(TorchEngine):
         positions = [self.index[id(p)] for g in self._full_groups for p in g]
         for pos in sd["state"]:
             self.has_grad[positions[int(pos)]] = True
+        if self.ranges:
+            # torch loaded the whole parameters' states: cut each into the
+            # owned pieces (a per-element tensor by range, anything else,
+            # such as Adam's step tensor that it increments in place, copied).
+            whole, state = self.optimizer.state, collections.defaultdict(dict)
+            for p, st in whole.items():
+                for pc in self._pieces_of[self.index[id(p)]]:
+                    state[pc.param] = {k: _cut(pc, p, v) for k, v in st.items()}
+            self.optimizer.state = state
+            return
         for p in list(self.optimizer.state):
             if self.index[id(p)] not in self._owned_set:
                 del self.optimizer.state[p]
+
+    def _range_state_dict(self):
+        """optimizer_state_dict in the range form: each parameter's state
+        assembled from its pieces' owners. A per-element state is summed
+        over the ranks from zeros where a rank owns no piece (x + 0 = x:
+        exact); every other value comes from the lowest rank holding one."""
+        st = self.optimizer.state
+        self.optimizer.state = collections.defaultdict(dict)
+        try:
+            sd = self._with_full_groups(self.optimizer.state_dict)
+        finally:
+            self.optimizer.state = st
+        positions = [self.index[id(p)] for g in self._full_groups for p in g]
+        mine = {}
+        for pos, i in enumerate(positions):
+            for pc in self._pieces_of[i]:
+                for key, v in st.get(pc.param, {}).items():
+                    per_element = _is_f32(v) and v.numel() == pc.numel
+                    mine.setdefault(pos, {}).setdefault(key, ("t", None) if per_element else ("v", v))
+        metas = [broadcast_object(mine if k == self.rank else None, k, self.rank) for k in range(self.world)]
+        state = {}
+        for pos, i in enumerate(positions):
+            keys = {}
+            for meta in metas:
+                for key, kv in meta.get(pos, {}).items():
+                    keys.setdefault(key, kv)
+            if not keys:
+                continue
+            state[pos] = {}
+            for key, (kind, val) in keys.items():
+                if kind == "v":
+                    state[pos][key] = val
+                    continue
+                p = self.params[i]
+                t = torch.zeros(p.numel(), dtype=torch.float32)
+                for pc in self._pieces_of[i]:
+                    if key in st.get(pc.param, {}):
+                        t[pc.first:pc.first + pc.numel].copy_(st[pc.param][key])
+                all_reduce_(t, SUM)
+                state[pos][key] = t.view(p.shape)
+        return {"state": state, "param_groups": sd["param_groups"]}
 
     def memory(self):
         own = self.owned if self.stage == 3 else range(len(self.params))
         params_bytes = sum(4 * self.params[i].numel() for i in own)
         grads = sum(4 * g.shard.numel() for g in self.groups) + self.buckets.nbytes()
         for i, p in enumerate(self.params):
-            if p.grad is not None and i not in self._owned_set:
+            if p.grad is not None and i not in self._grad_in_shard:
                 grads += p.grad.element_size() * p.grad.numel()
         optim = 0
         for st in (self.optimizer.state.values() if self.optimizer is not None else ()):
@@ -353,6 +447,13 @@ class ZeroEngine(TorchEngine):
         g = self.params[i].grad
         return None if g is None else g.view(-1)
 
+    def _piece_grad(self, pc):
+        """A piece's averaged gradient: in its shard, or (range form, stage 1)
+        in the owned elements of the parameter's whole gradient."""
+        if pc.grad is not None:
+            return pc.grad
+        return self.params[pc.index].grad.view(-1)[pc.first:pc.first + pc.numel]
+
     def _shard_view(self, i):
         return self.group_of[i].shard_view(i, self.params[i].shape)
 
@@ -361,19 +462,33 @@ class ZeroEngine(TorchEngine):
         for g in self.groups:
             self.buckets.all_gather(g, flat, flat)
 
-    def _bucket_groups(self, elems):
+    def _bucket_groups(self):
         """ZeRO-2's shard groups: the parameters in reverse order (about the
-        order backward finishes them) cut into buckets of about elems
-        elements; owners are chosen over the whole model."""
+        order backward finishes them) cut into buckets.
+
+        Whole form: buckets of about one window per rank plus one (owners
+        are chosen over the whole model, so a rank's block of a bucket
+        varies). Range form: buckets of at most N windows, so a bucket's N
+        equal ranges are one window and one reduce-scatter (a parameter
+        larger than that is a bucket of its own, in several windows)."""
+        w, n = self.buckets.width, self.world
+        if self.ranges:
+            make = lambda idx: RangeGroup(idx, self.params, self.rank, n)  # noqa: E731
+        else:
+            make = lambda idx: ShardGroup(idx, self.params, self.rank, n, self.owner)  # noqa: E731
         groups, cur, size = [], [], 0
         for i in reversed(range(len(self.params))):
+            k = self.params[i].numel()
+            if self.ranges and cur and size + k > w * n:
+                groups.append(make(cur))
+                cur, size = [], 0
             cur.append(i)
-            size += self.params[i].numel()
-            if size >= elems:
-                groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
+            size += k
+            if size >= (w * n if self.ranges else w * (n + 1)):
+                groups.append(make(cur))
                 cur, size = [], 0
         if cur or not groups:
-            groups.append(ShardGroup(cur, self.params, self.rank, self.world, self.owner))
+            groups.append(make(cur))
         return groups
 
     def _reduce_bucket(self, g):
@@ -397,6 +512,13 @@ class ZeroEngine(TorchEngine):
     def _fingerprint(self):
         return [(id(p), tuple(p.shape) if self.stage < 3 else None) for p in self.module.parameters()]
 
+    def _shard_params(self, full):
+        """What the optimizer holds of the parameter list full: the owned
+        parameters (whole form) or the Parameters of the owned pieces."""
+        if self.ranges:
+            return [pc.param for p in full for pc in self._pieces_of[self.index[id(p)]]]
+        return [p for p in full if self.index[id(p)] in self._owned_set]
+
     def _with_full_groups(self, fn):
         """Runs fn with the optimizer's groups holding every parameter again
         (as torch's state_dict/load_state_dict number them)."""
@@ -406,7 +528,7 @@ class ZeroEngine(TorchEngine):
             return fn()
         finally:
             for g, full in zip(self.optimizer.param_groups, self._full_groups):
-                g["params"] = [p for p in full if self.index[id(p)] in self._owned_set]
+                g["params"] = self._shard_params(full)
 
 
 class ZeroOptimizer(PreparedOptimizer):
@@ -424,3 +546,9 @@ class ZeroOptimizer(PreparedOptimizer):
 
 def _is_f32(v):
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.dim() > 0
+
+
+def _cut(piece, p, v):
+    if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) == tuple(p.shape):
+        return piece.cut(v)
+    return v.clone() if isinstance(v, torch.Tensor) else v

@@ -91,6 +91,7 @@ class ShardGroup:
             self.layout[k].append((i, fill[k], n))
             fill[k] += n
         self.block = max(fill) if fill else 0
+        self.fill = fill  # row k's columns [fill[k], block) are padding
         self.offset = {i: off for k in range(world) for i, off, _ in self.layout[k]}
         self.owned = [i for i, _, _ in self.layout[rank]]
         # Only the owned elements: the padding up to B exists in transit only.
@@ -141,17 +142,32 @@ class Buckets:
     def reduce_scatter(self, group, grad_of, into, accumulate):
         """Averages every rank's gradients of group over the ranks into
         `into` (this rank's block): grad_of(i) is parameter i's flat local
-        gradient or None (zeros). accumulate adds instead of overwriting."""
+        gradient or None (zeros). accumulate adds instead of overwriting.
+        into=None: the averages overwrite this rank's own pieces of the
+        local gradients (each piece is read into the window before it is
+        written, and no later window reads it)."""
         for a, b in group.windows(self.width):
             w = b - a
             buf, out = self.get(w)
-            buf.zero_()
+            # Every column written once: a gradient, or zeros for a missing
+            # gradient and for padding (no zeroing of the whole buffer first).
             for k in range(self.world):
                 for i, off, lo, hi in group.pieces(k, a, b):
                     g = grad_of(i)
-                    if g is not None:
-                        buf[k * w + lo - a:k * w + hi - a].copy_(g[lo - off:hi - off])
+                    dst = buf[k * w + lo - a:k * w + hi - a]
+                    if g is None:
+                        dst.zero_()
+                    else:
+                        dst.copy_(g[lo - off:hi - off])
+                if group.fill[k] < b:
+                    buf[k * w + max(group.fill[k] - a, 0):(k + 1) * w].zero_()
             reduce_scatter_(buf, out, AVG)
+            if into is None:
+                for i, off, lo, hi in group.pieces(group.rank, a, b):
+                    g = grad_of(i)
+                    if g is not None:
+                        g[lo - off:hi - off].copy_(out[lo - a:hi - a])
+                continue
             e = min(b, into.numel())
             if a < e:
                 if accumulate:
@@ -166,9 +182,10 @@ class Buckets:
         for a, b in group.windows(self.width):
             w = b - a
             buf, send = self.get(w)
-            send.zero_()
             for i, off, lo, hi in group.pieces(group.rank, a, b):
                 send[lo - a:hi - a].copy_(data_of(i)[lo - off:hi - off])
+            if group.fill[group.rank] < b:
+                send[max(group.fill[group.rank] - a, 0):].zero_()
             all_gather_(send, buf)
             for k in range(self.world):
                 if k == group.rank:
