@@ -114,7 +114,7 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 				if err != nil {
 					return err
 				}
-				played, err := sched.SimulateChunks(chunkCosts(sim, sched.Split, tr.Latency, tr.SendBusy))
+				played, err := sched.SimulateChunks(chunkCosts(sim, sched.Split, tr.Latency, tr.SendBusy, tr.RecvBusy))
 				if err != nil {
 					return err
 				}
@@ -125,7 +125,7 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintln(stdout, "idle: share of ranks × step time with no forward/backward running, from the pipeline spans of the trace (step 0 excluded, median)")
-	fmt.Fprintln(stdout, "sim: the schedule played with each chunk's mean F, B, W times and the median message latency and send time of the run; formula: (p-1)/(m+p-1), (p-1)/(v·m+p-1) interleaved,")
+	fmt.Fprintln(stdout, "sim: the schedule played with each chunk's mean F, B, W times and the median message latency, send and receive times of the run; formula: (p-1)/(m+p-1), (p-1)/(v·m+p-1) interleaved,")
 	fmt.Fprintln(stdout, "  and for zb1 b/(1+b) with b = (p-1)/(3m); act peak: each stage's activation peak through its allocator")
 	return nil
 }
@@ -134,8 +134,9 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 // weight-gradient times in a traced step (chunks differ: the first embeds,
 // the last runs the head and the loss); a schedule that does not split
 // backward measured B+W as B. Every message takes the measured latency
-// and keeps its sender busy for the measured send time.
-func chunkCosts(sim *pp.Sim, split bool, latency, sendBusy float64) func(chunk int) pp.Costs {
+// and keeps its sender, and its receiver, busy for the measured send and
+// receive times.
+func chunkCosts(sim *pp.Sim, split bool, latency, sendBusy, recvBusy float64) func(chunk int) pp.Costs {
 	type acc struct {
 		sum [3]float64
 		n   [3]int
@@ -163,7 +164,7 @@ func chunkCosts(sim *pp.Sim, split bool, latency, sendBusy float64) func(chunk i
 			}
 			return a.sum[k] / float64(a.n[k])
 		}
-		c := pp.Costs{F: mean(pp.Forward), B: mean(pp.Backward), L: latency, S: sendBusy}
+		c := pp.Costs{F: mean(pp.Forward), B: mean(pp.Backward), L: latency, S: sendBusy, R: recvBusy}
 		if split {
 			c.W = mean(pp.Weight)
 		}

@@ -12,9 +12,10 @@ import (
 type Costs struct {
 	F, B, W float64
 	// L is a message's latency: from the send to its arrival at the peer;
-	// S is how long a send keeps its sender busy (both 0: free
-	// communication, as in the bubble formulas).
-	L, S float64
+	// S and R are how long a send and a receive of an arrived message
+	// keep their rank busy (all 0: free communication, as in the bubble
+	// formulas).
+	L, S, R float64
 }
 
 // Unit is F = B = W = 1, the costs of the bubble formulas.
@@ -149,7 +150,7 @@ func (s *Schedule) SimulateChunks(costOf func(chunk int) Costs) (*Sim, error) {
 						return nil, fail(r, "the next message from rank %d is %s chunk %d micro %d", a.Peer, m.kind, m.chunk, m.micro)
 					}
 					queues[q] = queues[q][1:]
-					st.t = max(st.t, m.at)
+					st.t = max(st.t, m.at) + c.R
 					st.got[msgKey{a.Kind, a.Chunk, a.Micro}] = true
 				case Forward:
 					if st.fw[k] {

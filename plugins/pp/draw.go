@@ -117,8 +117,10 @@ type Traced struct {
 	// Latency is the median time from a send's start to the end of its
 	// receive, over the messages whose receiver was already waiting (so
 	// the time is the transfer's, not the receiver's lateness); 0 when no
-	// message qualifies. SendBusy is the median length of a send span.
-	Latency, SendBusy float64
+	// message qualifies. SendBusy is the median length of a send span;
+	// RecvBusy that of a receive that started after its send ended (the
+	// message was there: what is left is taking it in).
+	Latency, SendBusy, RecvBusy float64
 }
 
 // FromTrace rebuilds the timeline of one training step from the trace
@@ -184,14 +186,18 @@ func FromTrace(ranks [][]trace.Event, step int) (*Traced, error) {
 	}
 	sim.Makespan = end - origin
 	sim.Idle = sim.Makespan*float64(n) - sim.Compute
-	var lat, busy []float64
+	var lat, busy, took []float64
 	for k, snd := range sends {
 		busy = append(busy, snd[1]-snd[0])
-		if rcv, ok := recvs[k]; ok && rcv[0] <= snd[0] {
+		rcv, ok := recvs[k]
+		switch {
+		case ok && rcv[0] <= snd[0]:
 			lat = append(lat, max(0, rcv[1]-snd[0]))
+		case ok && rcv[0] >= snd[1]:
+			took = append(took, rcv[1]-rcv[0])
 		}
 	}
-	tr.Latency, tr.SendBusy = medianOf(lat), medianOf(busy)
+	tr.Latency, tr.SendBusy, tr.RecvBusy = medianOf(lat), medianOf(busy), medianOf(took)
 	return tr, nil
 }
 
