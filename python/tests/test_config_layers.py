@@ -114,3 +114,20 @@ def test_wait_for_everyone_is_bounded_by_comm_timeout(cli, tmp_path, where):
     assert out.returncode == 3, text
     line = next(l for l in text.splitlines() if "BARRIER FAILED:" in l)
     assert "barrier" in line and "ranks [1] did not arrive" in line and "after 2s" in line, line
+
+
+MODEL = textwrap.dedent("""
+    from tinyacc.models import GPT, GPTConfig
+    print(GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4)).config.n_layer, GPT(GPTConfig(n_embd=32, n_head=4)).config.n_layer)
+""")
+
+
+def test_model_arguments_win_over_the_environment(tmp_path):
+    """GPT(GPTConfig(...)) built without an Accelerator: the arguments it
+    gives are the top layer; what it leaves out comes from TINYACC_*."""
+    script = tmp_path / "model.py"
+    script.write_text(MODEL)
+    out = subprocess.run([sys.executable, str(script)], env=_clean_env(TINYACC_MODEL__N_LAYER="3"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "3"], out.stdout

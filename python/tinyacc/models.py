@@ -79,7 +79,9 @@ class GPT:
             overrides = {"model": (config or GPTConfig()).to_dict()}
             if seed is not None:
                 overrides["train"] = {"seed": int(seed)}
-            cfg = Config.from_dict(overrides)
+            # The shape given here is an explicit argument: the top layer,
+            # over TINYACC_* variables (keys it leaves None come from them).
+            cfg = Config.resolve(overrides=overrides)
         else:
             cfg = Config.coerce(config)
             if seed is not None:
