@@ -215,3 +215,29 @@ func torchStepMS(python, script string, s benchShape, threads, warmup, steps int
 	}
 	return res.MS, nil
 }
+
+// benchFiles is where a benchmark keeps its runs' metrics and traces, and
+// the binary it starts them with: keep when given, else a temporary
+// directory that done removes.
+func benchFiles(keep, name string) (dir, exe string, done func(), err error) {
+	if exe, err = os.Executable(); err != nil {
+		return "", "", nil, err
+	}
+	if keep != "" {
+		return keep, exe, func() {}, nil
+	}
+	if dir, err = os.MkdirTemp("", "tinyacc-bench-"+name); err != nil {
+		return "", "", nil, err
+	}
+	return dir, exe, func() { os.RemoveAll(dir) }, nil
+}
+
+// gptFlags registers a benchmark's model-shape flags on m, def giving
+// their defaults.
+func gptFlags(fs *flag.FlagSet, m *nn.GPTConfig, def nn.GPTConfig) {
+	fs.IntVar(&m.NLayer, "n_layer", def.NLayer, "")
+	fs.IntVar(&m.NHead, "n_head", def.NHead, "")
+	fs.IntVar(&m.NEmbd, "n_embd", def.NEmbd, "")
+	fs.IntVar(&m.BlockSize, "block_size", def.BlockSize, "")
+	fs.IntVar(&m.VocabSize, "vocab_size", def.VocabSize, "")
+}

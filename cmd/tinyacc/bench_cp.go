@@ -75,11 +75,7 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 4, "training steps per run")
 	reps := fs.Int("repeats", 15, "interleaved timings of each rank's attention alone (the fastest is reported)")
 	var b layoutBench
-	fs.IntVar(&b.model.NLayer, "n_layer", 2, "")
-	fs.IntVar(&b.model.NHead, "n_head", 4, "")
-	fs.IntVar(&b.model.NEmbd, "n_embd", 128, "")
-	fs.IntVar(&b.model.BlockSize, "block_size", 512, "")
-	fs.IntVar(&b.model.VocabSize, "vocab_size", 256, "")
+	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 128, BlockSize: 512, VocabSize: 256})
 	fs.IntVar(&b.global, "batch", 2, "global batch (sequences per step)")
 	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
 	if err := fs.Parse(args); err != nil {
@@ -95,19 +91,11 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	if *steps < 2 {
 		return fmt.Errorf("bench cp: --steps %d: need 2 or more", *steps)
 	}
-	dir := *keep
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tinyacc-bench-cp")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles(*keep, "cp")
 	if err != nil {
 		return err
 	}
+	defer done()
 	type run struct {
 		tag   string
 		procs int

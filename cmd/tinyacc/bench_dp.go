@@ -53,19 +53,11 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	dir := *keep
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tinyacc-bench-dp")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles(*keep, "dp")
 	if err != nil {
 		return err
 	}
+	defer done()
 	gc := nn.GPTConfig{NLayer: *nLayer, NHead: *nHead, NEmbd: *nEmbd, BlockSize: *block, VocabSize: 256}
 	psi := float64(gc.NumParams())
 	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps x %d interleaved repeats; tcp backend\n",

@@ -123,11 +123,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
 	repeats := fs.Int("repeats", 3, "interleaved runs of every layout (medians are reported)")
 	var b layoutBench
-	fs.IntVar(&b.model.NLayer, "n_layer", 4, "")
-	fs.IntVar(&b.model.NHead, "n_head", 4, "")
-	fs.IntVar(&b.model.NEmbd, "n_embd", 256, "")
-	fs.IntVar(&b.model.BlockSize, "block_size", 256, "")
-	fs.IntVar(&b.model.VocabSize, "vocab_size", 256, "")
+	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256})
 	fs.IntVar(&b.global, "batch", 8, "global batch (sequences per step)")
 	keep := fs.String("keep", "", "directory to keep metrics in (default: a temporary one)")
 	if err := fs.Parse(args); err != nil {
@@ -140,19 +136,11 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	if err := b.model.Validate(); err != nil {
 		return fmt.Errorf("bench layouts: %w", err)
 	}
-	dir := *keep
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tinyacc-bench-layouts")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles(*keep, "layouts")
 	if err != nil {
 		return err
 	}
+	defer done()
 	type job struct {
 		name  string
 		procs int

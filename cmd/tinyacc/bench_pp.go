@@ -53,19 +53,11 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	dir := *keep
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tinyacc-bench-pp")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles(*keep, "pp")
 	if err != nil {
 		return err
 	}
+	defer done()
 	const p = 2
 	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d, micro-batch %d; pp=2 on 2 tcp processes, 1 thread each; %d steps, the first not measured\n",
 		*nLayer, *nEmbd, *block, *batch, *steps)
