@@ -16,10 +16,7 @@ import (
 // = 100/36 apart under the contiguous split of 16 tokens over 2 ranks
 // (chunks of c = 8), with the overlap and memory sections after them.
 func TestBenchCP(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := tinyaccBinary(t)
 	cmd := exec.Command(bin, "bench", "cp", "--nproc", "2", "--steps", "2", "--repeats", "1",
 		"--n_layer", "1", "--n_embd", "32", "--block_size", "16", "--batch", "2")
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
@@ -39,9 +36,7 @@ func TestBenchCP(t *testing.T) {
 // cp 2) logs the losses of one process with the same global batch.
 func TestTrain4DLocalRanks(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := tinyaccBinary(t)
 	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=16",
 		"--train.steps=3", "--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
 	run := func(name string, extra ...string) []float64 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,7 +29,11 @@ func TestMain(m *testing.M) {
 		}
 		fakeRank(fault, os.Getenv("RANK"))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if built.path != "" {
+		os.RemoveAll(filepath.Dir(built.path))
+	}
+	os.Exit(code)
 }
 
 // fakeRank announces itself, then rank 1 fails as fault says; every other

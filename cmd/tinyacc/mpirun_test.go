@@ -18,7 +18,7 @@ func TestTrainUnderMpirun(t *testing.T) {
 	if err != nil {
 		t.Skip("mpirun is not installed (make deps installs openmpi-bin)")
 	}
-	bin := buildTinyacc(t)
+	bin := tinyaccBinary(t)
 	dir := t.TempDir()
 	args := append(append([]string{}, netnsTrain...), "--train.steps=4")
 	single := filepath.Join(dir, "single.jsonl")

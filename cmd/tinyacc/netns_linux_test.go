@@ -119,14 +119,6 @@ func waitAll(ranks []*nsRank) []error {
 	return errs
 }
 
-func buildTinyacc(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
-
 var netnsTrain = []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=32",
 	"--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
 
@@ -135,7 +127,7 @@ var netnsTrain = []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--
 // memory.
 func TestTrainAcrossNetnsHosts(t *testing.T) {
 	nsA, nsB, _ := netnsPair(t)
-	bin := buildTinyacc(t)
+	bin := tinyaccBinary(t)
 	dir := t.TempDir()
 	single := filepath.Join(dir, "single.jsonl")
 	args := append(append([]string{}, netnsTrain...), "--train.steps=5")
@@ -168,7 +160,7 @@ func TestTrainAcrossNetnsHosts(t *testing.T) {
 // the communication deadline, each naming the ranks on the other side.
 func TestTrainAcrossNetnsLinkDown(t *testing.T) {
 	nsA, nsB, linkA := netnsPair(t)
-	bin := buildTinyacc(t)
+	bin := tinyaccBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pr, pw := io.Pipe()

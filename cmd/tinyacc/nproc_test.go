@@ -19,9 +19,7 @@ import (
 // global batch.
 func TestTrainNprocMatchesOneProcess(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := tinyaccBinary(t)
 	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=32",
 		"--train.steps=6", "--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
 	run := func(name string, extra ...string) []float64 {
@@ -50,10 +48,7 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 // bytes each sends to its formula (it fails beyond 1%): one table, one row
 // per layout.
 func TestBenchLayouts(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := tinyaccBinary(t)
 	cmd := exec.Command(bin, "bench", "layouts", "--nproc", "2", "--steps", "3", "--repeats", "1",
 		"--n_layer", "4", "--n_embd", "32", "--block_size", "16", "--batch", "8")
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")

@@ -19,9 +19,7 @@ import (
 // byte for byte. Afterwards no arena file of any run is left.
 func TestDDPProcessMatchesCompiled(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "tinyacc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := tinyaccBinary(t)
 	before, _ := filepath.Glob(filepath.Join(pluginsdk.ShmDir, "tinyacc-*-ddp"))
 	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=16",
 		"--train.steps=3", "--train.batch_size=2", "--train.eval_every=0", "--data.max_bytes=100000",
