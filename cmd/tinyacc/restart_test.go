@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -94,7 +95,8 @@ func TestSIGTERMToTheLauncherCheckpoints(t *testing.T) {
 	require.Equal(t, 0, code, out)
 
 	var once sync.Once
-	code, out = runUntil(t, bin, smallRun(steps, "--nproc", "2", "--checkpoint.dir="+ckptDir), func(cmd *exec.Cmd, line string) {
+	metrics := filepath.Join(dir, "metrics.jsonl")
+	code, out = runUntil(t, bin, smallRun(steps, "--nproc", "2", "--checkpoint.dir="+ckptDir, "--metrics_file="+metrics), func(cmd *exec.Cmd, line string) {
 		if strings.Contains(line, "step 10/") {
 			once.Do(func() { cmd.Process.Signal(syscall.SIGTERM) })
 		}
@@ -110,7 +112,7 @@ func TestSIGTERMToTheLauncherCheckpoints(t *testing.T) {
 	require.Less(t, stoppedAt, steps, "the run must have been stopped before its end")
 
 	resumed := filepath.Join(dir, "resumed.safetensors")
-	code, out = runUntil(t, bin, smallRun(steps, "--nproc", "2", "--resume="+ckptDir, "--save_to="+resumed), nil)
+	code, out = runUntil(t, bin, smallRun(steps, "--nproc", "2", "--resume="+ckptDir, "--save_to="+resumed, "--metrics_file="+metrics), nil)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, fmt.Sprintf("%d of %d steps done", stoppedAt, steps))
 	a, err := os.ReadFile(whole)
@@ -118,6 +120,7 @@ func TestSIGTERMToTheLauncherCheckpoints(t *testing.T) {
 	b, err := os.ReadFile(resumed)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(a, b), "resumed weights differ from the uninterrupted run's")
+	require.Equal(t, stepsUpTo(steps), trainRows(t, metrics), "metrics_file must hold every step of the stopped and the resumed run once")
 }
 
 // TestKilledRankRestarts kills one of 4 ranks with SIGKILL at a random
@@ -138,7 +141,8 @@ func TestKilledRankRestarts(t *testing.T) {
 	var once sync.Once
 	var killErr error
 	restarted := filepath.Join(dir, "restarted.safetensors")
-	args := smallRun(steps, append(common, "--checkpoint.dir="+filepath.Join(dir, "b"), "--save_to="+restarted, "--max-restarts", "1")...)
+	metrics := filepath.Join(dir, "metrics.jsonl")
+	args := smallRun(steps, append(common, "--checkpoint.dir="+filepath.Join(dir, "b"), "--save_to="+restarted, "--max-restarts", "1", "--metrics_file="+metrics)...)
 	code, out = runUntil(t, bin, args, func(cmd *exec.Cmd, line string) {
 		if strings.Contains(line, fmt.Sprintf("step %2d/%d", killAt, steps)) || strings.Contains(line, fmt.Sprintf("step %d/%d", killAt, steps)) {
 			once.Do(func() { killErr = killRank(cmd.Process.Pid, victim) })
@@ -152,6 +156,34 @@ func TestKilledRankRestarts(t *testing.T) {
 	b, err := os.ReadFile(restarted)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(a, b), "killed rank %d at step %d: the final weights differ from the uninterrupted run's", victim, killAt)
+	require.Equal(t, stepsUpTo(steps), trainRows(t, metrics), "killed rank %d at step %d: metrics_file must hold every step once", victim, killAt)
+}
+
+// trainRows returns the steps of the train rows of a metrics file, in order.
+func trainRows(t *testing.T, path string) []int {
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var steps []int
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		var row struct {
+			Kind string `json:"kind"`
+			Step int    `json:"step"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &row), line)
+		if row.Kind == "train" {
+			steps = append(steps, row.Step)
+		}
+	}
+	return steps
+}
+
+// stepsUpTo is 1..n.
+func stepsUpTo(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
 }
 
 // killRank sends SIGKILL to the rank process with RANK=rank among the

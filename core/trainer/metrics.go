@@ -22,18 +22,72 @@ type MetricsWriter struct {
 	err  error
 }
 
-// NewMetricsWriter creates (truncates) path.
+// NewMetricsWriter creates (truncates) path: the history of a fresh run.
 func NewMetricsWriter(path string) (*MetricsWriter, error) {
+	return OpenMetricsWriter(path, 0)
+}
+
+// OpenMetricsWriter opens path for a run that starts after from completed
+// steps. A fresh run (from 0) starts the file anew. A run resumed or
+// restarted from a checkpoint keeps the history before it: the rows of
+// steps up to from stay, those past it are dropped (the run replays those
+// steps, and would otherwise write them twice), as is a last line a killed
+// run left half written; new rows are appended. Rows without a step (the
+// memory report that ends each part of the run) are kept. So the file
+// holds one row per step of the whole run, however often it was resumed.
+func OpenMetricsWriter(path string, from int) (*MetricsWriter, error) {
 	if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("trainer: metrics_file %s: %w", path, err)
 		}
 	}
-	f, err := os.Create(path)
+	if from <= 0 {
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, fmt.Errorf("trainer: metrics_file %s: %w", path, err)
+		}
+		return &MetricsWriter{f: f, path: path}, nil
+	}
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("trainer: metrics_file %s: %w", path, err)
+	}
+	kept, err := rowsUpTo(old, from)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: metrics_file %s: %w (move the file away to start a new one)", path, err)
+	}
+	if err := writeFileAtomic(path, kept); err != nil {
+		return nil, fmt.Errorf("trainer: metrics_file %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return nil, fmt.Errorf("trainer: metrics_file %s: %w", path, err)
 	}
-	return &MetricsWriter{f: f, path: path}, nil
+	return &MetricsWriter{f: f, path: path, size: int64(len(kept))}, nil
+}
+
+// rowsUpTo returns the complete lines of a metrics file whose step is at
+// most from, or that have no step, in their order.
+func rowsUpTo(b []byte, from int) ([]byte, error) {
+	var out []byte
+	for n := 1; len(b) > 0; n++ {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break // a line cut short by a killed run
+		}
+		line := b[:i+1]
+		b = b[i+1:]
+		var row struct {
+			Step *float64 `json:"step"`
+		}
+		if err := json.Unmarshal(line, &row); err != nil {
+			return nil, fmt.Errorf("line %d is not a metrics record: %w", n, err)
+		}
+		if row.Step == nil || *row.Step <= float64(from) {
+			out = append(out, line...)
+		}
+	}
+	return out, nil
 }
 
 // Write appends v (a struct with JSON tags) with "kind" set. The first

@@ -93,6 +93,11 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
+	if t.metricsPath != "" && t.metrics == nil {
+		if t.metrics, err = OpenMetricsWriter(t.metricsPath, first); err != nil {
+			return res, err
+		}
+	}
 	evalEvery := cfg.Train.EvalEvery
 	logEvery := max(1, cfg.Train.LogEvery)
 	lineOpen := false // a live progress line waits for its newline

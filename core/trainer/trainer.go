@@ -117,6 +117,7 @@ type Trainer struct {
 	// added at once (the allocator's window peaks).
 	savePeak, loadPeak int64
 	metrics            *MetricsWriter
+	metricsPath        string // metrics_file on rank 0 of a trainer New built
 	gradErr            error
 	stepStart          time.Time
 	nonfinite          nonfiniteState
@@ -156,11 +157,9 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
-	if cfg.MetricsFile != "" && t.Rank == 0 {
-		t.metrics, err = NewMetricsWriter(cfg.MetricsFile)
-		if err != nil {
-			return nil, err
-		}
+	// Run opens metrics_file once it knows the step it starts from.
+	if t.Rank == 0 {
+		t.metricsPath = cfg.MetricsFile
 	}
 	return t, nil
 }
