@@ -4,11 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/place"
@@ -97,6 +99,23 @@ type TrainerState struct {
 // StepDir is the directory name of the checkpoint after step steps.
 func StepDir(step int) string { return fmt.Sprintf("step-%07d", step) }
 
+// ParseStepDir returns the step of a checkpoint directory name, as StepDir
+// writes it ("step-" and at least seven digits), and whether name is one.
+func ParseStepDir(name string) (int, bool) {
+	digits, ok := strings.CutPrefix(name, "step-")
+	if !ok || len(digits) < 7 || len(digits) > 18 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, StepDir(n) == name
+}
+
 // LatestFile names the pointer to the newest complete checkpoint.
 const LatestFile = "latest"
 
@@ -139,21 +158,46 @@ func flatten(m map[string][]Part) []Part {
 	return out
 }
 
+// ErrNoCheckpoint is what Resolve returns, wrapped, for a directory that
+// holds neither a checkpoint nor a latest pointer: nothing was saved there
+// yet.
+var ErrNoCheckpoint = errors.New("no checkpoint")
+
 // Resolve turns a resume path into a checkpoint directory: a checkpoint
-// itself, or a checkpoint root whose latest pointer names one.
+// itself, or a checkpoint root whose latest pointer names one. The pointer
+// may only name a step directory of that root, so a damaged or edited
+// pointer never resumes a run from another directory.
 func Resolve(path string) (string, error) {
 	if _, err := os.Stat(filepath.Join(path, IndexFile)); err == nil {
 		return path, nil
 	}
-	b, err := os.ReadFile(filepath.Join(path, LatestFile))
-	if err != nil {
-		return "", fmt.Errorf("ckpt: %s is neither a checkpoint (no %s) nor a checkpoint directory with a %q pointer", path, IndexFile, LatestFile)
+	latest := filepath.Join(path, LatestFile)
+	b, err := os.ReadFile(latest)
+	if os.IsNotExist(err) {
+		return "", fmt.Errorf("ckpt: %s is neither a checkpoint (no %s) nor a checkpoint directory with a %q pointer: %w", path, IndexFile, LatestFile, ErrNoCheckpoint)
 	}
-	dir := filepath.Join(path, strings.TrimSpace(string(b)))
+	if err != nil {
+		return "", fmt.Errorf("ckpt: %w", err)
+	}
+	name := strings.TrimSpace(string(b))
+	if _, ok := ParseStepDir(name); !ok {
+		return "", fmt.Errorf("ckpt: %s holds %s, not the name of a checkpoint of %s (like %s); write the name of one of its step directories into it, or remove it to start afresh",
+			latest, quoteCut(string(b), 64), path, StepDir(0))
+	}
+	dir := filepath.Join(path, name)
 	if _, err := os.Stat(filepath.Join(dir, IndexFile)); err != nil {
-		return "", fmt.Errorf("ckpt: %s points at %s, which is not a complete checkpoint", filepath.Join(path, LatestFile), dir)
+		return "", fmt.Errorf("ckpt: %s points at %s, which is not a complete checkpoint", latest, dir)
 	}
 	return dir, nil
+}
+
+// quoteCut quotes s for an error message, escaping what is not printable,
+// cut to at most n bytes of s.
+func quoteCut(s string, n int) string {
+	if len(s) <= n {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(strings.ToValidUTF8(s[:n], "")), len(s))
 }
 
 // Digest returns the SHA-256 of a file, hex, and its size.

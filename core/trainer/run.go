@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -236,6 +237,9 @@ func (t *Trainer) resume(log io.Writer) (int, error) {
 	}
 	if path == "auto" {
 		dir, err := ckpt.Resolve(cfg.Checkpoint.Dir)
+		if err != nil && !errors.Is(err, ckpt.ErrNoCheckpoint) {
+			return 0, fmt.Errorf("resume=auto: %w", err)
+		}
 		if err != nil {
 			fmt.Fprintf(log, "tinyacc: resume=auto: no checkpoint in %s yet; starting fresh\n", cfg.Checkpoint.Dir)
 			return 0, nil
