@@ -30,3 +30,34 @@ func RemoveStaleTemps(path string) {
 		}
 	}
 }
+
+// PartialDir is the name of the directory a checkpoint of step is written
+// into before it is complete and renamed to StepDir(step).
+func PartialDir(step int) string { return "." + StepDir(step) + ".tmp" }
+
+// RemovePartialDirs removes from root the directories of checkpoints whose
+// save did not complete (a process killed mid-save leaves one, as large as
+// a checkpoint, and nothing else would ever remove it), returning their
+// names. Only names of PartialDir are touched.
+func RemovePartialDirs(root string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var removed []string
+	for _, e := range entries {
+		name, ok := strings.CutPrefix(e.Name(), ".")
+		name, ok2 := strings.CutSuffix(name, ".tmp")
+		if _, ok3 := ParseStepDir(name); !ok || !ok2 || !ok3 || !e.IsDir() {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+			return removed, err
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, nil
+}

@@ -38,14 +38,19 @@ type rankParts map[string]*ckpt.TensorInfo
 
 // SaveCheckpoint writes the training state after step completed steps to
 // root/step-NNNNNNN and returns that directory. It is collective: every
-// rank calls it. A failure on any rank fails it on every rank, and leaves
-// the previous checkpoints and the latest pointer as they were.
-func (t *Trainer) SaveCheckpoint(root string, step int) (string, error) {
+// rank calls it. A failure on any rank fails it on every rank, leaves the
+// previous checkpoints and the latest pointer as they were, and removes
+// the partial directory (every rank is done with it once they agreed).
+func (t *Trainer) SaveCheckpoint(root string, step int) (dir string, err error) {
 	base := t.Alloc.StartWindow()
 	defer func() { t.savePeak = max(t.savePeak, t.Alloc.WindowPeak()-base) }()
 	final := filepath.Join(root, ckpt.StepDir(step))
-	tmp := filepath.Join(root, "."+ckpt.StepDir(step)+".tmp")
-	var err error
+	tmp := filepath.Join(root, ckpt.PartialDir(step))
+	defer func() {
+		if err != nil && t.Rank == 0 {
+			os.RemoveAll(tmp)
+		}
+	}()
 	if t.Rank == 0 {
 		err = os.MkdirAll(root, 0o755)
 		if err == nil {

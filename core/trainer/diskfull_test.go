@@ -57,3 +57,42 @@ func TestSaveFullDiskLeavesOldFileAndNoTemp(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "old", string(b))
 }
+
+// TestCheckpointFullDiskLeavesNoPartialDir: a checkpoint that does not fit
+// fails the run and leaves no partial directory; a later run writing into
+// the directory removes the one a killed save left, and says so.
+func TestCheckpointFullDiskLeavesNoPartialDir(t *testing.T) {
+	dir := tmpfs(t, "64k")
+	cfg := smallConfig()
+	cfg.Train.Steps, cfg.Train.EvalEvery = 2, 0
+	cfg.Checkpoint.Dir, cfg.Checkpoint.Every = filepath.Join(dir, "ckpt"), 1
+	tr, err := New(cfg, Options{Train: corpus[:4000]})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.ErrorContains(t, err, `checkpoint: ckpt: save "`+filepath.Join(cfg.Checkpoint.Dir, ".step-0000001.tmp", "model-r00000.safetensors")+`": `)
+	require.ErrorContains(t, err, "no space left on device")
+	entries, err := os.ReadDir(cfg.Checkpoint.Dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing of the failed checkpoint is left")
+
+	// What a save killed midway leaves, and what is not a checkpoint's.
+	ckptDir := filepath.Join(t.TempDir(), "ckpt")
+	partial := filepath.Join(ckptDir, ".step-0000004.tmp")
+	require.NoError(t, os.MkdirAll(partial, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(partial, "model-r00000.safetensors"), []byte("half"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(ckptDir, ".notes.tmp"), 0o755))
+	cfg.Checkpoint.Dir, cfg.Checkpoint.Every = ckptDir, 0
+	var log strings.Builder
+	tr, err = New(cfg, Options{Train: corpus[:4000], Log: &log})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.NoError(t, err)
+	require.Contains(t, log.String(), "tinyacc: removed "+partial+", a checkpoint an earlier run did not complete\n")
+	var names []string
+	entries, err = os.ReadDir(ckptDir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.Equal(t, []string{".notes.tmp", "latest", "step-0000002"}, names)
+}

@@ -94,6 +94,16 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
+	if cfg.Checkpoint.Dir != "" && t.Rank == 0 {
+		// A run killed while saving left its partial checkpoint behind.
+		removed, err := ckpt.RemovePartialDirs(cfg.Checkpoint.Dir)
+		for _, name := range removed {
+			fmt.Fprintf(log, "tinyacc: removed %s, a checkpoint an earlier run did not complete\n", filepath.Join(cfg.Checkpoint.Dir, name))
+		}
+		if err != nil {
+			return res, fmt.Errorf("checkpoint.dir: removing an incomplete checkpoint: %w", err)
+		}
+	}
 	if t.metricsPath != "" && t.metrics == nil {
 		if t.metrics, err = OpenMetricsWriter(t.metricsPath, first); err != nil {
 			return res, err
