@@ -330,6 +330,30 @@ func TestFromTextJSON(t *testing.T) {
 	assert.Equal(t, "config: parsing config text: unexpected text after the JSON object", err.Error())
 }
 
+// TestYAMLShapeAndTags: a file whose top level is not a mapping is told
+// what a config looks like (no Go type names), and a tag other than the
+// plain types is refused, naming it.
+func TestYAMLShapeAndTags(t *testing.T) {
+	const shape = "; a config is a mapping of sections to their keys, one per line, such as \"train:\" followed by \"  steps: 300\""
+	const tags = " is not accepted; a config holds only strings, numbers, booleans, lists and mappings"
+	for _, c := range []struct{ text, want string }{
+		{"- train\n- model\n", "yaml: line 1: the top level is a list" + shape},
+		{"\n42\n", `yaml: line 2: the top level is a single value ("42")` + shape},
+		{"train: !!python/object:os.system\n  steps: 3\n", `yaml: line 1: tag "!!python/object:os.system"` + tags},
+		{"train:\n  steps: !!python/object/apply:os.system [\"ls\"]\n", `yaml: line 2: tag "!!python/object/apply:os.system"` + tags},
+		{"train:\n  steps: !custom 3\n", `yaml: line 2: tag "!custom"` + tags},
+		{"data:\n  path: !!binary aGVsbG8=\n", `yaml: line 2: tag "!!binary"` + tags},
+	} {
+		path := writeFile(t, "c.yaml", c.text)
+		_, err := Load(path, nil, nil)
+		require.EqualError(t, err, `config: reading config file "`+path+`": `+c.want, c.text)
+	}
+	r, err := FromText("train:\n  steps: !!int 5\n  lr: !!float 1e-3\n")
+	require.NoError(t, err)
+	assert.Equal(t, 5, r.Config.Train.Steps)
+	assert.Equal(t, 1e-3, r.Config.Train.LR)
+}
+
 func TestFromTextYAML(t *testing.T) {
 	r, err := FromText("train:\n  steps: 12\n  schedule: constant\n")
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	yaml "go.yaml.in/yaml/v3"
@@ -48,6 +49,11 @@ func (boundedYAML) Unmarshal(b []byte) (map[string]any, error) {
 	if err := checkNodes(&doc); err != nil {
 		return nil, err
 	}
+	if len(doc.Content) > 0 {
+		if top := doc.Content[0]; top.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("yaml: line %d: the top level is %s; a config is a mapping of sections to their keys, one per line, such as \"train:\" followed by \"  steps: 300\"", top.Line, nodeKind(top))
+		}
+	}
 	out := map[string]any{}
 	if err := doc.Decode(&out); err != nil {
 		return nil, cutError(err)
@@ -57,6 +63,33 @@ func (boundedYAML) Unmarshal(b []byte) (map[string]any, error) {
 
 // Marshal is koanf's reverse direction, unused by the loader.
 func (boundedYAML) Marshal(m map[string]any) ([]byte, error) { return yaml.Marshal(m) }
+
+// plainTags are the types a config value may be given explicitly. Any
+// other tag (!!python/object, !custom, !!binary) is refused: nothing in a
+// config needs one, and an object tag is how YAML is made to build things
+// other than data.
+var plainTags = map[string]bool{"!!str": true, "!!int": true, "!!float": true, "!!bool": true, "!!null": true, "!!map": true, "!!seq": true, "!!merge": true}
+
+// nodeKind names what a YAML node is, for messages.
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("a single value (%s)", quoteCut(n.Value))
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "not a mapping"
+}
+
+// quoteCut quotes s, escaped, cut to maxShownValue bytes.
+func quoteCut(s string) string {
+	if len(s) > maxShownValue {
+		return strconv.Quote(s[:maxShownValue]) + "..."
+	}
+	return strconv.Quote(s)
+}
 
 // checkNodes walks the tree once, refusing a duplicate key (reported with
 // both lines, found with a map instead of the library's pairwise scan), a
@@ -71,6 +104,9 @@ func checkNodes(root *yaml.Node) error {
 		}
 		if depth > 100 {
 			return 0, fmt.Errorf("yaml: line %d: nested more than 100 levels deep", n.Line)
+		}
+		if n.Style&yaml.TaggedStyle != 0 && !plainTags[n.Tag] {
+			return 0, fmt.Errorf("yaml: line %d: tag %s is not accepted; a config holds only strings, numbers, booleans, lists and mappings", n.Line, quoteCut(n.Tag))
 		}
 		if n.Kind == yaml.MappingNode {
 			seen := map[string]int{}
