@@ -39,6 +39,9 @@ Usage:
       runs N ranks as goroutines of this process (local backend, for debugging).
       --trace FILE writes one Perfetto trace with a track per rank.
       --max-restarts K restarts a failed --nproc job from its latest checkpoint.
+      data.path is a text file, a directory of text files or token shards (a
+      glob); data.max_bytes caps the text read from it (8 MiB by default; 0 is
+      no cap: every byte is read). Devices and pipes are refused.
       Before anything starts, the layout and the memory estimate are checked
       against memory.limit (auto, a size such as 8GiB, or 0 for no check).
   tinyacc estimate [--config FILE] [--nproc N | --local-ranks N] [--json] [--key=value ...]

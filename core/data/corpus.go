@@ -34,8 +34,9 @@ type Corpus struct {
 // concatenated. An empty path selects the default corpus: the non-test Go
 // sources of the local Go installation, which every machine that builds
 // tinyacc has, so a run needs no download. Reading stops once maxBytes bytes
-// have been collected (maxBytes <= 0 means no cap), so a large tree costs only
-// a directory listing beyond the cap.
+// have been collected (maxBytes <= 0 means no cap: every byte of path is
+// read), so a large tree costs only a directory listing beyond the cap. A
+// device or a pipe is refused (CheckPath): it would be read without end.
 func LoadCorpus(path string, maxBytes int64) (*Corpus, error) {
 	if maxBytes <= 0 {
 		maxBytes = math.MaxInt64
@@ -49,6 +50,9 @@ func LoadCorpus(path string, maxBytes int64) (*Corpus, error) {
 			return nil, fmt.Errorf("data: data.path %q does not exist: %w", path, err)
 		}
 		return nil, fmt.Errorf("data: cannot read data.path %q: %w", path, err)
+	}
+	if err := CheckPath("data.path", path); err != nil {
+		return nil, err
 	}
 	var files []string
 	if info.IsDir() {

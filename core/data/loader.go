@@ -47,8 +47,9 @@ func NewLoader(tokens []int32, T int, order string, seed int64) (*Loader, error)
 // window crosses, as llm.c never lets a sequence span two shards: segment
 // i offers len_i − T − 1 window starts, numbered after those of the
 // segments before it. A segment too short for one window offers none.
-// vocab > 0 makes reading a window with an id >= vocab an error (Err),
-// checked as windows are read rather than by scanning the whole corpus.
+// vocab > 0 makes reading a window with an id >= vocab an error (Err):
+// the last guard, as the trainer scans each shard when it opens it
+// (Shard.CheckVocab).
 func NewSegmentLoader(segs []Segment, T int, order string, seed int64, vocab int) (*Loader, error) {
 	if T <= 0 {
 		return nil, fmt.Errorf("data: block size %d must be positive: set model.block_size >= 1", T)

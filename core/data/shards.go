@@ -79,6 +79,9 @@ func OpenShard(path string) (*Shard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data: token shard: %w", err)
 	}
+	if m := info.Mode(); !m.IsRegular() {
+		return nil, fmt.Errorf("data: token shard %s is %s, not a regular file: a shard is a file written by tinyacc tokenize or llm.c", path, modeName(m))
+	}
 	if info.Size() < HeaderBytes {
 		return nil, fmt.Errorf("data: token shard %s is %d bytes, shorter than the %d-byte header", path, info.Size(), HeaderBytes)
 	}
@@ -110,6 +113,55 @@ func OpenShard(path string) (*Shard, error) {
 	}
 	return &Shard{Path: path, Count: count, Width: width, data: data}, nil
 }
+
+// CheckVocab reads the shard's tokens once and reports the first that is
+// not below vocab, naming the file, its byte offset and the id, so a shard
+// written for a larger vocabulary is refused when it is opened rather than
+// at the step whose window meets the token. It reads through a small buffer
+// (the mapping's pages would count as the process's memory) and skips the
+// holes of a sparse file, which hold token 0.
+func (s *Shard) CheckVocab(vocab int) error {
+	f, err := os.Open(s.Path)
+	if err != nil {
+		return fmt.Errorf("data: token shard: %w", err)
+	}
+	defer f.Close()
+	end := HeaderBytes + s.Count*int64(s.Width)
+	buf := make([]byte, 1<<20)
+	for at := int64(HeaderBytes); at < end; {
+		if d, err := f.Seek(at, seekData); err == nil && d > at {
+			at = d - (d-HeaderBytes)%int64(s.Width) // a hole reads as zeros
+			if at >= end {
+				break
+			}
+		} else if err != nil && errors.Is(err, syscall.ENXIO) {
+			break // only a hole is left
+		}
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), end-at)], at)
+		if n == 0 && err != nil {
+			return fmt.Errorf("data: token shard %s: reading tokens at byte offset %d: %w", s.Path, at, err)
+		}
+		n -= n % s.Width
+		for i := 0; i < n; i += s.Width {
+			var id uint32
+			if s.Width == 2 {
+				id = uint32(binary.LittleEndian.Uint16(buf[i:]))
+			} else {
+				id = binary.LittleEndian.Uint32(buf[i:])
+			}
+			if id >= uint32(vocab) {
+				return fmt.Errorf("data: token shard %s: token id %d at byte offset %d is not below model.vocab_size=%d: set model.vocab_size to the tokenizer's vocabulary (50257 for GPT-2)",
+					s.Path, id, at+int64(i), vocab)
+			}
+		}
+		at += int64(n)
+	}
+	return nil
+}
+
+// seekData is lseek's SEEK_DATA: the next offset at or after the given one
+// that holds data rather than a hole.
+const seekData = 3
 
 // OpenShards maps every shard a path or glob names, in sorted order.
 func OpenShards(pattern string) ([]*Shard, error) {

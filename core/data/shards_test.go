@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,7 +49,8 @@ func TestBadShardsAreRefusedNamingFileAndOffset(t *testing.T) {
 
 // An id at or above the vocabulary stops the read of the window holding
 // it, naming the shard, the byte offset and the id; windows before it
-// read fine (no scan of the whole corpus at start).
+// read fine: the loader's own guard, behind the scan at open
+// (CheckVocab).
 func TestShardIDAboveVocabNamedWhenRead(t *testing.T) {
 	dir := t.TempDir()
 	toks := make([]uint32, 200)
@@ -125,4 +127,68 @@ func BenchmarkShardLoaderRandom(b *testing.B) {
 		l.Batch(i, 0, 0, 1, 8, 1)
 	}
 	b.ReportMetric(float64(b.N*8*1024)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// CheckVocab finds an id at or above the vocabulary in one pass when the
+// shard is opened, naming the shard, the byte offset and the id, in both
+// widths; a sparse shard (holes read as token 0) passes without its holes
+// being read.
+func TestShardIDAboveVocabFoundAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	for _, width := range []int{2, 4} {
+		toks := make([]uint32, 3000)
+		for i := range toks {
+			toks[i] = uint32(i % 256)
+		}
+		toks[2999] = 300
+		magic, version := uint32(MagicUint16), uint32(VersionUint16)
+		if width == 4 {
+			magic, version = MagicUint32, VersionUint32
+		}
+		p := rawShard(t, dir, magic, version, 3000, width, toks)
+		s, err := OpenShard(p)
+		require.NoError(t, err)
+		require.EqualError(t, s.CheckVocab(256), fmt.Sprintf("data: token shard %s: token id 300 at byte offset %d is not below model.vocab_size=256: set model.vocab_size to the tokenizer's vocabulary (50257 for GPT-2)", p, HeaderBytes+2999*width))
+		require.NoError(t, s.CheckVocab(301))
+		require.NoError(t, s.Close())
+	}
+
+	// 1 GiB of tokens, a hole but for a bad id near its end and one near
+	// its start.
+	p := filepath.Join(dir, "sparse.bin")
+	const count = 1 << 29
+	f, err := os.Create(p)
+	require.NoError(t, err)
+	var h [HeaderBytes]byte
+	binary.LittleEndian.PutUint32(h[0:], MagicUint16)
+	binary.LittleEndian.PutUint32(h[4:], VersionUint16)
+	binary.LittleEndian.PutUint32(h[8:], count)
+	_, err = f.Write(h[:])
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(HeaderBytes+2*count))
+	_, err = f.WriteAt([]byte{7, 0}, HeaderBytes+2*10)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{0xff, 0xff}, HeaderBytes+2*(count-3))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	s, err := OpenShard(p)
+	require.NoError(t, err)
+	defer s.Close()
+	require.EqualError(t, s.CheckVocab(50257), fmt.Sprintf("data: token shard %s: token id 65535 at byte offset %d is not below model.vocab_size=50257: set model.vocab_size to the tokenizer's vocabulary (50257 for GPT-2)", p, HeaderBytes+2*(count-3)))
+}
+
+// A device or a pipe is refused as data before anything is read: it may
+// have no end (data.max_bytes=0 would read it for ever).
+func TestDevicesAndPipesAreRefused(t *testing.T) {
+	const tail = ", not a regular file or a directory: point it at a text file, a directory of text files or token shards (a device or a pipe may have no end, and data.max_bytes=0 means no cap: every byte is read)"
+	_, err := LoadCorpus("/dev/zero", 0)
+	require.EqualError(t, err, `data: data.path "/dev/zero" is a character device`+tail)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	_, err = LoadCorpus(fifo, 0) // would block on open if it got that far
+	require.EqualError(t, err, `data: data.path "`+fifo+`" is a named pipe`+tail)
+	require.EqualError(t, CheckPath("data.val_path", filepath.Dir(fifo)+"/f*"), `data: data.val_path "`+fifo+`" is a named pipe`+tail)
+	_, err = OpenShards("/dev/zero")
+	require.EqualError(t, err, "data: token shard /dev/zero is a character device, not a regular file: a shard is a file written by tinyacc tokenize or llm.c")
+	require.NoError(t, CheckPath("data.path", t.TempDir()))
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
 	"github.com/tinyacc/tinyacc/core/nn"
 )
 
@@ -170,6 +171,11 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 // as bytes and as int32 tokens (5 bytes per byte read, at most
 // data.max_bytes of it); token shards are memory-mapped and cost none.
 func dataFootprint(cfg config.Config) (int64, error) {
+	for _, p := range []struct{ key, path string }{{"data.path", cfg.Data.Path}, {"data.val_path", cfg.Data.ValPath}} {
+		if err := data.CheckPath(p.key, p.path); err != nil {
+			return 0, err
+		}
+	}
 	if cfg.Data.Format == "tokens" {
 		return 0, nil
 	}

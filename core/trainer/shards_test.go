@@ -119,3 +119,22 @@ func physicalMemory(t *testing.T) int64 {
 	require.NoError(t, err)
 	return kb << 10
 }
+
+// A token at or beyond model.vocab_size is found when the shard is opened,
+// before the first step, not at the step whose window meets it; a device
+// as data.path is refused by the estimate that runs before any work.
+func TestBadDataRefusedBeforeTraining(t *testing.T) {
+	dir := t.TempDir()
+	toks := data.EncodeBytes([]byte(strings.Repeat(refText, 20)))
+	toks[len(toks)-5] = 256
+	shard := filepath.Join(dir, "bad.bin")
+	require.NoError(t, data.WriteShard(shard, toks))
+	cfg := smallConfig()
+	cfg.Data.Path = shard
+	_, err := New(cfg, Options{})
+	require.EqualError(t, err, fmt.Sprintf("data: token shard %s: token id 256 at byte offset %d is not below model.vocab_size=256: set model.vocab_size to the tokenizer's vocabulary (50257 for GPT-2)", shard, data.HeaderBytes+2*(len(toks)-5)))
+
+	cfg.Data.Path, cfg.Data.MaxBytes = "/dev/zero", 0
+	_, err = EstimateMemory(cfg, 1, 1, nil)
+	require.EqualError(t, err, `data: data.path "/dev/zero" is a character device, not a regular file or a directory: point it at a text file, a directory of text files or token shards (a device or a pipe may have no end, and data.max_bytes=0 means no cap: every byte is read)`)
+}

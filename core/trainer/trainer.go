@@ -384,17 +384,22 @@ func (t *Trainer) tokenShards() (bool, error) {
 		return true, err
 	}
 	var trainSegs, valSegs []data.Segment
+	var valShards []*data.Shard
 	if d.ValPath != "" {
-		vs, err := data.OpenShards(d.ValPath)
-		if err != nil {
+		if valShards, err = data.OpenShards(d.ValPath); err != nil {
 			return true, fmt.Errorf("data.val_path: %w", err)
 		}
 		trainSegs, _ = data.ShardSegments(shards, 0)
-		valSegs, _ = data.ShardSegments(vs, 0)
+		valSegs, _ = data.ShardSegments(valShards, 0)
 	} else {
 		trainSegs, valSegs = data.ShardSegments(shards, d.ValFraction)
 	}
 	T, V := t.Cfg.Model.BlockSize, t.Cfg.Model.VocabSize
+	for _, s := range append(append([]*data.Shard(nil), shards...), valShards...) {
+		if err := s.CheckVocab(V); err != nil {
+			return true, err
+		}
+	}
 	if t.Train, err = data.NewSegmentLoader(trainSegs, T, d.Order, t.Cfg.Train.Seed, V); err != nil {
 		return true, fmt.Errorf("trainer: training shards: %w", err)
 	}
