@@ -76,7 +76,18 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			})
 		}, `model-r0000\d\.safetensors holds no tensor wpe\.weight\.typo, which the index names as a piece of wpe\.weight`},
 		{"wrong shape", func(dir string) {
-			editIndex(t, dir, false, func(ix *ckpt.Index) { ix.Tensors["ln_f.bias"].Shape = []int{33} })
+			editIndex(t, dir, false, func(ix *ckpt.Index) {
+				// A checkpoint of another model: its pieces agree with it.
+				ti := ix.Tensors["ln_f.bias"]
+				ti.Shape = []int{33}
+				parts := ti.Parts
+				for _, ps := range ti.State {
+					parts = append(parts, ps...)
+				}
+				for _, p := range parts {
+					p.Spec.Shape = []int{33}
+				}
+			})
 		}, `tensor ln_f\.bias is \[33\] in the checkpoint but \[32\] in the model \(check model\.\*\)`},
 		{"wrong dtype", func(dir string) {
 			editIndex(t, dir, false, func(ix *ckpt.Index) { ix.Tensors["ln_f.bias"].DType = "float64" })

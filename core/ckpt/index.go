@@ -119,7 +119,8 @@ func ParseStepDir(name string) (int, bool) {
 // LatestFile names the pointer to the newest complete checkpoint.
 const LatestFile = "latest"
 
-// ReadIndex reads and checks a checkpoint's index.
+// ReadIndex reads a checkpoint's index and checks every value in it for
+// range and consistency (check).
 func ReadIndex(dir string) (*Index, error) {
 	b, err := os.ReadFile(filepath.Join(dir, IndexFile))
 	if err != nil {
@@ -132,15 +133,8 @@ func ReadIndex(dir string) (*Index, error) {
 	if ix.Format != IndexFormat || ix.Version != IndexVersion {
 		return nil, fmt.Errorf("ckpt: %s: format %q version %d; this build reads %q version %d", filepath.Join(dir, IndexFile), ix.Format, ix.Version, IndexFormat, IndexVersion)
 	}
-	for name, ti := range ix.Tensors {
-		for _, p := range append(append([]Part(nil), ti.Parts...), flatten(ti.State)...) {
-			if _, ok := ix.Files[p.File]; !ok {
-				return nil, fmt.Errorf("ckpt: %s: tensor %s names file %s, which the index does not list", dir, name, p.File)
-			}
-			if p.Spec == nil || p.Spec.Name != name {
-				return nil, fmt.Errorf("ckpt: %s: a part of tensor %s has no placement for it", dir, name)
-			}
-		}
+	if err := ix.check(dir); err != nil {
+		return nil, err
 	}
 	return &ix, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -80,7 +81,8 @@ func (t *Trainer) LoadCheckpoint(dir string) (int, error) {
 
 // checkCheckpoint is rank 0's look at the whole checkpoint before anyone
 // loads: the digests, every parameter present with the model's shape and
-// covered exactly, each piece readable, and finite unless allowed.
+// covered exactly once, the optimizer state of the run's optimizer, each
+// piece readable, and finite unless allowed.
 func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 	if err := ix.Verify(dir); err != nil {
 		return err
@@ -89,6 +91,7 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 	if err := CheckResume(ix, t.Cfg, global); err != nil {
 		return err
 	}
+	keeps := t.stateKinds()
 	readers := map[string]*ckpt.Reader{}
 	defer func() {
 		for _, r := range readers {
@@ -108,18 +111,28 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 		}
 		kinds := []string{""}
 		for k := range ti.State {
+			if !slices.Contains(keeps, k) {
+				return fmt.Errorf("%s: tensors[%q].state has %q, which train.optimizer=%s keeps no buffer of (it keeps %s)",
+					filepath.Join(dir, ckpt.IndexFile), ps.Name, k, t.Cfg.Train.Optimizer, orNone(keeps))
+			}
 			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds[1:])
+		if ti.Steps > 0 { // AdamW's buffers exist after its first step (SGD counts none)
+			for _, k := range keeps {
+				if _, ok := ti.State[k]; !ok {
+					return fmt.Errorf("%s: tensors[%q] has had %d optimizer steps but no %s state", filepath.Join(dir, ckpt.IndexFile), ps.Name, ti.Steps, k)
+				}
+			}
 		}
 		for _, kind := range kinds {
 			parts := ti.Parts
+			what := ps.Name
 			if kind != "" {
-				parts = ti.State[kind]
+				parts, what = ti.State[kind], kind+" of "+ps.Name
 			}
-			covered := 0
+			var runs []run
 			for _, p := range parts {
-				if fmt.Sprint(p.Spec.Shape) != fmt.Sprint(ps.Shape) {
-					return fmt.Errorf("a part of %s in %s has shape %v, not %v", ps.Name, p.File, p.Spec.Shape, ps.Shape)
-				}
 				r, err := t.reader(readers, dir, p.File)
 				if err != nil {
 					return err
@@ -130,30 +143,78 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 				} else if got != n {
 					return fmt.Errorf("%s: tensor %s holds %d elements of %s; its placement says %d", filepath.Join(dir, p.File), p.Key, got, ps.Name, n)
 				}
-				covered += n
-				if kind != "" || t.Cfg.ResumeAllowNonfinite {
+				runs = append(runs, runsOf(p.Spec, p.Coord)...)
+				if t.Cfg.ResumeAllowNonfinite {
 					continue
 				}
-				buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, n)
-				err = r.Read(p.Key, buf)
-				if i, bad := firstNonFinite(buf); err == nil && bad {
-					err = fmt.Errorf("element %d is %v", i, buf.At(i))
-				}
-				buf.Release()
-				if err != nil {
+				if err := t.checkStored(r, p.Key, kind, n); err != nil {
 					return fmt.Errorf("%s: %s: %w (set resume_allow_nonfinite to load it anyway)", filepath.Join(dir, p.File), p.Key, err)
 				}
 			}
-			if covered != tensor.Numel(ps.Shape) {
-				what := ps.Name
-				if kind != "" {
-					what = kind + " of " + ps.Name
-				}
-				return fmt.Errorf("the parts of %s in the checkpoint hold %d of its %d elements (a missing file?)", what, covered, tensor.Numel(ps.Shape))
+			if err := tiles(runs, tensor.Numel(ps.Shape), what); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
+}
+
+// checkStored reads n elements of tensor key and reports the first that
+// is not finite, or (for exp_avg_sq, a mean of squares) negative.
+func (t *Trainer) checkStored(r *ckpt.Reader, key, kind string, n int) error {
+	buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, n)
+	defer buf.Release()
+	if err := r.Read(key, buf); err != nil {
+		return err
+	}
+	if i, bad := firstNonFinite(buf); bad {
+		return fmt.Errorf("element %d is %v", i, buf.At(i))
+	}
+	if kind == "exp_avg_sq" {
+		for i, v := range buf.F32() {
+			if v < 0 {
+				return fmt.Errorf("element %d is %v, but exp_avg_sq is a mean of squares", i, v)
+			}
+		}
+	}
+	return nil
+}
+
+// tiles reports whether runs (global element ranges) cover [0, numel)
+// exactly once: a gap would leave elements unloaded, an overlap means
+// the index describes a piece twice.
+func tiles(runs []run, numel int, what string) error {
+	sort.Slice(runs, func(i, j int) bool { return runs[i].g < runs[j].g })
+	covered, at := 0, 0
+	for _, r := range runs {
+		if r.g < at {
+			return fmt.Errorf("the parts of %s in the checkpoint hold element %d twice", what, r.g)
+		}
+		covered += r.n
+		at = r.g + r.n
+	}
+	if covered != numel {
+		return fmt.Errorf("the parts of %s in the checkpoint hold %d of its %d elements (a missing file?)", what, covered, numel)
+	}
+	return nil
+}
+
+// stateKinds are the optimizer buffers train.optimizer keeps per parameter.
+func (t *Trainer) stateKinds() []string {
+	switch {
+	case t.Cfg.Train.Optimizer != "sgd":
+		return []string{"exp_avg", "exp_avg_sq"}
+	case t.Cfg.Train.Momentum != 0:
+		return []string{"momentum_buffer"}
+	}
+	return nil
+}
+
+func orNone(kinds []string) string {
+	if len(kinds) == 0 {
+		return "none"
+	}
+	return strings.Join(kinds, " and ")
 }
 
 func (t *Trainer) reader(readers map[string]*ckpt.Reader, dir, file string) (*ckpt.Reader, error) {
@@ -177,11 +238,27 @@ func (t *Trainer) loadState(dir string, ix *ckpt.Index) error {
 		}
 	}()
 	c := t.Coord()
+	// The weight decay the index records is the run's (train.weight_decay
+	// is a key a resumed run keeps, and the optimizer applies it by
+	// parameter); checked for every parameter before any is loaded.
 	for _, p := range t.Model.Params() {
 		ti := ix.Tensors[p.Name]
 		if ti == nil {
 			return fmt.Errorf("the checkpoint holds no tensor %s", p.Name)
 		}
+		h, err := t.Holding(p)
+		if err != nil {
+			return err
+		}
+		if h.Opt == nil || h.OptParam == nil || len(ti.State) == 0 {
+			continue
+		}
+		if d := h.Opt.DecayOf(h.OptParam); d != ti.WeightDecay {
+			return fmt.Errorf("%s: tensors[%q].weight_decay is %v, but this run's optimizer decays %s by %v", filepath.Join(dir, ckpt.IndexFile), p.Name, ti.WeightDecay, p.Name, d)
+		}
+	}
+	for _, p := range t.Model.Params() {
+		ti := ix.Tensors[p.Name]
 		h, err := t.Holding(p)
 		if err != nil {
 			return err

@@ -260,12 +260,16 @@ func (t *Trainer) resume(log io.Writer) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("resume: %w", err)
 	}
-	step, err := t.LoadCheckpoint(dir)
+	ix, err := ckpt.ReadIndex(dir)
 	if err != nil {
 		return 0, fmt.Errorf("resume: %w", err)
 	}
-	if step > cfg.Train.Steps {
-		return 0, fmt.Errorf("resume: %s completed %d steps, more than train.steps=%d (train.steps is the run's total)", dir, step, cfg.Train.Steps)
+	if ix.Step > cfg.Train.Steps {
+		return 0, fmt.Errorf("resume: %s completed %d steps, more than train.steps=%d (train.steps is the run's total)", dir, ix.Step, cfg.Train.Steps)
+	}
+	step, err := t.LoadCheckpoint(dir)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
 	}
 	fmt.Fprintf(log, "tinyacc: resumed from %s: %d of %d steps done\n", dir, step, cfg.Train.Steps)
 	return step, nil
