@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
@@ -114,20 +109,13 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	traces := map[string]string{}
 	for _, r := range runs {
 		metrics := filepath.Join(dir, r.tag+".jsonl")
-		argv := append([]string{exe, "train",
-			"--model.n_layer=" + strconv.Itoa(b.model.NLayer), "--model.n_head=" + strconv.Itoa(b.model.NHead),
-			"--model.n_embd=" + strconv.Itoa(b.model.NEmbd), "--model.block_size=" + strconv.Itoa(b.model.BlockSize),
-			"--model.vocab_size=" + strconv.Itoa(b.model.VocabSize),
-			"--train.batch_size=" + strconv.Itoa(b.global), "--train.steps=" + strconv.Itoa(*steps),
-			"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random", "--train.schedule=constant",
-			"--metrics_file=" + metrics}, r.flags...)
+		argv := trainArgs(exe, b.model, b.global, *steps, append([]string{"--train.schedule=constant", "--metrics_file=" + metrics}, r.flags...)...)
 		if r.procs > 1 {
 			traces[r.tag] = filepath.Join(dir, r.tag+".json")
 			argv = append(argv, "--trace="+traces[r.tag])
 		}
-		fmt.Fprintf(stderr, "bench cp: %s (%d process(es))\n", r.tag, r.procs)
-		if err := launch.Run(context.Background(), launch.Options{NProc: r.procs, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-			return fmt.Errorf("bench cp %s: %w", r.tag, err)
+		if err := launchTrain("cp", r.tag, r.procs, argv, stderr); err != nil {
+			return err
 		}
 		if acts[r.tag], err = rankActivations(metrics, r.procs); err != nil {
 			return err
@@ -265,30 +253,17 @@ func rankTraces(path string, n int) ([][]trace.Event, error) {
 
 // rankActivations reads every rank's activation peak from a metrics file.
 func rankActivations(path string, n int) ([]float64, error) {
-	f, err := os.Open(path)
+	lines, err := readMetrics(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := make([]float64, n)
 	seen := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind string  `json:"kind"`
-			Rank int     `json:"rank"`
-			Act  float64 `json:"activations_peak_bytes"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
+	for _, m := range lines {
 		if m.Kind == "memory" && m.Rank >= 0 && m.Rank < n {
 			out[m.Rank] = m.Act
 			seen++
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	if seen < n {
 		return nil, errors.New(path + ": fewer memory entries than ranks")

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,19 +64,19 @@ func TestBenchLayouts(t *testing.T) {
 	}
 }
 
+// trainLosses reads the loss of every step of a metrics file.
 func trainLosses(t *testing.T, path string) []float64 {
-	f, err := os.Open(path)
+	return metricLosses(t, path, "train")
+}
+
+// metricLosses reads the loss of every line of kind ("train" or "eval")
+// of a metrics file.
+func metricLosses(t *testing.T, path, kind string) []float64 {
+	lines, err := readMetrics(path)
 	require.NoError(t, err)
-	defer f.Close()
 	var losses []float64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind string  `json:"kind"`
-			Loss float64 `json:"loss"`
-		}
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
-		if m.Kind == "train" {
+	for _, m := range lines {
+		if m.Kind == kind {
 			losses = append(losses, m.Loss)
 		}
 	}
