@@ -85,9 +85,10 @@ type StepOwner interface {
 	// pipeline sends the last stage's value to the others). The trainer
 	// then runs the LossReducers on it exactly as on its own loss.
 	RunStep(t *Trainer, step int) (loss float64, err error)
-	// EvalLoss returns the mean loss of one evaluation batch (x, y
+	// EvalLoss returns the mean loss of one evaluation micro-batch (x, y
 	// [B, T]) without recording gradients, on every rank of the owner's
-	// group. Trainer.Evaluate goes through it.
+	// group. Trainer.Evaluate goes through it and reduces the mean over
+	// the micro-batches with the LossReducers.
 	EvalLoss(t *Trainer, x, y *tensor.Tensor) (float64, error)
 }
 

@@ -116,10 +116,10 @@ func TestSGDWithoutClipping(t *testing.T) {
 }
 
 // TestEvaluationBetweenSteps evaluates between steps: a forward without
-// backward, which in stage 3 gathers units that no backward releases. Each
-// rank evaluates its own micro-batch size, so the reference for the
-// validation losses is stage 1 (full parameters on every rank); training
-// after the evaluations must still match one process.
+// backward, which in stage 3 gathers units that no backward releases. The
+// ranks split each evaluation batch as they split a training batch, so
+// every stage's validation losses are one process's on the same global
+// batch, and training after the evaluations must still match it.
 func TestEvaluationBetweenSteps(t *testing.T) {
 	c := ptest.Corpus()
 	split := len(c) * 8 / 10
@@ -137,12 +137,12 @@ func TestEvaluationBetweenSteps(t *testing.T) {
 	refOpts.OnStep = func(m trainer.StepMetrics) { single = append(single, m) }
 	tr, err := trainer.New(ref, refOpts)
 	require.NoError(t, err)
-	_, err = tr.Run(context.Background())
+	want, err := tr.Run(context.Background())
 	require.NoError(t, err)
-	full := runRanksWith(t, cfg(1), n, 1, data)
-	for _, stage := range []int{2, 3} {
+	require.Len(t, want.Evals, 2)
+	for _, stage := range []int{1, 2, 3} {
 		for r, run := range runRanksWith(t, cfg(stage), n, stage, data) {
-			got, want := run.Result, full[r].Result
+			got := run.Result
 			require.Len(t, got.Evals, 2)
 			for i := range want.Evals {
 				require.InEpsilon(t, want.Evals[i].Loss, got.Evals[i].Loss, 1e-5, "stage %d rank %d eval %d", stage, r, i)
