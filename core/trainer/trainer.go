@@ -465,7 +465,7 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	norm := math.Sqrt(sumsq)
-	skip, err := t.checkFinite(step, loss, norm) // nonfinite.go
+	skip, err := t.checkFinite(loss, norm) // nonfinite.go
 	if err != nil {
 		return StepMetrics{}, err
 	}
