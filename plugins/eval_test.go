@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -56,7 +57,8 @@ func runEvals(t *testing.T, cfg config.Config, n int) [][]trainer.EvalPoint {
 	out := make([][]trainer.EvalPoint, n)
 	var mu sync.Mutex
 	train := func(g comm.Group) error {
-		opts := trainer.Options{Train: c[:cut], Val: c[cut:]}
+		var evals []trainer.EvalPoint
+		opts := trainer.Options{Train: c[:cut], Val: c[cut:], OnEval: func(e trainer.EvalPoint) { evals = append(evals, e) }}
 		if g != nil {
 			ps, m, err := Build(cfg, g)
 			if err != nil {
@@ -69,10 +71,16 @@ func runEvals(t *testing.T, cfg config.Config, n int) [][]trainer.EvalPoint {
 			return err
 		}
 		res, err := tr.Run(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(evals) == 0 || res.LastEval != evals[len(evals)-1] {
+			return fmt.Errorf("rank %d: the result's last evaluation %+v is not the last one OnEval received (%+v)", opts.Rank, res.LastEval, evals)
+		}
 		mu.Lock()
-		out[opts.Rank] = res.Evals
+		out[opts.Rank] = evals
 		mu.Unlock()
-		return err
+		return nil
 	}
 	if n == 1 {
 		require.NoError(t, train(nil))

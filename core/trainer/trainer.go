@@ -60,6 +60,9 @@ type Options struct {
 	// OnStep, when set, receives every step's metrics as Run produces them
 	// (Run's result keeps only a summary).
 	OnStep func(StepMetrics)
+	// OnEval, when set, receives every evaluation as Run produces it
+	// (Run's result keeps only the last).
+	OnEval func(EvalPoint)
 }
 
 // StepMetrics is what one optimizer step reports.
