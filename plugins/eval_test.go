@@ -36,6 +36,8 @@ var evalLayouts = []struct {
 	{"pp2 x dp2 grad_accum 2", 4, 2, func(c *config.Config) { c.Parallel.PP, c.Zero.Stage = 2, 1 }},
 	{"cp2", 2, 1, func(c *config.Config) { c.Parallel.CP = 2 }},
 	{"dp2 x cp2", 4, 1, func(c *config.Config) { c.Parallel.CP = 2 }},
+	{"tp2 sequence parallel", 2, 1, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+	{"zero2 dp2 x cp2 x tp2", 8, 1, func(c *config.Config) { c.Zero.Stage, c.Parallel.CP, c.Parallel.TP = 2, 2, 2 }},
 }
 
 // evalConfig trains 4 steps of evalGlobal sequences and evaluates after
