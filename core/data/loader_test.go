@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // stream returns tokens 0..n-1 (mod 2^31), so a window's first token is its
@@ -89,6 +91,18 @@ func globalBatch(l *Loader, s, G int) (xs, ys []int32) {
 	return xs, ys
 }
 
+// concat joins the slices batch cuts global batch k into, micro-batch
+// outer and rank inner.
+func concat(batch func(k, micro, rank, nranks, B, A int) (x, y *tensor.Tensor), k, N, B, A int) (xs, ys []int32) {
+	for a := 0; a < A; a++ {
+		for r := 0; r < N; r++ {
+			x, y := batch(k, a, r, N, B, A)
+			xs, ys = append(xs, x.I32()...), append(ys, y.I32()...)
+		}
+	}
+	return xs, ys
+}
+
 func TestRankMicroDecomposition(t *testing.T) {
 	const T, B = 5, 2
 	for _, order := range []string{Sequential, Random} {
@@ -98,16 +112,9 @@ func TestRankMicroDecomposition(t *testing.T) {
 			for _, A := range []int{1, 3} {
 				G := B * A * N
 				for s := 0; s < 4; s++ {
-					// Concatenate in the stated order: micro-batch outer, rank
-					// inner; that must be exactly the single-process batch.
-					var xs, ys []int32
-					for a := 0; a < A; a++ {
-						for r := 0; r < N; r++ {
-							x, y := l.Batch(s, a, r, N, B, A)
-							xs = append(xs, x.I32()...)
-							ys = append(ys, y.I32()...)
-						}
-					}
+					// Concatenated in the stated order, the slices must be
+					// exactly the single-process batch.
+					xs, ys := concat(l.Batch, s, N, B, A)
 					wx, wy := globalBatch(l, s, G)
 					require.Equal(t, wx, xs, "order=%s N=%d A=%d s=%d", order, N, A, s)
 					require.Equal(t, wy, ys, "order=%s N=%d A=%d s=%d", order, N, A, s)
@@ -200,13 +207,7 @@ func TestEvalBatchSplitsLikeBatch(t *testing.T) {
 		for _, A := range []int{1, 3} {
 			G := B * A * N
 			for k := 0; k < 3; k++ {
-				var xs, ys []int32
-				for a := 0; a < A; a++ {
-					for r := 0; r < N; r++ {
-						x, y := l.EvalBatch(k, a, r, N, B, A)
-						xs, ys = append(xs, x.I32()...), append(ys, y.I32()...)
-					}
-				}
+				xs, ys := concat(l.EvalBatch, k, N, B, A)
 				x, y := l.EvalBatch(k, 0, 0, 1, G, 1)
 				require.Equal(t, x.I32(), xs, "N=%d A=%d k=%d", N, A, k)
 				require.Equal(t, y.I32(), ys, "N=%d A=%d k=%d", N, A, k)
