@@ -94,7 +94,9 @@ type StepOwner interface {
 
 // LossReducer turns a loss that is the mean over part of the batch into
 // the mean over the group that splits it (an average over data-parallel
-// ranks). See Plugin for how several compose.
+// ranks): each step's training loss, and each evaluation's validation
+// loss, whose batches are split the same way. See Plugin for how several
+// compose.
 type LossReducer interface {
 	ReduceLoss(t *Trainer, loss float64) (float64, error)
 }
