@@ -70,18 +70,13 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 4, "training steps per run")
 	reps := fs.Int("repeats", 15, "interleaved timings of each rank's attention alone (the fastest is reported)")
 	var b layoutBench
-	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 128, BlockSize: 512, VocabSize: 256})
-	fs.IntVar(&b.global, "batch", 2, "global batch (sequences per step)")
-	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
-	if err := fs.Parse(args); err != nil {
+	keep := b.flags(fs, nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 128, BlockSize: 512, VocabSize: 256}, 2)
+	if err := b.parse(fs, args); err != nil {
 		return err
 	}
 	n := *nproc
 	if n < 2 {
 		return fmt.Errorf("bench cp: --nproc %d: context parallel needs 2 or more ranks", n)
-	}
-	if err := b.model.Validate(); err != nil {
-		return fmt.Errorf("bench cp: %w", err)
 	}
 	if *steps < 2 {
 		return fmt.Errorf("bench cp: --steps %d: need 2 or more", *steps)

@@ -65,6 +65,26 @@ type layoutBench struct {
 	global int // sequences per step
 }
 
+// flags registers the model's shape (defaults def), --batch (the global
+// batch, default batch) and --keep, which it returns: where the runs'
+// files stay.
+func (b *layoutBench) flags(fs *flag.FlagSet, def nn.GPTConfig, batch int) (keep *string) {
+	gptFlags(fs, &b.model, def)
+	fs.IntVar(&b.global, "batch", batch, "global batch (sequences per step)")
+	return fs.String("keep", "", "directory to keep the runs' metrics and traces in (default: a temporary one)")
+}
+
+// parse parses args and checks the model's shape.
+func (b *layoutBench) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := b.model.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	return nil
+}
+
 // normBytes is what a rank sends for the gradient norm's all-reduce over
 // the world of w ranks (the sum of squares and the stop flag, two float64).
 func normBytes(w int) float64 { return 2 * float64(w-1) / float64(w) * 16 }
@@ -118,18 +138,13 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
 	repeats := fs.Int("repeats", 3, "interleaved runs of every layout (medians are reported)")
 	var b layoutBench
-	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256})
-	fs.IntVar(&b.global, "batch", 8, "global batch (sequences per step)")
-	keep := fs.String("keep", "", "directory to keep metrics in (default: a temporary one)")
-	if err := fs.Parse(args); err != nil {
+	keep := b.flags(fs, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256}, 8)
+	if err := b.parse(fs, args); err != nil {
 		return err
 	}
 	n := *nproc
 	if n < 2 {
 		return fmt.Errorf("bench layouts: --nproc %d: the parallel layouts need 2 or more ranks", n)
-	}
-	if err := b.model.Validate(); err != nil {
-		return fmt.Errorf("bench layouts: %w", err)
 	}
 	dir, exe, done, err := benchFiles(*keep, "layouts")
 	if err != nil {
