@@ -75,7 +75,8 @@ func apiRunStep(h int64) (float64, error) {
 	return m.Loss, nil
 }
 
-// apiEvaluate returns the mean validation loss over train.eval_batches.
+// apiEvaluate returns the mean validation loss over train.eval_batches
+// global batches (Trainer.Evaluate; every rank calls it).
 func apiEvaluate(h int64) (float64, error) {
 	s, err := getSession(h)
 	if err != nil {

@@ -220,7 +220,9 @@ int tinyacc_train_step(tinyacc_handle session, const int32_t *x, const int32_t *
  * it; *loss (optional) is the step's mean loss. */
 int tinyacc_run_step(tinyacc_handle session, double *loss);
 
-/* Mean validation loss over train.eval_batches batches. */
+/* Mean validation loss over train.eval_batches batches of the step's
+ * global size, which the ranks split as they split a step's batch: every
+ * rank calls it, and all get the same value. */
 int tinyacc_evaluate(tinyacc_handle session, double *loss);
 
 /* Scales the accumulated gradients to global norm <= max_norm (0 only

@@ -159,7 +159,7 @@ func TestExportEqualsSaveTo(t *testing.T) {
 	require.True(t, bytes.Equal(a, b), "the exported file differs from save_to")
 
 	one := layouts[0].config(3)
-	one.InitFrom, one.Train.BatchSize = exported, cfg.Train.BatchSize // evaluation batches of the run's size
+	one.InitFrom = exported // the same global evaluation batch as the run's
 	one.Data.ValFraction, one.Train.EvalBatches = cfg.Data.ValFraction, cfg.Train.EvalBatches
 	c := ptest.Corpus()
 	cut := len(c) - int(float64(len(c))*one.Data.ValFraction)

@@ -35,15 +35,11 @@ func benchCkpt(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	root := *dir
-	if root == "" {
-		tmp, err := os.MkdirTemp("", "tinyacc-bench-ckpt-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		root = tmp
+	root, _, done, err := benchFiles(*dir, "ckpt")
+	if err != nil {
+		return err
 	}
+	defer done()
 	fmt.Fprintf(stdout, "checkpoints of the whole training state, ZeRO-%d on %d ranks (goroutines of one process)\n", *stage, *n)
 	fmt.Fprintf(stdout, "%-6s %10s %8s %8s %12s %12s %7s %14s %9s\n", "model", "params", "save s", "resume s", "disk bytes", "12Ψ bytes", "ratio", "save peak/rank", "vs 4Ψ")
 	for _, name := range strings.Split(*models, ",") {

@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
@@ -75,18 +70,13 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 4, "training steps per run")
 	reps := fs.Int("repeats", 15, "interleaved timings of each rank's attention alone (the fastest is reported)")
 	var b layoutBench
-	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 128, BlockSize: 512, VocabSize: 256})
-	fs.IntVar(&b.global, "batch", 2, "global batch (sequences per step)")
-	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
-	if err := fs.Parse(args); err != nil {
+	keep := b.flags(fs, nn.GPTConfig{NLayer: 2, NHead: 4, NEmbd: 128, BlockSize: 512, VocabSize: 256}, 2)
+	if err := b.parse(fs, args); err != nil {
 		return err
 	}
 	n := *nproc
 	if n < 2 {
 		return fmt.Errorf("bench cp: --nproc %d: context parallel needs 2 or more ranks", n)
-	}
-	if err := b.model.Validate(); err != nil {
-		return fmt.Errorf("bench cp: %w", err)
 	}
 	if *steps < 2 {
 		return fmt.Errorf("bench cp: --steps %d: need 2 or more", *steps)
@@ -114,20 +104,13 @@ func benchCP(args []string, stdout, stderr io.Writer) error {
 	traces := map[string]string{}
 	for _, r := range runs {
 		metrics := filepath.Join(dir, r.tag+".jsonl")
-		argv := append([]string{exe, "train",
-			"--model.n_layer=" + strconv.Itoa(b.model.NLayer), "--model.n_head=" + strconv.Itoa(b.model.NHead),
-			"--model.n_embd=" + strconv.Itoa(b.model.NEmbd), "--model.block_size=" + strconv.Itoa(b.model.BlockSize),
-			"--model.vocab_size=" + strconv.Itoa(b.model.VocabSize),
-			"--train.batch_size=" + strconv.Itoa(b.global), "--train.steps=" + strconv.Itoa(*steps),
-			"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random", "--train.schedule=constant",
-			"--metrics_file=" + metrics}, r.flags...)
+		argv := trainArgs(exe, b.model, b.global, *steps, append([]string{"--train.schedule=constant", "--metrics_file=" + metrics}, r.flags...)...)
 		if r.procs > 1 {
 			traces[r.tag] = filepath.Join(dir, r.tag+".json")
 			argv = append(argv, "--trace="+traces[r.tag])
 		}
-		fmt.Fprintf(stderr, "bench cp: %s (%d process(es))\n", r.tag, r.procs)
-		if err := launch.Run(context.Background(), launch.Options{NProc: r.procs, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-			return fmt.Errorf("bench cp %s: %w", r.tag, err)
+		if err := launchTrain("cp", r.tag, r.procs, argv, stderr); err != nil {
+			return err
 		}
 		if acts[r.tag], err = rankActivations(metrics, r.procs); err != nil {
 			return err
@@ -265,30 +248,17 @@ func rankTraces(path string, n int) ([][]trace.Event, error) {
 
 // rankActivations reads every rank's activation peak from a metrics file.
 func rankActivations(path string, n int) ([]float64, error) {
-	f, err := os.Open(path)
+	lines, err := readMetrics(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := make([]float64, n)
 	seen := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind string  `json:"kind"`
-			Rank int     `json:"rank"`
-			Act  float64 `json:"activations_peak_bytes"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
+	for _, m := range lines {
 		if m.Kind == "memory" && m.Rank >= 0 && m.Rank < n {
 			out[m.Rank] = m.Act
 			seen++
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	if seen < n {
 		return nil, errors.New(path + ": fewer memory entries than ranks")

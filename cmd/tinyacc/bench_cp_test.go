@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,12 +39,7 @@ func TestTrain4DLocalRanks(t *testing.T) {
 	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=16",
 		"--train.steps=3", "--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
 	run := func(name string, extra ...string) []float64 {
-		metrics := filepath.Join(dir, name+".jsonl")
-		cmd := exec.Command(bin, append(append(append([]string{}, common...), "--metrics_file="+metrics), extra...)...)
-		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-		b, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s %v:\n%s", name, extra, b)
-		return trainLosses(t, metrics)
+		return trainLosses(t, trainRun(t, bin, dir, name, append(append([]string{}, common...), extra...)...))
 	}
 	want := run("single", "--train.batch_size=8")
 	got := run("4d", "--local-ranks", "16", "--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--parallel.cp=2", "--train.batch_size=4")

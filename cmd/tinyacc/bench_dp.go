@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 
-	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
@@ -43,10 +38,8 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 	nprocs := fs.String("nproc", "2,4", "data-parallel sizes")
 	steps := fs.Int("steps", 10, "training steps per run (the first is not timed)")
 	repeats := fs.Int("repeats", 3, "interleaved runs of every variant (medians are reported)")
-	nLayer := fs.Int("n_layer", 6, "")
-	nEmbd := fs.Int("n_embd", 384, "")
-	nHead := fs.Int("n_head", 6, "")
-	block := fs.Int("block_size", 128, "")
+	var gc nn.GPTConfig
+	gptFlags(fs, &gc, nn.GPTConfig{NLayer: 6, NHead: 6, NEmbd: 384, BlockSize: 128, VocabSize: 256})
 	batch := fs.Int("batch", 4, "per-rank micro-batch")
 	bucket := fs.Float64("bucket_mb", 4, "ddp bucket size (MiB)")
 	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
@@ -58,10 +51,9 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	gc := nn.GPTConfig{NLayer: *nLayer, NHead: *nHead, NEmbd: *nEmbd, BlockSize: *block, VocabSize: 256}
 	psi := float64(gc.NumParams())
 	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d: Ψ = %.2fM parameters; per-rank batch %d; %d steps x %d interleaved repeats; tcp backend\n",
-		*nLayer, *nEmbd, *block, psi/1e6, *batch, *steps, *repeats)
+		gc.NLayer, gc.NEmbd, gc.BlockSize, psi/1e6, *batch, *steps, *repeats)
 	fmt.Fprintf(stdout, "%4s %-13s %9s %8s %12s %12s %12s %10s\n", "dp", "variant", "ms/step", "hidden", "steady MiB", "formula MiB", "+buffers MiB", "vs both")
 	for _, f := range strings.Split(*nprocs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -76,16 +68,11 @@ func benchDP(args []string, stdout, stderr io.Writer) error {
 				tag := fmt.Sprintf("dp%d-%s-%d", n, strings.ReplaceAll(v.name, " ", "-"), r)
 				metrics := filepath.Join(dir, tag+".jsonl")
 				tracePath := filepath.Join(dir, tag+".json")
-				argv := append([]string{exe, "train",
-					"--model.n_layer=" + strconv.Itoa(*nLayer), "--model.n_embd=" + strconv.Itoa(*nEmbd),
-					"--model.n_head=" + strconv.Itoa(*nHead), "--model.block_size=" + strconv.Itoa(*block),
-					"--train.batch_size=" + strconv.Itoa(*batch), "--train.steps=" + strconv.Itoa(*steps),
-					"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random",
+				argv := trainArgs(exe, gc, *batch, *steps, append([]string{
 					"--ddp.bucket_mb=" + strconv.FormatFloat(*bucket, 'g', -1, 64),
-					"--metrics_file=" + metrics, "--trace=" + tracePath}, v.flags...)
-				fmt.Fprintf(stderr, "bench dp: %s\n", tag)
-				if err := launch.Run(context.Background(), launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-					return fmt.Errorf("bench dp %s: %w", tag, err)
+					"--metrics_file=" + metrics, "--trace=" + tracePath}, v.flags...)...)
+				if err := launchTrain("dp", tag, n, argv, stderr); err != nil {
+					return err
 				}
 				ms, mem, err := readDPMetrics(metrics)
 				if err != nil {
@@ -152,37 +139,23 @@ func zeroWorkingSet(c nn.GPTConfig, stage int) float64 {
 // readDPMetrics returns the median step time (first step excluded) and rank
 // 0's steady params+grads+optimizer bytes from a metrics file.
 func readDPMetrics(path string) (msPerStep, steadyBytes float64, err error) {
-	f, err := os.Open(path)
+	lines, err := readMetrics(path)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
 	var times []float64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind   string  `json:"kind"`
-			Step   int     `json:"step"`
-			StepMS float64 `json:"step_ms"`
-			Rank   int     `json:"rank"`
-			P      float64 `json:"params_bytes"`
-			G      float64 `json:"grads_bytes"`
-			O      float64 `json:"optim_bytes"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return 0, 0, fmt.Errorf("%s: %w", path, err)
-		}
+	for _, m := range lines {
 		switch {
-		case m.Kind == "train" && m.Step > 0:
+		case m.Kind == "train" && m.Step > 1:
 			times = append(times, m.StepMS)
 		case m.Kind == "memory" && m.Rank == 0:
-			steadyBytes = m.P + m.G + m.O
+			steadyBytes = m.Params + m.Grads + m.Optim
 		}
 	}
 	if len(times) == 0 || steadyBytes == 0 {
 		return 0, 0, fmt.Errorf("%s: no timed steps or no memory entry", path)
 	}
-	return median(times), steadyBytes, sc.Err()
+	return median(times), steadyBytes, nil
 }
 
 // hiddenCommShare reads a run's merged trace and returns the fraction of

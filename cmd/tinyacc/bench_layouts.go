@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/config"
-	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/plugins/tp"
 )
@@ -70,6 +65,26 @@ type layoutBench struct {
 	global int // sequences per step
 }
 
+// flags registers the model's shape (defaults def), --batch (the global
+// batch, default batch) and --keep, which it returns: where the runs'
+// files stay.
+func (b *layoutBench) flags(fs *flag.FlagSet, def nn.GPTConfig, batch int) (keep *string) {
+	gptFlags(fs, &b.model, def)
+	fs.IntVar(&b.global, "batch", batch, "global batch (sequences per step)")
+	return fs.String("keep", "", "directory to keep the runs' metrics and traces in (default: a temporary one)")
+}
+
+// parse parses args and checks the model's shape.
+func (b *layoutBench) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := b.model.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	return nil
+}
+
 // normBytes is what a rank sends for the gradient norm's all-reduce over
 // the world of w ranks (the sum of squares and the stop flag, two float64).
 func normBytes(w int) float64 { return 2 * float64(w-1) / float64(w) * 16 }
@@ -123,18 +138,13 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
 	repeats := fs.Int("repeats", 3, "interleaved runs of every layout (medians are reported)")
 	var b layoutBench
-	gptFlags(fs, &b.model, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256})
-	fs.IntVar(&b.global, "batch", 8, "global batch (sequences per step)")
-	keep := fs.String("keep", "", "directory to keep metrics in (default: a temporary one)")
-	if err := fs.Parse(args); err != nil {
+	keep := b.flags(fs, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256}, 8)
+	if err := b.parse(fs, args); err != nil {
 		return err
 	}
 	n := *nproc
 	if n < 2 {
 		return fmt.Errorf("bench layouts: --nproc %d: the parallel layouts need 2 or more ranks", n)
-	}
-	if err := b.model.Validate(); err != nil {
-		return fmt.Errorf("bench layouts: %w", err)
 	}
 	dir, exe, done, err := benchFiles(*keep, "layouts")
 	if err != nil {
@@ -165,12 +175,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 		if dp < 1 || b.global%(dp*accum) != 0 {
 			return fmt.Errorf("bench layouts: row %q: a global batch of %d does not split over %d data-parallel ranks × %d micro-batches", j.name, b.global, dp, accum)
 		}
-		j.argv = append([]string{exe, "train",
-			"--model.n_layer=" + strconv.Itoa(b.model.NLayer), "--model.n_head=" + strconv.Itoa(b.model.NHead),
-			"--model.n_embd=" + strconv.Itoa(b.model.NEmbd), "--model.block_size=" + strconv.Itoa(b.model.BlockSize),
-			"--model.vocab_size=" + strconv.Itoa(b.model.VocabSize),
-			"--train.batch_size=" + strconv.Itoa(b.global/(dp*accum)), "--train.steps=" + strconv.Itoa(*steps),
-			"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random", "--train.schedule=constant"}, flags...)
+		j.argv = trainArgs(exe, b.model, b.global/(dp*accum), *steps, append([]string{"--train.schedule=constant"}, flags...)...)
 		if err := c.CheckWorld(j.procs); err != nil {
 			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
 		}
@@ -184,9 +189,8 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 			tag := fmt.Sprintf("%s-%d", strings.NewReplacer(" ", "", "+", "-").Replace(j.name), r)
 			metrics := filepath.Join(dir, tag+".jsonl")
 			argv := append(append([]string(nil), j.argv...), "--metrics_file="+metrics)
-			fmt.Fprintf(stderr, "bench layouts: %s (%d process(es)), run %d\n", j.name, j.procs, r+1)
-			if err := launch.Run(context.Background(), launch.Options{NProc: j.procs, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-				return fmt.Errorf("bench layouts %s: %w", tag, err)
+			if err := launchTrain("layouts", tag, j.procs, argv, stderr); err != nil {
+				return err
 			}
 			m, err := readLayoutMetrics(metrics)
 			if err != nil {
@@ -255,38 +259,20 @@ func (r *layoutResult) median() layoutMetrics {
 // readLayoutMetrics returns the medians of a metrics file's timed steps
 // (the first is not) and rank 0's memory entry.
 func readLayoutMetrics(path string) (layoutMetrics, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return layoutMetrics{}, err
-	}
-	defer f.Close()
-	var ms, tps, comm []float64
 	var out layoutMetrics
+	lines, err := readMetrics(path)
+	if err != nil {
+		return out, err
+	}
+	var ms, tps, comm []float64
 	mem := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind   string  `json:"kind"`
-			Step   int     `json:"step"`
-			StepMS float64 `json:"step_ms"`
-			TPS    float64 `json:"tokens_per_s"`
-			Comm   float64 `json:"comm_bytes"`
-			Rank   int     `json:"rank"`
-			Params float64 `json:"params_bytes"`
-			Act    float64 `json:"activations_peak_bytes"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return out, fmt.Errorf("%s: %w", path, err)
-		}
+	for _, m := range lines {
 		switch {
-		case m.Kind == "train" && m.Step > 0:
+		case m.Kind == "train" && m.Step > 1:
 			ms, tps, comm = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm)
 		case m.Kind == "memory" && m.Rank == 0:
 			out.params, out.act, mem = m.Params, m.Act, true
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return out, err
 	}
 	if len(ms) == 0 || !mem {
 		return out, fmt.Errorf("%s: no timed steps or no memory entry (train.steps must be 2 or more)", path)

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/tinyacc/tinyacc/core/launch"
+	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 )
 
@@ -44,10 +40,8 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench pp", flag.ContinueOnError)
 	micros := fs.String("micro", "2,4,8", "micro-batches per step (train.grad_accum)")
 	steps := fs.Int("steps", 6, "training steps per run (the first is not measured)")
-	nLayer := fs.Int("n_layer", 4, "")
-	nEmbd := fs.Int("n_embd", 256, "")
-	nHead := fs.Int("n_head", 4, "")
-	block := fs.Int("block_size", 64, "")
+	var gc nn.GPTConfig
+	gptFlags(fs, &gc, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 64, VocabSize: 256})
 	batch := fs.Int("batch", 4, "micro-batch size")
 	keep := fs.String("keep", "", "directory to keep metrics and traces in (default: a temporary one)")
 	if err := fs.Parse(args); err != nil {
@@ -60,7 +54,7 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 	defer done()
 	const p = 2
 	fmt.Fprintf(stdout, "GPT n_layer %d n_embd %d context %d, micro-batch %d; pp=2 on 2 tcp processes, 1 thread each; %d steps, the first not measured\n",
-		*nLayer, *nEmbd, *block, *batch, *steps)
+		gc.NLayer, gc.NEmbd, gc.BlockSize, *batch, *steps)
 	fmt.Fprintf(stdout, "%-16s %3s %9s %10s %10s %10s %14s %14s\n", "schedule", "m", "ms/step", "idle trace", "idle sim", "idle formula", "act peak st0", "act peak st1")
 	for _, f := range strings.Split(*micros, ",") {
 		m, err := strconv.Atoi(strings.TrimSpace(f))
@@ -78,17 +72,12 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 			tag := fmt.Sprintf("%s-v%d-m%d", s.name, s.v, m)
 			metrics := filepath.Join(dir, tag+".jsonl")
 			tracePath := filepath.Join(dir, tag+".json")
-			argv := []string{exe, "train",
-				"--model.n_layer=" + strconv.Itoa(*nLayer), "--model.n_embd=" + strconv.Itoa(*nEmbd),
-				"--model.n_head=" + strconv.Itoa(*nHead), "--model.block_size=" + strconv.Itoa(*block),
-				"--train.batch_size=" + strconv.Itoa(*batch), "--train.steps=" + strconv.Itoa(*steps),
-				"--train.grad_accum=" + strconv.Itoa(m), "--train.threads=1",
-				"--train.eval_every=0", "--data.val_fraction=0", "--data.order=random",
-				"--parallel.pp=2", "--pp.schedule=" + s.name, "--pp.virtual_stages=" + strconv.Itoa(s.v),
-				"--metrics_file=" + metrics, "--trace=" + tracePath}
-			fmt.Fprintf(stderr, "bench pp: %s\n", tag)
-			if err := launch.Run(context.Background(), launch.Options{NProc: p, Stdout: io.Discard, Stderr: stderr}, argv); err != nil {
-				return fmt.Errorf("bench pp %s: %w", tag, err)
+			argv := trainArgs(exe, gc, *batch, *steps,
+				"--train.grad_accum="+strconv.Itoa(m), "--train.threads=1",
+				"--parallel.pp=2", "--pp.schedule="+s.name, "--pp.virtual_stages="+strconv.Itoa(s.v),
+				"--metrics_file="+metrics, "--trace="+tracePath)
+			if err := launchTrain("pp", tag, p, argv, stderr); err != nil {
+				return err
 			}
 			ms, peaks, err := readPPMetrics(metrics, p)
 			if err != nil {
@@ -167,27 +156,15 @@ func chunkCosts(sim *pp.Sim, split bool, latency, sendBusy, recvBusy float64) fu
 // readPPMetrics returns the median step time (first step excluded) and
 // each rank's activation peak from a metrics file.
 func readPPMetrics(path string, ranks int) (float64, []float64, error) {
-	f, err := os.Open(path)
+	lines, err := readMetrics(path)
 	if err != nil {
 		return 0, nil, err
 	}
-	defer f.Close()
 	var times []float64
 	peaks := make([]float64, ranks)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind   string  `json:"kind"`
-			Step   int     `json:"step"`
-			StepMS float64 `json:"step_ms"`
-			Rank   int     `json:"rank"`
-			Act    float64 `json:"activations_peak_bytes"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return 0, nil, fmt.Errorf("%s: %w", path, err)
-		}
+	for _, m := range lines {
 		switch {
-		case m.Kind == "train" && m.Step > 0:
+		case m.Kind == "train" && m.Step > 1:
 			times = append(times, m.StepMS)
 		case m.Kind == "memory" && m.Rank < ranks:
 			peaks[m.Rank] = m.Act
@@ -196,5 +173,5 @@ func readPPMetrics(path string, ranks int) (float64, []float64, error) {
 	if len(times) == 0 {
 		return 0, nil, fmt.Errorf("%s: no measured steps", path)
 	}
-	return median(times), peaks, sc.Err()
+	return median(times), peaks, nil
 }

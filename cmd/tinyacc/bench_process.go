@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -32,10 +29,11 @@ func benchProcess(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles("", "process")
 	if err != nil {
 		return err
 	}
+	defer done()
 	p, err := process.Start(exe, process.Options{Env: []string{pluginsdk.BuiltinEnv + "=ddp"}, Rank: 0})
 	if err != nil {
 		return err
@@ -66,11 +64,6 @@ func benchProcess(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "hook round trip: median %.1f µs over %d calls\n", median(rtt), *calls)
 	fmt.Fprintf(stdout, "GradReady notice (one way): median %.1f µs over %d notices\n", median(notice), *calls)
 
-	dir, err := os.MkdirTemp("", "tinyacc-bench-process")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	forms := []struct{ name, flag string }{{"compiled", "--ddp.process=false"}, {"process", "--ddp.process=true"}}
 	ms := map[string][]float64{}
 	for r := range *rounds {
@@ -97,22 +90,12 @@ func benchProcess(args []string, stdout, stderr io.Writer) error {
 
 // stepMS reads the step times of a metrics file, the first step excepted.
 func stepMS(path string) ([]float64, error) {
-	f, err := os.Open(path)
+	lines, err := readMetrics(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	var out []float64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind   string  `json:"kind"`
-			Step   int     `json:"step"`
-			StepMS float64 `json:"step_ms"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return nil, fmt.Errorf("bench process: %s: %w", path, err)
-		}
+	for _, m := range lines {
 		if m.Kind == "train" {
 			out = append(out, m.StepMS)
 		}
@@ -120,5 +103,5 @@ func stepMS(path string) ([]float64, error) {
 	if len(out) < 2 {
 		return nil, fmt.Errorf("bench process: %s holds %d steps; ask for more with --steps", path, len(out))
 	}
-	return out[1:], sc.Err()
+	return out[1:], nil
 }

@@ -36,19 +36,15 @@ func benchTorch(args []string, stdout, stderr io.Writer) error {
 	if *nproc < 2 || *repeats < 1 || *steps < 1 {
 		return fmt.Errorf("bench torch: --nproc %d must be >= 2, --repeats %d and --steps %d >= 1", *nproc, *repeats, *steps)
 	}
-	exe, err := os.Executable()
+	dir, exe, done, err := benchFiles("", "torch")
 	if err != nil {
 		return err
 	}
+	defer done()
 	stages := []int{0}
 	if torchZeroAvailable(*python, *script) {
 		stages = append(stages, 1, 2, 3)
 	}
-	dir, err := os.MkdirTemp("", "tinyacc-bench-torch-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 
 	run := func(side string, stage, rep int) (torchBenchRun, error) {
 		out := filepath.Join(dir, fmt.Sprintf("%s-%d-%d", side, stage, rep))

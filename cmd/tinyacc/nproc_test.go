@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,13 +21,7 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 	common := []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--model.block_size=32",
 		"--train.steps=6", "--train.eval_every=0", "--data.max_bytes=200000", "--data.val_fraction=0"}
 	run := func(name string, extra ...string) []float64 {
-		metrics := filepath.Join(dir, name+".jsonl")
-		args := append(append(append([]string{}, common...), "--metrics_file="+metrics), extra...)
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-		b, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s %v:\n%s", name, extra, b)
-		return trainLosses(t, metrics)
+		return trainLosses(t, trainRun(t, bin, dir, name, append(append([]string{}, common...), extra...)...))
 	}
 	want := run("single", "--train.batch_size=8")
 	for _, v := range [][]string{{"--zero.stage=0", "--ddp.mode=bucketed", "--train.batch_size=4"}, {"--zero.stage=3", "--train.batch_size=4", "--trace=" + filepath.Join(dir, "z3.json")},
@@ -66,19 +58,31 @@ func TestBenchLayouts(t *testing.T) {
 	}
 }
 
+// trainRun runs bin with args (a `train` command line) and a metrics file
+// named after name in dir, one thread per process, and returns the metrics
+// file's path.
+func trainRun(t *testing.T, bin, dir, name string, args ...string) string {
+	metrics := filepath.Join(dir, name+".jsonl")
+	cmd := exec.Command(bin, append(append([]string{}, args...), "--metrics_file="+metrics)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s %v:\n%s", name, args, b)
+	return metrics
+}
+
+// trainLosses reads the loss of every step of a metrics file.
 func trainLosses(t *testing.T, path string) []float64 {
-	f, err := os.Open(path)
+	return metricLosses(t, path, "train")
+}
+
+// metricLosses reads the loss of every line of kind ("train" or "eval")
+// of a metrics file.
+func metricLosses(t *testing.T, path, kind string) []float64 {
+	lines, err := readMetrics(path)
 	require.NoError(t, err)
-	defer f.Close()
 	var losses []float64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m struct {
-			Kind string  `json:"kind"`
-			Loss float64 `json:"loss"`
-		}
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
-		if m.Kind == "train" {
+	for _, m := range lines {
+		if m.Kind == kind {
 			losses = append(losses, m.Loss)
 		}
 	}

@@ -178,23 +178,32 @@ func (l *Loader) read(sg Segment, o int, dst []int32) {
 // micro-batch (rather than giving each rank a contiguous block) means the
 // samples consumed after a micro-batches are the same whatever N is.
 func (l *Loader) Batch(step, micro, rank, nranks, B, A int) (x, y *tensor.Tensor) {
-	if step < 0 || B <= 0 || A <= 0 || nranks <= 0 || micro < 0 || micro >= A || rank < 0 || rank >= nranks {
-		panic(fmt.Sprintf("data: Batch(step=%d, micro=%d, rank=%d, nranks=%d, B=%d, A=%d): need step>=0, B,A,nranks>=1, 0<=micro<A, 0<=rank<nranks", step, micro, rank, nranks, B, A))
-	}
-	G := int64(B) * int64(A) * int64(nranks)
-	first := int64(step)*G + int64(micro)*int64(nranks)*int64(B) + int64(rank)*int64(B)
+	first := sliceStart("Batch", "step", step, micro, rank, nranks, B, A)
 	return l.gather(func(j int) int { return l.Offset(first + int64(j)) }, B)
 }
 
-// EvalBatch returns batch k of an evaluation pass: B consecutive,
-// non-overlapping windows starting at (k·B + j)·T mod (L−T−1), whatever the
-// loader's order, so evaluation measures the same text every time.
-func (l *Loader) EvalBatch(k, B int) (x, y *tensor.Tensor) {
-	if k < 0 || B <= 0 {
-		panic(fmt.Sprintf("data: EvalBatch(k=%d, B=%d): need k>=0, B>=1", k, B))
-	}
-	first := uint64(k) * uint64(B)
+// EvalBatch returns micro-batch micro of data-parallel rank rank in global
+// evaluation batch k, cut from the global batch exactly as Batch cuts a
+// step's: the G = B·A·N windows of batch k are consecutive and
+// non-overlapping, window i starting at (k·G + i)·T mod (L−T−1) whatever
+// the loader's order, so evaluation measures the same text every time, and
+// the same text on every layout of the same global batch.
+func (l *Loader) EvalBatch(k, micro, rank, nranks, B, A int) (x, y *tensor.Tensor) {
+	first := uint64(sliceStart("EvalBatch", "k", k, micro, rank, nranks, B, A))
 	return l.gather(func(j int) int { return l.seqOffset(first + uint64(j)) }, B)
+}
+
+// sliceStart is the global index of the first sample of micro-batch micro
+// of rank rank in global batch k (a step, or an evaluation batch) of
+// G = B·A·N samples: k·G + micro·N·B + rank·B. It panics on arguments
+// outside their ranges, naming the caller fn and its batch index kName.
+func sliceStart(fn, kName string, k, micro, rank, nranks, B, A int) int64 {
+	if k < 0 || B <= 0 || A <= 0 || nranks <= 0 || micro < 0 || micro >= A || rank < 0 || rank >= nranks {
+		panic(fmt.Sprintf("data: %s(%s=%d, micro=%d, rank=%d, nranks=%d, B=%d, A=%d): need %s>=0, B,A,nranks>=1, 0<=micro<A, 0<=rank<nranks",
+			fn, kName, k, micro, rank, nranks, B, A, kName))
+	}
+	G := int64(B) * int64(A) * int64(nranks)
+	return int64(k)*G + int64(micro)*int64(nranks)*int64(B) + int64(rank)*int64(B)
 }
 
 // KeepColumns makes Batch and EvalBatch return only the given positions of

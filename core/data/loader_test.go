@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // stream returns tokens 0..n-1 (mod 2^31), so a window's first token is its
@@ -89,6 +91,18 @@ func globalBatch(l *Loader, s, G int) (xs, ys []int32) {
 	return xs, ys
 }
 
+// concat joins the slices batch cuts global batch k into, micro-batch
+// outer and rank inner.
+func concat(batch func(k, micro, rank, nranks, B, A int) (x, y *tensor.Tensor), k, N, B, A int) (xs, ys []int32) {
+	for a := 0; a < A; a++ {
+		for r := 0; r < N; r++ {
+			x, y := batch(k, a, r, N, B, A)
+			xs, ys = append(xs, x.I32()...), append(ys, y.I32()...)
+		}
+	}
+	return xs, ys
+}
+
 func TestRankMicroDecomposition(t *testing.T) {
 	const T, B = 5, 2
 	for _, order := range []string{Sequential, Random} {
@@ -98,16 +112,9 @@ func TestRankMicroDecomposition(t *testing.T) {
 			for _, A := range []int{1, 3} {
 				G := B * A * N
 				for s := 0; s < 4; s++ {
-					// Concatenate in the stated order: micro-batch outer, rank
-					// inner; that must be exactly the single-process batch.
-					var xs, ys []int32
-					for a := 0; a < A; a++ {
-						for r := 0; r < N; r++ {
-							x, y := l.Batch(s, a, r, N, B, A)
-							xs = append(xs, x.I32()...)
-							ys = append(ys, y.I32()...)
-						}
-					}
+					// Concatenated in the stated order, the slices must be
+					// exactly the single-process batch.
+					xs, ys := concat(l.Batch, s, N, B, A)
 					wx, wy := globalBatch(l, s, G)
 					require.Equal(t, wx, xs, "order=%s N=%d A=%d s=%d", order, N, A, s)
 					require.Equal(t, wy, ys, "order=%s N=%d A=%d s=%d", order, N, A, s)
@@ -178,12 +185,32 @@ func TestEvalBatch(t *testing.T) {
 		l, err := NewLoader(tokens, T, order, 9)
 		require.NoError(t, err)
 		for k := 0; k < 7; k++ {
-			x, y := l.EvalBatch(k, B)
+			x, y := l.EvalBatch(k, 0, 0, 1, B, 1)
 			require.Equal(t, []int{B, T}, x.Shape())
 			for j := 0; j < B; j++ {
 				o := ((k*B + j) * T) % span
 				assert.Equal(t, tokens[o:o+T], x.I32()[j*T:(j+1)*T], "order=%s k=%d j=%d", order, k, j)
 				assert.Equal(t, tokens[o+1:o+T+1], y.I32()[j*T:(j+1)*T])
+			}
+		}
+	}
+}
+
+// TestEvalBatchSplitsLikeBatch: the micro-batches of the ranks of an
+// evaluation batch, concatenated micro-batch outer and rank inner, are
+// one process's evaluation batch of the same global size.
+func TestEvalBatchSplitsLikeBatch(t *testing.T) {
+	const T, B = 5, 2
+	l, err := NewLoader(stream(211), T, Random, 7)
+	require.NoError(t, err)
+	for _, N := range []int{1, 2, 4} {
+		for _, A := range []int{1, 3} {
+			G := B * A * N
+			for k := 0; k < 3; k++ {
+				xs, ys := concat(l.EvalBatch, k, N, B, A)
+				x, y := l.EvalBatch(k, 0, 0, 1, G, 1)
+				require.Equal(t, x.I32(), xs, "N=%d A=%d k=%d", N, A, k)
+				require.Equal(t, y.I32(), ys, "N=%d A=%d k=%d", N, A, k)
 			}
 		}
 	}
@@ -204,7 +231,8 @@ func TestBatchPanicsOnBadArguments(t *testing.T) {
 	assert.PanicsWithValue(t, "data: Batch(step=0, micro=0, rank=2, nranks=2, B=1, A=1): need step>=0, B,A,nranks>=1, 0<=micro<A, 0<=rank<nranks",
 		func() { l.Batch(0, 0, 2, 2, 1, 1) })
 	assert.Panics(t, func() { l.Batch(0, 1, 0, 1, 1, 1) })
-	assert.Panics(t, func() { l.EvalBatch(-1, 1) })
+	assert.PanicsWithValue(t, "data: EvalBatch(k=-1, micro=0, rank=0, nranks=1, B=1, A=1): need k>=0, B,A,nranks>=1, 0<=micro<A, 0<=rank<nranks",
+		func() { l.EvalBatch(-1, 0, 0, 1, 1, 1) })
 	assert.Panics(t, func() { l.Sample(-1) })
 }
 

@@ -25,10 +25,10 @@ type nonfiniteState struct {
 	inRow int
 }
 
-// checkFinite decides whether step may apply its update. It returns
+// checkFinite decides whether a step may apply its update. It returns
 // skip = true when the step's update must be dropped, and an error when the
-// run must stop.
-func (t *Trainer) checkFinite(step int, loss, norm float64) (skip bool, err error) {
+// run must stop; the callers of Step and Update name the step.
+func (t *Trainer) checkFinite(loss, norm float64) (skip bool, err error) {
 	if isFinite(loss) && isFinite(norm) {
 		t.nonfinite.inRow = 0
 		return false, nil
@@ -39,11 +39,11 @@ func (t *Trainer) checkFinite(step int, loss, norm float64) (skip bool, err erro
 		if t.nonfinite.inRow <= t.Cfg.Train.NonFiniteMaxSkips {
 			return true, nil
 		}
-		return true, fmt.Errorf("trainer: step %d: %s, %d steps in a row (train.nonfinite_max_skips=%d); %s; lower train.lr or set train.grad_clip",
-			step, what, t.nonfinite.inRow, t.Cfg.Train.NonFiniteMaxSkips, t.firstNonFiniteGrad())
+		return true, fmt.Errorf("trainer: %s, %d steps in a row (train.nonfinite_max_skips=%d); %s; lower train.lr or set train.grad_clip",
+			what, t.nonfinite.inRow, t.Cfg.Train.NonFiniteMaxSkips, t.firstNonFiniteGrad())
 	}
-	return true, fmt.Errorf("trainer: step %d: %s; %s; stopped before the update (train.nonfinite=stop): lower train.lr, set train.grad_clip, or set train.nonfinite=skip",
-		step, what, t.firstNonFiniteGrad())
+	return true, fmt.Errorf("trainer: %s; %s; stopped before the update (train.nonfinite=stop): lower train.lr, set train.grad_clip, or set train.nonfinite=skip",
+		what, t.firstNonFiniteGrad())
 }
 
 func isFinite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -85,15 +85,18 @@ type StepOwner interface {
 	// pipeline sends the last stage's value to the others). The trainer
 	// then runs the LossReducers on it exactly as on its own loss.
 	RunStep(t *Trainer, step int) (loss float64, err error)
-	// EvalLoss returns the mean loss of one evaluation batch (x, y
+	// EvalLoss returns the mean loss of one evaluation micro-batch (x, y
 	// [B, T]) without recording gradients, on every rank of the owner's
-	// group. Trainer.Evaluate goes through it.
+	// group. Trainer.Evaluate goes through it and reduces the mean over
+	// the micro-batches with the LossReducers.
 	EvalLoss(t *Trainer, x, y *tensor.Tensor) (float64, error)
 }
 
 // LossReducer turns a loss that is the mean over part of the batch into
 // the mean over the group that splits it (an average over data-parallel
-// ranks). See Plugin for how several compose.
+// ranks): each step's training loss, and each evaluation's validation
+// loss, whose batches are split the same way. See Plugin for how several
+// compose.
 type LossReducer interface {
 	ReduceLoss(t *Trainer, loss float64) (float64, error)
 }

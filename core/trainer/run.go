@@ -13,14 +13,18 @@ import (
 	"github.com/tinyacc/tinyacc/core/trace"
 )
 
-// Result summarises a finished run. It keeps no per-step history, so a
-// run's memory stays flat however many steps it has: a caller that wants
-// every step's metrics sets Options.OnStep or reads metrics_file.
+// Result summarises a finished run. It keeps no per-step or
+// per-evaluation history, so a run's memory stays flat however many steps
+// and evaluations it has: a caller that wants every step's metrics or
+// every validation loss sets Options.OnStep or Options.OnEval, or reads
+// metrics_file.
 type Result struct {
-	StepsRun  int // optimizer steps completed
-	Skipped   int // steps whose update train.nonfinite=skip dropped
-	Last      StepMetrics
-	Evals     []EvalPoint // one per evaluation (train.eval_every)
+	StepsRun int // optimizer steps completed
+	Skipped  int // steps whose update train.nonfinite=skip dropped
+	Last     StepMetrics
+	// LastEval is the last evaluation (train.eval_every, and after the
+	// last step); its Step is 0 when none ran.
+	LastEval  EvalPoint
 	Memory    []MemoryReport
 	Duration  time.Duration
 	FirstLoss float64
@@ -179,9 +183,12 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 				return res, err
 			}
 			// Evaluated after s+1 steps: the same number as the train row.
-			res.Evals = append(res.Evals, EvalPoint{Step: s + 1, Loss: vl})
+			res.LastEval = EvalPoint{Step: s + 1, Loss: vl}
+			if t.opts.OnEval != nil {
+				t.opts.OnEval(res.LastEval)
+			}
 			if t.metrics != nil {
-				if err := t.metrics.Write("eval", EvalPoint{Step: s + 1, Loss: vl}); err != nil {
+				if err := t.metrics.Write("eval", res.LastEval); err != nil {
 					return res, err
 				}
 			}

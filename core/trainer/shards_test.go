@@ -75,7 +75,7 @@ func TestLLMCShardsTrain(t *testing.T) {
 		c.Train.Steps = 3
 	})
 	require.Len(t, losses, 3)
-	require.Len(t, res.Evals, 1)
+	require.Equal(t, 3, res.LastEval.Step, "one evaluation, after the last step")
 	require.InDelta(t, 10.8, losses[0], 0.5, "about ln(50257) at the start")
 }
 

@@ -60,6 +60,9 @@ type Options struct {
 	// OnStep, when set, receives every step's metrics as Run produces them
 	// (Run's result keeps only a summary).
 	OnStep func(StepMetrics)
+	// OnEval, when set, receives every evaluation as Run produces it
+	// (Run's result keeps only the last).
+	OnEval func(EvalPoint)
 }
 
 // StepMetrics is what one optimizer step reports.
@@ -453,13 +456,9 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 // gradients and runs the PostStep hooks. loss is this rank's mean loss over
 // its micro-batches.
 func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
-	var err error
-	for _, p := range t.Plugins {
-		if r, ok := p.(LossReducer); ok {
-			if loss, err = r.ReduceLoss(t, loss); err != nil {
-				return StepMetrics{}, fmt.Errorf("trainer: %s loss: %w", p.Name(), err)
-			}
-		}
+	loss, err := t.reduceLoss(loss, "loss")
+	if err != nil {
+		return StepMetrics{}, err
 	}
 	for _, p := range t.Plugins {
 		if h, ok := p.(PreStepper); ok {
@@ -473,7 +472,7 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	norm := math.Sqrt(sumsq)
-	skip, err := t.checkFinite(step, loss, norm) // nonfinite.go
+	skip, err := t.checkFinite(loss, norm) // nonfinite.go
 	if err != nil {
 		return StepMetrics{}, err
 	}
@@ -702,36 +701,66 @@ func (t *Trainer) ZeroGrad() {
 	}
 }
 
-// Evaluate returns the mean loss over cfg.Train.EvalBatches validation
-// batches (the same batches on every rank and at every evaluation),
-// through the step owner when there is one.
+// Evaluate returns the mean validation loss over cfg.Train.EvalBatches
+// global evaluation batches, the same batches at every evaluation. Each
+// has as many sequences as a training step's global batch and is cut the
+// same way (data.Loader.EvalBatch): this rank's micro-batches go forward
+// one at a time (through the step owner when there is one), and their mean
+// is reduced across ranks by the LossReducers exactly as a training loss
+// is. So every layout of the same global batch, one process included,
+// reports the same value. Every rank calls it.
 func (t *Trainer) Evaluate() (float64, error) {
 	if t.Val == nil {
 		return math.NaN(), errors.New("trainer: no validation split (data.val_fraction is 0)")
 	}
 	owner := t.stepOwner()
+	n, A, B := t.Cfg.Train.EvalBatches, t.Cfg.Train.GradAccum, t.Cfg.Train.BatchSize
 	var sum float64
-	n := t.Cfg.Train.EvalBatches
 	for k := 0; k < n; k++ {
-		x, y := t.Val.EvalBatch(k, t.Cfg.Train.BatchSize)
-		if err := t.Val.Err(); err != nil {
-			return math.NaN(), err
-		}
-		if owner != nil {
-			v, err := owner.EvalLoss(t, x, y)
+		for a := 0; a < A; a++ {
+			x, y := t.Val.EvalBatch(k, a, t.DataRank, t.DataSize, B, A)
+			if err := t.Val.Err(); err != nil {
+				return math.NaN(), err
+			}
+			v, err := t.evalLoss(owner, x, y)
 			if err != nil {
-				return math.NaN(), fmt.Errorf("trainer: evaluation batch %d: %w", k, err)
+				return math.NaN(), fmt.Errorf("trainer: evaluation batch %d, micro-batch %d: %w", k, a, err)
 			}
 			sum += v
-			continue
 		}
-		loss, err := t.Model.Loss(x, y, nn.Pass{Info: tensor.PassInfo{Last: true}})
-		if err != nil {
-			return math.NaN(), fmt.Errorf("trainer: evaluation batch %d: %w", k, err)
-		}
-		sum += loss.Scalar()
-		tensor.FreeGraph(loss)
-		loss.Release()
 	}
-	return sum / float64(n), nil
+	loss, err := t.reduceLoss(sum/float64(n*A), "evaluation loss")
+	if err != nil {
+		return math.NaN(), err
+	}
+	return loss, nil
+}
+
+// reduceLoss runs the LossReducers, in order, on this rank's mean loss
+// over its part of a global batch; what names the loss in an error.
+func (t *Trainer) reduceLoss(loss float64, what string) (float64, error) {
+	for _, p := range t.Plugins {
+		if r, ok := p.(LossReducer); ok {
+			var err error
+			if loss, err = r.ReduceLoss(t, loss); err != nil {
+				return 0, fmt.Errorf("trainer: %s %s: %w", p.Name(), what, err)
+			}
+		}
+	}
+	return loss, nil
+}
+
+// evalLoss is the mean loss of one micro-batch, forward only.
+func (t *Trainer) evalLoss(owner StepOwner, x, y *tensor.Tensor) (float64, error) {
+	if owner != nil {
+		return owner.EvalLoss(t, x, y)
+	}
+	loss, err := t.Model.Loss(x, y, nn.Pass{Info: tensor.PassInfo{Last: true}})
+	if err != nil {
+		return 0, err
+	}
+	v := loss.Scalar()
+	tensor.FreeGraph(loss)
+	loss.Release()
+	return v, nil
 }

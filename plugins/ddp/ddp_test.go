@@ -92,8 +92,8 @@ func TestEquivalence(t *testing.T) {
 						}
 						ptest.AssertReplicas(t, rs, v.name)
 						for r, res := range rs {
-							assertEquivalent(t, want, res, cfg.Model.NEmbd, fmt.Sprintf("%s rank %d vs single process", v.name, r))
-							assertEquivalent(t, ref[r], res, cfg.Model.NEmbd, fmt.Sprintf("%s rank %d vs naive", v.name, r))
+							ptest.AssertEquivalent(t, want, res, fmt.Sprintf("%s rank %d vs single process", v.name, r))
+							ptest.AssertEquivalent(t, ref[r], res, fmt.Sprintf("%s rank %d vs naive", v.name, r))
 						}
 					}
 				})

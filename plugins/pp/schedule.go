@@ -100,12 +100,12 @@ func Generate(name string, p, v, m int) (*Schedule, error) {
 	case AFAB:
 		order = afab(p, m)
 	case OneFOneB:
-		order = oneFOneB(p, m)
+		order = oneFOneB(p, 1, m, oneFOneBWarmup(p, 1))
 	case Interleaved:
 		if m%p != 0 {
 			return nil, fmt.Errorf("pp: the interleaved schedule needs train.grad_accum (micro-batches, %d) to be a multiple of parallel.pp (%d)", m, p)
 		}
-		order = interleaved(p, v, m)
+		order = oneFOneB(p, v, m, oneFOneBWarmup(p, v))
 	case ZB1:
 		s.Split = true
 		order = zb1(p, m)
@@ -155,51 +155,38 @@ func f(c, i int) Action { return Action{Kind: Forward, Chunk: c, Micro: i} }
 func b(c, i int) Action { return Action{Kind: Backward, Chunk: c, Micro: i} }
 func w(c, i int) Action { return Action{Kind: Weight, Chunk: c, Micro: i} }
 
-// afab is GPipe: every forward, then every backward. Each rank keeps all m
-// micro-batches' activations until its backwards start.
+// afab is GPipe: every forward, then every backward (a warm-up of all m
+// forwards). Each rank keeps all m micro-batches' activations until its
+// backwards start.
 func afab(p, m int) [][]Action {
-	out := make([][]Action, p)
-	for r := range out {
-		for i := 0; i < m; i++ {
-			out[r] = append(out[r], f(r, i))
-		}
-		for i := 0; i < m; i++ {
-			out[r] = append(out[r], b(r, i))
-		}
-	}
-	return out
+	return oneFOneB(p, 1, m, func(int) int { return m })
 }
 
-// oneFOneB: rank r runs p-1-r warm-up forwards, then alternates one
-// forward and one backward, then finishes the backwards. At most p-r
-// micro-batches are alive on rank r; the bubble is that of AFAB.
-func oneFOneB(p, m int) [][]Action {
-	out := make([][]Action, p)
-	for r := range out {
-		warm := min(p-1-r, m)
-		var acts []Action
-		nf, nb := 0, 0
-		for ; nf < warm; nf++ {
-			acts = append(acts, f(r, nf))
-		}
-		for ; nf < m; nf, nb = nf+1, nb+1 {
-			acts = append(acts, f(r, nf), b(r, nb))
-		}
-		for ; nb < m; nb++ {
-			acts = append(acts, b(r, nb))
-		}
-		out[r] = acts
+// oneFOneBWarmup is what rank r's first backward waits for. With one chunk
+// it is the p-1-r forwards that fill the stages after it, so at most p-r
+// micro-batches are alive on rank r and the bubble is that of AFAB. With
+// v chunks it is the other v-1 chunks' forwards of the first group of p
+// micro-batches, (v-1)·p, plus (p-1-r)·2 for the first micro-batch to go
+// down the later stages and its gradient to come back; each pipeline fill
+// now costs a chunk's time instead of a stage's, so the bubble shrinks by
+// v.
+func oneFOneBWarmup(p, v int) func(r int) int {
+	if v == 1 {
+		return func(r int) int { return p - 1 - r }
 	}
-	return out
+	return func(r int) int { return (p-1-r)*2 + (v-1)*p }
 }
 
-// interleaved is 1F1B over v chunks per rank (rank r holds chunks r, r+p,
-// ..., r+(v-1)p). Micro-batches go through a rank's chunks in groups of p:
-// the k-th forward of a rank is chunk (k/p) mod v of micro-batch
-// (k/(p·v))·p + k mod p, and backwards walk the chunks in reverse. The
-// warm-up is (p-1-r)·2 + (v-1)·p forwards; each pipeline fill now costs a
-// chunk's time instead of a stage's, so the bubble shrinks by v.
-func interleaved(p, v, m int) [][]Action {
+// oneFOneB generates the schedules without a split backward over v chunks
+// per rank (rank r holds chunks r, r+p, ..., r+(v-1)p): rank r runs
+// warm(r) forwards (at most all v·m), then alternates one forward and one
+// backward, then finishes the backwards. Micro-batches go through a
+// rank's chunks in groups of p: the k-th forward of a rank is chunk
+// (k/p) mod v of micro-batch (k/(p·v))·p + k mod p, and backwards walk
+// the chunks in reverse (for v = 1: chunk r, micro-batch k). With
+// oneFOneBWarmup it is 1F1B (v = 1) and the interleaved schedule (v > 1);
+// afab is its warm-up of every forward.
+func oneFOneB(p, v, m int, warm func(r int) int) [][]Action {
 	total := v * m
 	fwd := func(r, k int) Action {
 		return f((k/p)%v*p+r, (k/(p*v))*p+k%p)
@@ -209,10 +196,9 @@ func interleaved(p, v, m int) [][]Action {
 	}
 	out := make([][]Action, p)
 	for r := range out {
-		warm := min((p-1-r)*2+(v-1)*p, total)
 		var acts []Action
 		nf, nb := 0, 0
-		for ; nf < warm; nf++ {
+		for ; nf < min(warm(r), total); nf++ {
 			acts = append(acts, fwd(r, nf))
 		}
 		for ; nf < total; nf, nb = nf+1, nb+1 {

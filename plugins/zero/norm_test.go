@@ -18,6 +18,7 @@ import (
 type rankRun struct {
 	Result *trainer.Result
 	Steps  []trainer.StepMetrics // every step's metrics, from Options.OnStep
+	Evals  []trainer.EvalPoint   // every evaluation, from Options.OnEval
 	Memory trainer.MemoryReport  // the rank's own report
 }
 
@@ -41,7 +42,9 @@ func runRanksWith(t *testing.T, cfg config.Config, n, stage int, base trainer.Op
 		opts := base
 		opts.Plugins, opts.Mesh, opts.Rank, opts.World = ps, m, g.Rank(), g.Size()
 		var steps []trainer.StepMetrics
+		var evals []trainer.EvalPoint
 		opts.OnStep = func(m trainer.StepMetrics) { steps = append(steps, m) }
+		opts.OnEval = func(e trainer.EvalPoint) { evals = append(evals, e) }
 		tr, err := trainer.New(cfg, opts)
 		if err != nil {
 			return err
@@ -51,7 +54,7 @@ func runRanksWith(t *testing.T, cfg config.Config, n, stage int, base trainer.Op
 			return err
 		}
 		mu.Lock()
-		out[g.Rank()] = rankRun{Result: res, Steps: steps, Memory: tr.Memory()}
+		out[g.Rank()] = rankRun{Result: res, Steps: steps, Evals: evals, Memory: tr.Memory()}
 		mu.Unlock()
 		return nil
 	})
@@ -116,10 +119,10 @@ func TestSGDWithoutClipping(t *testing.T) {
 }
 
 // TestEvaluationBetweenSteps evaluates between steps: a forward without
-// backward, which in stage 3 gathers units that no backward releases. Each
-// rank evaluates its own micro-batch size, so the reference for the
-// validation losses is stage 1 (full parameters on every rank); training
-// after the evaluations must still match one process.
+// backward, which in stage 3 gathers units that no backward releases. The
+// ranks split each evaluation batch as they split a training batch, so
+// every stage's validation losses are one process's on the same global
+// batch, and training after the evaluations must still match it.
 func TestEvaluationBetweenSteps(t *testing.T) {
 	c := ptest.Corpus()
 	split := len(c) * 8 / 10
@@ -133,19 +136,20 @@ func TestEvaluationBetweenSteps(t *testing.T) {
 	ref := cfg(1)
 	ref.Train.BatchSize *= n
 	var single []trainer.StepMetrics
+	var want []trainer.EvalPoint
 	refOpts := data
 	refOpts.OnStep = func(m trainer.StepMetrics) { single = append(single, m) }
+	refOpts.OnEval = func(e trainer.EvalPoint) { want = append(want, e) }
 	tr, err := trainer.New(ref, refOpts)
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
-	full := runRanksWith(t, cfg(1), n, 1, data)
-	for _, stage := range []int{2, 3} {
+	require.Len(t, want, 2)
+	for _, stage := range []int{1, 2, 3} {
 		for r, run := range runRanksWith(t, cfg(stage), n, stage, data) {
-			got, want := run.Result, full[r].Result
-			require.Len(t, got.Evals, 2)
-			for i := range want.Evals {
-				require.InEpsilon(t, want.Evals[i].Loss, got.Evals[i].Loss, 1e-5, "stage %d rank %d eval %d", stage, r, i)
+			require.Len(t, run.Evals, 2)
+			for i := range want {
+				require.InEpsilon(t, want[i].Loss, run.Evals[i].Loss, 1e-5, "stage %d rank %d eval %d", stage, r, i)
 			}
 			for s := range single {
 				require.InEpsilon(t, single[s].Loss, run.Steps[s].Loss, 1e-5, "stage %d rank %d step %d", stage, r, s)

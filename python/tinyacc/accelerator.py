@@ -185,7 +185,9 @@ class Accelerator:
         return self._require_session().clip_grad_norm(max_norm)
 
     def evaluate(self):
-        """Mean validation loss over train.eval_batches batches."""
+        """Mean validation loss over train.eval_batches batches of the
+        step's global size, which the ranks split as they split a training
+        batch: every rank calls it, and all get the same value."""
         return self._require_session().evaluate()
 
     def _require_session(self):
