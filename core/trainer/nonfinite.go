@@ -25,7 +25,8 @@ type nonfiniteState struct {
 	inRow int
 }
 
-// checkFinite decides whether step may apply its update. It returns
+// checkFinite decides whether step (counted from 0; named from 1 in
+// messages, as the progress line does) may apply its update. It returns
 // skip = true when the step's update must be dropped, and an error when the
 // run must stop.
 func (t *Trainer) checkFinite(step int, loss, norm float64) (skip bool, err error) {
@@ -40,10 +41,10 @@ func (t *Trainer) checkFinite(step int, loss, norm float64) (skip bool, err erro
 			return true, nil
 		}
 		return true, fmt.Errorf("trainer: step %d: %s, %d steps in a row (train.nonfinite_max_skips=%d); %s; lower train.lr or set train.grad_clip",
-			step, what, t.nonfinite.inRow, t.Cfg.Train.NonFiniteMaxSkips, t.firstNonFiniteGrad())
+			step+1, what, t.nonfinite.inRow, t.Cfg.Train.NonFiniteMaxSkips, t.firstNonFiniteGrad())
 	}
 	return true, fmt.Errorf("trainer: step %d: %s; %s; stopped before the update (train.nonfinite=stop): lower train.lr, set train.grad_clip, or set train.nonfinite=skip",
-		step, what, t.firstNonFiniteGrad())
+		step+1, what, t.firstNonFiniteGrad())
 }
 
 func isFinite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -116,7 +116,8 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		}
 		m, err := t.Step(s)
 		if err != nil {
-			return res, fmt.Errorf("step %d: %w", s, err)
+			// Named as the progress line names it: the (s+1)-th step.
+			return res, fmt.Errorf("step %d: %w", s+1, err)
 		}
 		if res.StepsRun == 0 {
 			res.FirstLoss = m.Loss
@@ -141,8 +142,8 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			// done (evaluations and checkpoints included) to those left.
 			done := time.Since(start)
 			eta := time.Duration(float64(done) / float64(s+1-first) * float64(cfg.Train.Steps-s-1))
-			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  norm %.3f  %6.0f ms  %7.0f tok/s  mfu %.1f%%  elapsed %s  eta %s",
-				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU,
+			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  %s  %6.0f ms  %7.0f tok/s  mfu %.1f%%  elapsed %s  eta %s",
+				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, normField(m), m.StepMS, m.TokensPerS, 100*m.MFU,
 				clock(done), clock(eta))
 			if t.opts.Live {
 				fmt.Fprintf(log, "\r%s\x1b[K", line)
@@ -344,4 +345,19 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 		}
 	}
 	return all, nil
+}
+
+// normField is the progress line's gradient norm. A step whose update was
+// dropped says so instead of a number that reads like a healthy step: the
+// trainer's own skip (train.nonfinite=skip) shows the non-finite norm, and
+// a step whose gradients a plugin zeroed (a guard's skip) has norm 0, which
+// no step that learned from its data has.
+func normField(m StepMetrics) string {
+	switch {
+	case m.Skipped:
+		return fmt.Sprintf("norm %v (skipped)", m.GradNorm)
+	case m.GradNorm == 0:
+		return "norm 0 (every gradient zero: skipped)"
+	}
+	return fmt.Sprintf("norm %.3f", m.GradNorm)
 }
