@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
@@ -250,7 +252,31 @@ func (t *Trainer) resume(log io.Writer) (int, error) {
 		return 0, fmt.Errorf("resume: %s completed %d steps, more than train.steps=%d (train.steps is the run's total)", dir, step, cfg.Train.Steps)
 	}
 	fmt.Fprintf(log, "tinyacc: resumed from %s: %d of %d steps done\n", dir, step, cfg.Train.Steps)
+	if w := stretchedSchedule(dir, step, t.Sched); w != "" {
+		fmt.Fprintln(log, w)
+	}
 	return step, nil
+}
+
+// stretchedSchedule is the warning for a run resumed with another
+// train.steps than the checkpoint's run had: a cosine schedule spans
+// train.steps, so the learning rate of the remaining steps changes (a
+// longer run jumps back up the curve). Extending a run is common, so this
+// is said once, and the run continues; "" when nothing changes.
+func stretchedSchedule(dir string, step int, now optim.Schedule) string {
+	ix, err := ckpt.ReadIndex(dir)
+	if err != nil || now.Kind != "cosine" {
+		return ""
+	}
+	old, err := strconv.Atoi(fmt.Sprint(ix.Config["train.steps"]))
+	if err != nil || old == now.Steps || step == 0 {
+		return ""
+	}
+	was := now
+	was.Steps = old
+	return fmt.Sprintf("tinyacc: warning: train.steps is %d here but was %d in the run that wrote %s: the cosine schedule "+
+		"(lr %.2e to %.2e after %d warm-up steps) now spans %d steps instead of %d, so step %d's lr is %.2e, not %.2e; continuing",
+		now.Steps, old, dir, now.LR, now.MinLR, now.Warmup, now.Steps, old, step+1, now.At(step), was.At(step))
 }
 
 // checkpoint writes the state after step steps and says where.
