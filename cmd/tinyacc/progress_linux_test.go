@@ -71,3 +71,29 @@ func openPTY(t *testing.T) (*os.File, *os.File) {
 	require.True(t, strings.HasPrefix(pts.Name(), "/dev/pts/"))
 	return ptm, pts
 }
+
+// TestSampleEscapesControlsOnATerminal: sampled text (here a prompt with
+// an erase-screen escape, which sample prints first) reaches a terminal
+// with its control characters escaped, and a pipe byte for byte.
+func TestSampleEscapesControlsOnATerminal(t *testing.T) {
+	bin := tinyaccBinary(t)
+	w := filepath.Join(t.TempDir(), "w.safetensors")
+	out, err := exec.Command(bin, append(smallRun(1), "--save_to="+w)...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	args := []string{"sample", "--from", w, "--prompt", "a\x1b[2Jb\rc", "--tokens", "1"}
+
+	piped, err := exec.Command(bin, args...).Output()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(piped), "a\x1b[2Jb\rc"), "%q", piped)
+
+	ptm, pts := openPTY(t)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = pts, pts
+	require.NoError(t, cmd.Start())
+	pts.Close()
+	var got bytes.Buffer
+	io.Copy(&got, ptm)
+	require.NoError(t, cmd.Wait())
+	require.True(t, strings.HasPrefix(got.String(), `a\x1b[2Jb\rc`), "%q", got.String())
+	require.NotContains(t, got.String(), "\x1b")
+}
