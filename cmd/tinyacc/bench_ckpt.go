@@ -46,9 +46,8 @@ func benchCkpt(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "checkpoints of the whole training state, ZeRO-%d on %d ranks (goroutines of one process)\n", *stage, *n)
 	if strings.Contains(","+*models+",", ",85m,") {
-		// Measured: the process peaks near 12 GB with the 85m model (its
-		// weights, gradients and moments on every goroutine rank, plus a
-		// resume's second set); say so before it starts.
+		// A run with the 85m model peaks near 12 GB of resident memory
+		// (measured on the whole benchmark); say so before it starts.
 		fmt.Fprintln(stdout, "note: the 85m model needs about 12 GB of memory; --models demo needs far less")
 	}
 	fmt.Fprintf(stdout, "%-6s %10s %8s %8s %12s %12s %7s %14s %9s\n", "model", "params", "save s", "resume s", "disk bytes", "12Ψ bytes", "ratio", "save peak/rank", "vs 4Ψ")
