@@ -40,8 +40,10 @@ func TestCExampleMatchesTrainer(t *testing.T) {
 	require.NoError(t, err, "train_c: %s", out)
 
 	var got []float64
-	for _, m := range regexp.MustCompile(`(?m)^step (\d+) loss (\S+)`).FindAllStringSubmatch(string(out), -1) {
-		v, err := strconv.ParseFloat(m[2], 64)
+	for i, m := range regexp.MustCompile(`(?m)^step (\d+)/(\d+) loss (\S+)`).FindAllStringSubmatch(string(out), -1) {
+		// train.steps read through tinyacc_config_get_int; steps from 1.
+		require.Equal(t, []string{strconv.Itoa(i + 1), strconv.Itoa(steps)}, m[1:3], "%s", out)
+		v, err := strconv.ParseFloat(m[3], 64)
 		require.NoError(t, err)
 		got = append(got, v)
 	}

@@ -104,6 +104,17 @@ int tinyacc_config_resolve(const char *file, const char *text, const char *args,
  * call with buf NULL and cap 0 to ask for it. */
 int tinyacc_config_json(tinyacc_handle config, char *buf, int64_t cap, int64_t *need);
 
+/* One key of a config ("train.steps", "train.schedule") as text, as
+ * `tinyacc config show` prints it without a string's quotes ("300",
+ * "cosine", "0.0003", "30s"), NUL-terminated into buf; cap and *need as for
+ * tinyacc_config_json. An unknown key fails with TINYACC_ERR_CONFIG.
+ * (Added in ABI version 4 without a bump: nothing existing changed.) */
+int tinyacc_config_get(tinyacc_handle config, const char *key, char *buf, int64_t cap, int64_t *need);
+
+/* One integer key of a config (train.steps, model.n_layer, ...) into
+ * *value; a key that is not an integer fails with TINYACC_ERR_CONFIG. */
+int tinyacc_config_get_int(tinyacc_handle config, const char *key, int64_t *value);
+
 /* ---- Model ------------------------------------------------------------ */
 
 /* A GPT-2 model with the config's model.* shape, initialised from

@@ -21,35 +21,6 @@ import (
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
 
-func cmdBench(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return fmt.Errorf("usage: tinyacc bench step|comm|dp|layouts|pp|cp|soak|ckpt|process|torch [flags]")
-	}
-	switch args[0] {
-	case "step":
-		return benchStep(args[1:], stdout, stderr)
-	case "comm":
-		return benchComm(args[1:], stdout, stderr)
-	case "dp":
-		return benchDP(args[1:], stdout, stderr)
-	case "pp":
-		return benchPP(args[1:], stdout, stderr)
-	case "layouts":
-		return benchLayouts(args[1:], stdout, stderr)
-	case "cp":
-		return benchCP(args[1:], stdout, stderr)
-	case "soak":
-		return benchSoak(args[1:], stdout, stderr)
-	case "ckpt":
-		return benchCkpt(args[1:], stdout, stderr)
-	case "process":
-		return benchProcess(args[1:], stdout, stderr)
-	case "torch":
-		return benchTorch(args[1:], stdout, stderr)
-	}
-	return fmt.Errorf("bench: unknown benchmark %q (have: step, comm, dp, layouts, pp, cp, soak, ckpt, process, torch)", args[0])
-}
-
 // benchShape is the GPT both sides of `bench step` train.
 type benchShape struct {
 	NLayer, NHead, NEmbd, Block, Vocab, Batch int

@@ -41,6 +41,11 @@ func benchCkpt(args []string, stdout, stderr io.Writer) error {
 	}
 	defer done()
 	fmt.Fprintf(stdout, "checkpoints of the whole training state, ZeRO-%d on %d ranks (goroutines of one process)\n", *stage, *n)
+	if strings.Contains(","+*models+",", ",85m,") {
+		// A run with the 85m model peaks near 12 GB of resident memory
+		// (measured on the whole benchmark); say so before it starts.
+		fmt.Fprintln(stdout, "note: the 85m model needs about 12 GB of memory; --models demo needs far less")
+	}
 	fmt.Fprintf(stdout, "%-6s %10s %8s %8s %12s %12s %7s %14s %9s\n", "model", "params", "save s", "resume s", "disk bytes", "12Ψ bytes", "ratio", "save peak/rank", "vs 4Ψ")
 	for _, name := range strings.Split(*models, ",") {
 		cfg := config.Defaults()

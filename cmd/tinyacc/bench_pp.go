@@ -105,7 +105,8 @@ func benchPP(args []string, stdout, stderr io.Writer) error {
 				100*median(measured), 100*median(simulated), 100*pp.IdleFormula(s.name, p, s.v, m), peaks[0]/1024, peaks[1]/1024)
 		}
 	}
-	fmt.Fprintln(stdout, "idle: share of ranks × step time with no forward/backward running, from the pipeline spans of the trace (step 0 excluded, median)")
+	fmt.Fprintln(stdout, "idle: share of ranks × step time with no forward/backward running, from the pipeline spans of the trace (step 0 excluded, median);")
+	fmt.Fprintln(stdout, "  not pp draw's bubble ratio, idle ÷ compute time ((p-1)/m for 1f1b): share = ratio/(1+ratio)")
 	fmt.Fprintln(stdout, "sim: the schedule played with each chunk's mean F, B, W times and the median message latency, send and receive times of the run; formula: (p-1)/(m+p-1), (p-1)/(v·m+p-1) interleaved,")
 	fmt.Fprintln(stdout, "  and for zb1 b/(1+b) with b = (p-1)/(3m); act peak: each stage's activation peak through its allocator")
 	return nil

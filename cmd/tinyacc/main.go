@@ -28,7 +28,12 @@ import (
 // Version is tinyacc's release.
 const Version = "0.1.0"
 
-const usage = `tinyacc: a distributed training engine for GPT models.
+// usageText is the whole help; the benchmarks come from their table.
+func usageText() string {
+	return usageHead + benchUsage() + usageTail
+}
+
+const usageHead = `tinyacc: a distributed training engine for GPT models.
 
 Usage:
   tinyacc train [--config FILE] [--nproc N | --local-ranks N] [--key=value ...]
@@ -64,29 +69,13 @@ Usage:
       Write a checkpoint's weights as one GPT-2 safetensors file.
   tinyacc ckpt inspect CHECKPOINT
       List a checkpoint's tensors, shapes, layout and step; verify every digest.
-  tinyacc bench step [--steps N] [--repeats R] [--threads 1,2] [--json]
-      Time a training step of the same GPT in tinyacc and in PyTorch.
-  tinyacc bench comm [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
-                     reduce_scatter|broadcast] [--sizes 4K,64K,1M,16M,64M] [--json]
-      Time a collective: size, time, algbw and busbw (nccl-tests definitions).
-  tinyacc bench dp [--nproc 2,4] [--steps N]
-      DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication
-      hidden behind compute, steady memory per rank beside the formula.
-  tinyacc bench soak [--steps N] [--peer BIN]
-      Train a tiny GPT for N steps, one process and --nproc 2, printing every
-      process's resident memory every N/10 steps (beside BIN's, with --peer).
   tinyacc pp draw --pp N --micro M [--schedule afab|1f1b|interleaved|zb1]
                  [--virtual V] [--svg FILE] | --trace FILE [--step S]
       Draw a pipeline schedule (or a traced run's step) as a timeline, one row
       per rank, with its bubble beside the formula.
-  tinyacc bench pp [--micro 2,4,8] [--steps N]
-      Pipeline schedules on 2 processes: ms/step, idle share of wall time from
-      the trace beside the simulator's and the formula's, activation peaks.
-  tinyacc bench cp [--nproc N] [--steps N]
-      Context parallel: attention FLOPs and time per rank under the zigzag and
-      contiguous splits, the ring's transfer time hidden behind compute (cp 2,
-      2 processes), activation peak per rank beside one process's.
-  tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
+`
+
+const usageTail = `  tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
       Start N ranks of any program with the torchrun environment variables.
   tinyacc version
@@ -103,7 +92,7 @@ const configHint = "\nConfig keys: 'tinyacc config show' lists every key with it
 func commandUsage(cmd string) string {
 	var b strings.Builder
 	in := false
-	for _, line := range strings.Split(usage, "\n") {
+	for _, line := range strings.Split(usageText(), "\n") {
 		if strings.HasPrefix(line, "  tinyacc ") {
 			in = strings.HasPrefix(line, "  tinyacc "+cmd+" ") || line == "  tinyacc "+cmd
 		} else if !strings.HasPrefix(line, "    ") {
@@ -136,12 +125,12 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usageText())
 		return 2
 	}
 	switch args[0] {
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usageText())
 		return 0
 	}
 	if wantsHelp(args[1:]) {
@@ -181,7 +170,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tinyacc %s (%s, %s/%s, blas %s)\n", Version, runtime.Version(), runtime.GOOS, runtime.GOARCH, cpu.BLASName())
 	default:
-		fmt.Fprintf(stderr, "tinyacc: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "tinyacc: unknown command %q\n\n%s", args[0], usageText())
 		return 2
 	}
 	if err != nil {

@@ -62,6 +62,11 @@ func cmdPlot(args []string, stdout io.Writer) error {
 	if len(files) == 0 || to == "" {
 		return errors.New("plot: usage: tinyacc plot METRICS.jsonl... --to FILE.svg (metrics_file outputs, several to compare runs)")
 	}
+	// The plot is SVG only: a file named .png would hold SVG that image
+	// viewers refuse, so any other name is refused before any work.
+	if !strings.EqualFold(filepath.Ext(to), ".svg") {
+		return fmt.Errorf("plot: --to %s: plot writes SVG only; name the file FILE.svg (browsers and image viewers open it)", to)
+	}
 	var runs []plotRun
 	for _, f := range files {
 		r, err := readPlotRun(f)

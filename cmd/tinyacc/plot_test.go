@@ -69,3 +69,15 @@ func TestPlotIsSVGWithOnePathPerSeriesPerRun(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Equal(t, "tinyacc: plot: usage: tinyacc plot METRICS.jsonl... --to FILE.svg (metrics_file outputs, several to compare runs)\n", stderr)
 }
+
+// TestPlotRefusesNonSVG: a --to name that is not .svg is refused before
+// anything is read or written, so no .png holds SVG.
+func TestPlotRefusesNonSVG(t *testing.T) {
+	dir := t.TempDir()
+	png := filepath.Join(dir, "x.png")
+	code, _, stderr := runCLI("plot", filepath.Join(dir, "missing.jsonl"), "--to", png)
+	require.Equal(t, 1, code)
+	require.Equal(t, "tinyacc: plot: --to "+png+": plot writes SVG only; name the file FILE.svg (browsers and image viewers open it)\n", stderr)
+	_, err := os.Stat(png)
+	require.True(t, os.IsNotExist(err), "no file written")
+}

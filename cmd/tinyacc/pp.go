@@ -56,17 +56,21 @@ func ppDraw(args []string, stdout io.Writer) error {
 	if *tracePath != "" {
 		fmt.Fprintf(stdout, "one cell = %.0f µs (the shortest forward); measured ", unit)
 	}
-	fmt.Fprintln(stdout, pp.BubbleLine(sim.Bubble(), *name, *p, *v, *m))
+	bubble := pp.BubbleLine(sim.Bubble(), *name, *p, *v, *m)
+	fmt.Fprintln(stdout, bubble)
 	if *svg != "" {
 		f, err := os.Create(*svg)
 		if err != nil {
-			return err
+			return fmt.Errorf("pp draw: --svg: %w", err)
 		}
-		if err := pp.SVG(f, sim, *p, *v, unit); err != nil {
+		if err := pp.SVG(f, sim, *p, *v, unit, *name+" schedule, p="+fmt.Sprint(*p)+" m="+fmt.Sprint(*m)+": "+bubble); err != nil {
 			f.Close()
 			return err
 		}
-		return f.Close()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("pp draw: --svg: %w", err)
+		}
+		fmt.Fprintf(stdout, "tinyacc: wrote the timeline, its legend and the bubble to %s\n", *svg)
 	}
 	return nil
 }

@@ -4,6 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"strings"
+	"unicode"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/data"
@@ -35,6 +39,9 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if err := trainer.CheckSampling(*n, *temp, *topK); err != nil {
 		return fmt.Errorf("sample: --%v", err)
 	}
+	if st, err := os.Stat(*from); err == nil && st.IsDir() {
+		return sampleFromDir(*from)
+	}
 	_, meta, err := ckpt.Load(*from)
 	if err != nil {
 		return err
@@ -57,6 +64,37 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, data.Decode(out))
+	text := data.Decode(out)
+	if isTerminal(stdout) {
+		text = escapeControls(text)
+	}
+	fmt.Fprintln(stdout, text)
 	return nil
+}
+
+// sampleFromDir is the error for --from a directory: a checkpoint is
+// exported to one weights file first, and the error says how.
+func sampleFromDir(dir string) error {
+	if _, err := ckpt.Resolve(dir); err == nil {
+		return fmt.Errorf("sample: --from %s is a checkpoint directory; sample reads one weights file: "+
+			"tinyacc export --from %s --to model.safetensors, then tinyacc sample --from model.safetensors", dir, dir)
+	}
+	return fmt.Errorf("sample: --from %s is a directory; give the file tinyacc train --save_to=FILE or tinyacc export --to FILE wrote", dir)
+}
+
+// escapeControls writes the control characters a model may generate
+// (escape sequences, carriage returns, bells) as Go escapes, so that
+// sampled text printed to a terminal cannot move the cursor, clear the
+// screen or retitle the window. Newlines and tabs stay: they are text.
+func escapeControls(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r != '\n' && r != '\t' && unicode.IsControl(r) {
+			q := strconv.QuoteRune(r) // '\x1b', '\r', '\u0085'
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mattn/go-isatty"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/launch"
@@ -220,13 +221,13 @@ func splitRankFlags(args []string) (nproc, local int, rest []string, err error) 
 	return nproc, local, rest, nil
 }
 
+// isTerminal reports whether w is a terminal, the only place the live
+// progress line (carriage returns, erase-line escapes) belongs. A file
+// mode of "character device" is not enough: /dev/null and serial lines are
+// character devices, and a log captured from them would hold the escapes.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && isatty.IsTerminal(f.Fd())
 }
 
 // lockedWriter serialises writes of goroutine ranks to one writer.

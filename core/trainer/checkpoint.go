@@ -308,9 +308,8 @@ func (t *Trainer) agree(what string, err error) error {
 }
 
 // CheckOutputs makes sure every output path of cfg (save_to, checkpoint.dir,
-// metrics_file, trace) can be written, creating directories as needed, so
-// an unwritable path is reported before the first step rather than after
-// hours of training.
+// metrics_file, trace) can be written, so an unwritable path is reported
+// before the first step rather than after hours of training.
 func CheckOutputs(cfg config.Config) error {
 	dirs := []struct{ key, dir string }{
 		{"save_to", parentOf(cfg.SaveTo)},
@@ -319,19 +318,30 @@ func CheckOutputs(cfg config.Config) error {
 		{"trace", parentOf(cfg.Trace)},
 	}
 	for _, d := range dirs {
-		if d.dir == "" {
-			continue
+		if err := OutputDir(d.key, d.dir); err != nil {
+			return err
 		}
-		if err := os.MkdirAll(d.dir, 0o755); err != nil {
-			return fmt.Errorf("%s: cannot create %s: %w", d.key, d.dir, err)
-		}
-		f, err := os.CreateTemp(d.dir, ".tinyacc-write-check-*")
-		if err != nil {
-			return fmt.Errorf("%s: cannot write into %s: %w", d.key, d.dir, err)
-		}
-		f.Close()
-		os.Remove(f.Name())
 	}
+	return nil
+}
+
+// OutputDir is the one rule for every directory tinyacc writes an output
+// into (train's save_to, checkpoint.dir, metrics_file and trace, export's
+// --to): a missing directory is created, with its missing parents, and
+// must then accept a file. key names the setting in the error.
+func OutputDir(key, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("%s: cannot create %s: %w", key, dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".tinyacc-write-check-*")
+	if err != nil {
+		return fmt.Errorf("%s: cannot write into %s: %w", key, dir, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
 	return nil
 }
 

@@ -44,10 +44,14 @@ func CheckpointModel(ix *ckpt.Index) (nn.GPTConfig, error) {
 // safetensors file, the one `save_to` writes at the same step: Hugging
 // Face names, Conv1D layout, the tied head not duplicated, the model shape
 // as metadata. It assembles one global tensor at a time from its stored
-// pieces, after verifying every file's digest.
+// pieces, after verifying every file's digest. A missing directory of to
+// is created, as train creates save_to's (OutputDir).
 func ExportCheckpoint(dir, to string) error {
 	ix, err := ckpt.ReadIndex(dir)
 	if err != nil {
+		return err
+	}
+	if err := OutputDir("export --to", parentOf(to)); err != nil {
 		return err
 	}
 	if err := ix.Verify(dir); err != nil {

@@ -76,7 +76,7 @@ func TestNonFiniteStopKeepsSavedFile(t *testing.T) {
 	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:], Plugins: []Plugin{newPoison(nil, []int{2})}})
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
-	require.EqualError(t, err, "step 2: trainer: non-finite gradient norm (+Inf); "+
+	require.EqualError(t, err, "step 3: trainer: non-finite gradient norm (+Inf); "+
 		"first non-finite gradient: h.1.mlp.c_fc.weight (element 3 = +Inf); stopped before the update (train.nonfinite=stop): "+
 		"lower train.lr, set train.grad_clip, or set train.nonfinite=skip")
 	got, err := os.ReadFile(cfg.SaveTo)
@@ -130,7 +130,7 @@ func TestNonFiniteSkipStopsAfterMaxSkips(t *testing.T) {
 	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:], Plugins: []Plugin{newPoison([]int{0, 1, 2}, nil)}})
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
-	require.EqualError(t, err, "step 2: trainer: non-finite loss (NaN), 3 steps in a row (train.nonfinite_max_skips=2); "+
+	require.EqualError(t, err, "step 3: trainer: non-finite loss (NaN), 3 steps in a row (train.nonfinite_max_skips=2); "+
 		"no gradient held by rank 0 is non-finite; lower train.lr or set train.grad_clip")
 }
 

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/optim"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
@@ -136,7 +138,8 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		}
 		m, err := t.Step(s)
 		if err != nil {
-			return res, fmt.Errorf("step %d: %w", s, err)
+			// Named as the progress line names it: the (s+1)-th step.
+			return res, fmt.Errorf("step %d: %w", s+1, err)
 		}
 		if res.StepsRun == 0 {
 			res.FirstLoss = m.Loss
@@ -161,8 +164,8 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 			// done (evaluations and checkpoints included) to those left.
 			done := time.Since(start)
 			eta := time.Duration(float64(done) / float64(s+1-first) * float64(cfg.Train.Steps-s-1))
-			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  norm %.3f  %6.0f ms  %7.0f tok/s  mfu %.1f%%  elapsed %s  eta %s",
-				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, m.GradNorm, m.StepMS, m.TokensPerS, 100*m.MFU,
+			line := fmt.Sprintf("step %*d/%d  loss %.4f  lr %.2e  %s  %6.0f ms  %7.0f tok/s  mfu %.1f%%  elapsed %s  eta %s",
+				len(fmt.Sprint(cfg.Train.Steps)), s+1, cfg.Train.Steps, m.Loss, m.LR, normField(m), m.StepMS, m.TokensPerS, 100*m.MFU,
 				clock(done), clock(eta))
 			if t.opts.Live {
 				fmt.Fprintf(log, "\r%s\x1b[K", line)
@@ -279,7 +282,31 @@ func (t *Trainer) resume(log io.Writer) (int, error) {
 		return 0, fmt.Errorf("resume: %w", err)
 	}
 	fmt.Fprintf(log, "tinyacc: resumed from %s: %d of %d steps done\n", dir, step, cfg.Train.Steps)
+	if w := stretchedSchedule(dir, step, t.Sched); w != "" {
+		fmt.Fprintln(log, w)
+	}
 	return step, nil
+}
+
+// stretchedSchedule is the warning for a run resumed with another
+// train.steps than the checkpoint's run had: a cosine schedule spans
+// train.steps, so the learning rate of the remaining steps changes (a
+// longer run jumps back up the curve). Extending a run is common, so this
+// is said once, and the run continues; "" when nothing changes.
+func stretchedSchedule(dir string, step int, now optim.Schedule) string {
+	ix, err := ckpt.ReadIndex(dir)
+	if err != nil || now.Kind != "cosine" {
+		return ""
+	}
+	old, err := strconv.Atoi(fmt.Sprint(ix.Config["train.steps"]))
+	if err != nil || old == now.Steps || step == 0 {
+		return ""
+	}
+	was := now
+	was.Steps = old
+	return fmt.Sprintf("tinyacc: warning: train.steps is %d here but was %d in the run that wrote %s: the cosine schedule "+
+		"(lr %.2e to %.2e after %d warm-up steps) now spans %d steps instead of %d, so step %d's lr is %.2e, not %.2e; continuing",
+		now.Steps, old, dir, now.LR, now.MinLR, now.Warmup, now.Steps, old, step+1, now.At(step), was.At(step))
 }
 
 // checkpoint writes the state after step steps and says where.
@@ -374,4 +401,19 @@ func (t *Trainer) GatherMemory() ([]MemoryReport, error) {
 		}
 	}
 	return all, nil
+}
+
+// normField is the progress line's gradient norm. A step whose update was
+// dropped says so instead of a number that reads like a healthy step: the
+// trainer's own skip (train.nonfinite=skip) shows the non-finite norm, and
+// a step whose gradients a plugin zeroed (a guard's skip) has norm 0, which
+// no step that learned from its data has.
+func normField(m StepMetrics) string {
+	switch {
+	case m.Skipped:
+		return fmt.Sprintf("norm %v (skipped)", m.GradNorm)
+	case m.GradNorm == 0:
+		return "norm 0 (every gradient zero: skipped)"
+	}
+	return fmt.Sprintf("norm %.3f", m.GradNorm)
 }

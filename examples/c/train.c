@@ -11,7 +11,6 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "tinyacc.h"
 
@@ -36,19 +35,9 @@ int main(int argc, char **argv) {
 	check(tinyacc_loader_new(cfg, &loader), "data loader");
 	check(tinyacc_prepare(cfg, model, opt, loader, &sess), "prepare");
 
-	/* train.steps, read from the config's JSON (the only key named
-	 * "steps"). */
-	int64_t need;
-	check(tinyacc_config_json(cfg, NULL, 0, &need), "config size");
-	char *json = malloc(need);
-	if (json == NULL) {
-		fprintf(stderr, "train: out of memory\n");
-		return 1;
-	}
-	check(tinyacc_config_json(cfg, json, need, NULL), "config");
-	const char *key = strstr(json, "\"steps\":");
-	int64_t steps = key ? atoll(key + strlen("\"steps\":")) : 0;
-	free(json);
+	/* train.steps, the run's total. */
+	int64_t steps;
+	check(tinyacc_config_get_int(cfg, "train.steps", &steps), "config train.steps");
 
 	int64_t B, T, A;
 	check(tinyacc_loader_info(loader, &B, &T, &A, NULL), "loader info");
@@ -70,8 +59,9 @@ int main(int argc, char **argv) {
 		check(tinyacc_step(sess, NULL), "optimizer step");
 		check(tinyacc_zero_grad(sess), "zero_grad");
 		check(tinyacc_metrics(sess, metrics, TINYACC_NUM_METRICS), "metrics");
-		printf("step %lld loss %.17g lr %.6g\n", (long long)step, metrics[TINYACC_METRIC_LOSS],
-		       metrics[TINYACC_METRIC_LR]);
+		/* Steps are named from 1, as tinyacc train names them. */
+		printf("step %lld/%lld loss %.17g lr %.6g\n", (long long)metrics[TINYACC_METRIC_STEP], (long long)steps,
+		       metrics[TINYACC_METRIC_LOSS], metrics[TINYACC_METRIC_LR]);
 	}
 	double val;
 	if (tinyacc_evaluate(sess, &val) == TINYACC_OK) {

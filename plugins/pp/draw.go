@@ -2,6 +2,7 @@ package pp
 
 import (
 	"fmt"
+	"html"
 	"io"
 	"math"
 	"sort"
@@ -66,22 +67,65 @@ func Decimal(x float64) string {
 	return fmt.Sprintf("%.*f", d, x)
 }
 
-// BubbleLine is the simulated bubble beside the formula, in the form
-// "bubble: 0.375 (formula (p-1)/m = 0.375)".
+// BubbleLine is the bubble ratio beside its formula and the idle share of
+// wall time beside its own, named apart because both are quoted as "the
+// bubble": the ratio is idle ÷ compute time, (p-1)/m for AFAB and 1F1B;
+// the share is idle ÷ (ranks × step time), (p-1)/(m+p-1), the fraction a
+// trace measures and `tinyacc bench pp` reports. One follows from the
+// other: share = ratio/(1+ratio).
 func BubbleLine(bubble float64, name string, p, v, m int) string {
 	f, text := Formula(name, p, v, m)
-	return fmt.Sprintf("bubble: %s (formula %s = %s)", Decimal(bubble), text, Decimal(f))
+	return fmt.Sprintf("bubble ratio (idle ÷ compute): %s (formula %s = %s); idle share of wall time: %s (formula %s = %s)",
+		Decimal(bubble), text, Decimal(f), Decimal(bubble/(1+bubble)), idleFormulaText(name), Decimal(IdleFormula(name, p, v, m)))
+}
+
+// idleFormulaText is IdleFormula written out.
+func idleFormulaText(name string) string {
+	switch name {
+	case Interleaved:
+		return "(p-1)/(v·m+p-1)"
+	case ZB1:
+		return "b/(1+b), b = (p-1)/(3m)"
+	}
+	return "(p-1)/(m+p-1)"
+}
+
+// svgKinds are the legend of SVG: each compute kind's colour and name.
+var svgKinds = []struct {
+	kind   Kind
+	colour string
+	name   string
+}{
+	{Forward, "#7fb3d5", "F forward"},
+	{Backward, "#f0b27a", "B backward"},
+	{Weight, "#82e0aa", "W weight gradient"},
 }
 
 // SVG writes the timeline of sim as an SVG picture: one row per rank, a
-// box per compute span coloured by kind (forward, backward, weight).
-func SVG(w io.Writer, sim *Sim, p, v int, unit float64) error {
-	const cw, rh, left, top = 28.0, 26.0, 60.0, 10.0
+// box per compute span coloured by kind (forward, backward, weight) and
+// labelled as Draw labels it, a legend of the colours (blank is idle),
+// and caption (the bubble line) below. Cells are as wide as the longest
+// label needs, so no label runs out of its box.
+func SVG(w io.Writer, sim *Sim, p, v int, unit float64, caption string) error {
+	const charW, rh, left, top, fontSize = 7.0, 26.0, 60.0, 10.0, 11
+	longest := 2
+	for _, spans := range sim.Spans {
+		for _, s := range spans {
+			longest = max(longest, len(label(s.Action, p, v)))
+		}
+	}
+	cw := float64(longest)*charW + 8
 	cells := sim.Makespan / unit
-	width, height := left+cells*cw+10, top+float64(len(sim.Spans))*rh+10
-	colour := map[Kind]string{Forward: "#7fb3d5", Backward: "#f0b27a", Weight: "#82e0aa"}
+	rowsEnd := top + float64(len(sim.Spans))*rh
+	width := max(left+cells*cw+10, float64(len(caption))*charW+20)
+	height := rowsEnd + 2*rh + 10
+	colour := map[Kind]string{}
+	for _, k := range svgKinds {
+		colour[k.kind] = k.colour
+	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="monospace" font-size="11">`+"\n", width, height)
+	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="monospace" font-size="%d">`+"\n", width, height, fontSize)
+	fmt.Fprintf(&sb, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	for r, spans := range sim.Spans {
 		y := top + float64(r)*rh
 		fmt.Fprintf(&sb, `<text x="4" y="%.1f">rank %d</text>`+"\n", y+rh/2+4, r)
@@ -92,6 +136,14 @@ func SVG(w io.Writer, sim *Sim, p, v int, unit float64) error {
 			fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x+3, y+rh/2+4, label(s.Action, p, v))
 		}
 	}
+	x := left
+	for _, k := range svgKinds {
+		fmt.Fprintf(&sb, `<rect x="%.1f" y="%.1f" width="14" height="14" fill="%s" stroke="#333"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
+			x, rowsEnd+6, k.colour, x+18, rowsEnd+17, k.name)
+		x += 18 + float64(len(k.name))*charW + 16
+	}
+	fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f">blank: idle</text>`+"\n", x, rowsEnd+17)
+	fmt.Fprintf(&sb, `<text x="4" y="%.1f">%s</text>`+"\n", rowsEnd+rh+17, html.EscapeString(caption))
 	sb.WriteString("</svg>\n")
 	_, err := io.WriteString(w, sb.String())
 	return err

@@ -192,7 +192,7 @@ func TestDraw(t *testing.T) {
 		"rank 2 | .  .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2 F4 B3 B3 F5 B4 B4 F6 B5 B5 F7 B6 B6 .  B7 B7 .  .  .  .\n"+
 		"rank 3 | .  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4 B4 B4 F5 B5 B5 F6 B6 B6 F7 B7 B7 .  .  .  .  .  .\n",
 		out.String())
-	require.Equal(t, "bubble: 0.375 (formula (p-1)/m = 0.375)", BubbleLine(sim.Bubble(), OneFOneB, 4, 1, 8))
-	require.Equal(t, "bubble: 0.0417 (formula (p-1)/(3m) = 0.0417)", BubbleLine(1.0/24, ZB1, 2, 1, 8))
+	require.Equal(t, "bubble ratio (idle ÷ compute): 0.375 (formula (p-1)/m = 0.375); idle share of wall time: 0.273 (formula (p-1)/(m+p-1) = 0.273)", BubbleLine(sim.Bubble(), OneFOneB, 4, 1, 8))
+	require.Equal(t, "bubble ratio (idle ÷ compute): 0.0417 (formula (p-1)/(3m) = 0.0417); idle share of wall time: 0.0400 (formula b/(1+b), b = (p-1)/(3m) = 0.0400)", BubbleLine(1.0/24, ZB1, 2, 1, 8))
 	require.Equal(t, "1.000", Decimal(1))
 }

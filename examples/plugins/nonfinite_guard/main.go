@@ -2,7 +2,7 @@
 // process. Build it and name it in the config:
 //
 //	go build -o build/nonfinite_guard ./examples/plugins/nonfinite_guard
-//	build/tinyacc train --plugins.process=build/nonfinite_guard --nonfinite_guard.max_norm=2
+//	build/tinyacc train --plugins.process=build/nonfinite_guard --nonfinite_guard.max_norm=5.5 --train.steps=30
 package main
 
 import (

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// benchmark is one `tinyacc bench NAME`: its help block and what runs it.
+// benchmarks is the only list of them: `tinyacc --help`, `bench --help`,
+// the dispatch and the unknown-benchmark error all read it, so a new
+// benchmark is one entry here and cannot be missing from any of them.
+type benchmark struct {
+	name string
+	// help follows "  tinyacc bench NAME": its flags, then lines indented
+	// six spaces that say what it measures.
+	help string
+	run  func(args []string, stdout, stderr io.Writer) error
+}
+
+var benchmarks = []benchmark{
+	{"step", ` [--steps N] [--repeats R] [--threads 1,2] [--json]
+      Time a training step of the same GPT in tinyacc and in PyTorch.`, benchStep},
+	{"comm", ` [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
+                     reduce_scatter|broadcast] [--sizes 4K,64K,1M,16M,64M] [--json]
+      Time a collective: size, time, algbw and busbw (nccl-tests definitions).`, benchComm},
+	{"dp", ` [--nproc 2,4] [--steps N]
+      DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication
+      hidden behind compute, steady memory per rank beside the formula.`, benchDP},
+	{"layouts", ` [--nproc N] [--steps N] [--repeats R] [--batch B] [--keep DIR]
+      One model on one global batch as one process and under every parallel
+      layout on N processes: ms/step, tokens/s, bytes sent per step beside the
+      formula, parameter bytes and activation peak against one process's.`, benchLayouts},
+	{"pp", ` [--micro 2,4,8] [--steps N]
+      Pipeline schedules on 2 processes: ms/step, idle share of wall time from
+      the trace beside the simulator's and the formula's, activation peaks.`, benchPP},
+	{"cp", ` [--nproc N] [--steps N]
+      Context parallel: attention FLOPs and time per rank under the zigzag and
+      contiguous splits, the ring's transfer time hidden behind compute (cp 2,
+      2 processes), activation peak per rank beside one process's.`, benchCP},
+	{"soak", ` [--steps N] [--peer BIN]
+      Train a tiny GPT for N steps, one process and --nproc 2, printing every
+      process's resident memory every N/10 steps (beside BIN's, with --peer).`, benchSoak},
+	{"ckpt", ` [--nproc N] [--zero S] [--models demo,85m] [--dir DIR]
+      Save and resume the whole training state under ZeRO on N goroutine
+      ranks: seconds, bytes on disk beside 12Ψ, memory a save adds per rank.
+      The 85m model needs about 12 GB of memory; --models demo needs little.`, benchCkpt},
+	{"process", ` [--calls N] [--steps N] [--rounds R]
+      What a plugin run as a process costs: one hook call's round trip, one
+      GradReady notice, and ms/step of DDP compiled in against ddp.process.`, benchProcess},
+	{"torch", ` [--nproc N] [--steps N] [--repeats R] [--batch B] [--threads T]
+      The same torch model on N processes through tinyacc's Accelerator and
+      through torch DistributedDataParallel (gloo): ms/step and memory per
+      ZeRO stage.`, benchTorch},
+}
+
+// benchNames is "step, comm, ..." in the table's order.
+func benchNames(sep string) string {
+	names := make([]string, len(benchmarks))
+	for i, b := range benchmarks {
+		names[i] = b.name
+	}
+	return strings.Join(names, sep)
+}
+
+// benchUsage is every benchmark's help block, as the usage text shows them.
+func benchUsage() string {
+	var b strings.Builder
+	for _, bm := range benchmarks {
+		b.WriteString("  tinyacc bench " + bm.name + bm.help + "\n")
+	}
+	return b.String()
+}
+
+func cmdBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: tinyacc bench %s [flags]", benchNames("|"))
+	}
+	for _, b := range benchmarks {
+		if b.name == args[0] {
+			return b.run(args[1:], stdout, stderr)
+		}
+	}
+	return fmt.Errorf("bench: unknown benchmark %q (have: %s)", args[0], benchNames(", "))
+}
