@@ -55,11 +55,8 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	if err := readLauncher(env, &info, num); err != nil {
 		return info, err
 	}
-	if info.Size < 1 {
-		return info, fmt.Errorf("comm: world size %d (from %s) must be at least 1", info.Size, info.Source)
-	}
-	if info.Rank < 0 || info.Rank >= info.Size {
-		return info, fmt.Errorf("comm: rank %d is outside a world of size %d (from %s)", info.Rank, info.Size, info.Source)
+	if err := checkRanks(info); err != nil {
+		return info, err
 	}
 	if err := readMaster(env, &info); err != nil {
 		return info, err

@@ -40,6 +40,13 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 		return nil, err
 	}
 	storeAddr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
+	note := startWaitNote(opts.Log, opts.Timeout, waitNoteFirst, waitNoteEvery)
+	defer note.end()
+	who := fmt.Sprintf("rank %d (world size %d)", env.Rank, env.Size)
+	where := fmt.Sprintf("%s port %d (MASTER_ADDR, MASTER_PORT)", env.MasterAddr, env.MasterPort)
+	note.set(func() string {
+		return fmt.Sprintf("%s is waiting for rank 0's store at %s; nothing answers there yet: is rank 0 running?", who, where)
+	})
 	if env.Rank == 0 {
 		if storeLn == nil {
 			bind := storeBindHost(env.MasterAddr)
@@ -56,6 +63,15 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 		return fail(err)
 	}
 	t.store = store
+	note.set(func() string {
+		if t.server == nil {
+			return fmt.Sprintf("%s is waiting for the other ranks to join at %s", who, where)
+		}
+		if missing := t.server.missingKeys(peerKey, env.Size); len(missing) > 0 {
+			return fmt.Sprintf("%s is waiting for ranks %v to join at %s", who, missing, where)
+		}
+		return fmt.Sprintf("%s is waiting for the %d ranks to connect to each other", who, env.Size)
+	})
 
 	host := peerHost(store.conn, env.MasterAddr, env.Rank, opts.Log)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))

@@ -213,6 +213,19 @@ func (s *storeServer) apply(req storeReq) storeResp {
 	return storeResp{V: protocolVersion, Err: fmt.Sprintf("unknown store op %q", req.Op)}
 }
 
+// missingKeys lists the ranks r < world whose key(r) is not set yet.
+func (s *storeServer) missingKeys(key func(int) string, world int) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	missing := []int{}
+	for r := range world {
+		if _, ok := s.data[key(r)]; !ok {
+			missing = append(missing, r)
+		}
+	}
+	return missing
+}
+
 func (s *storeServer) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
