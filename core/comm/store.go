@@ -22,10 +22,9 @@ import (
 const helloTimeout = 10 * time.Second
 
 // maxPendingHellos bounds the connections the store holds before they have
-// proven the job token. More wait in the kernel's accept queue, costing
-// this process nothing; each pending one is dropped at its hello deadline,
-// so a flood of strangers delays the ranks at most by helloTimeout rounds
-// and never grows this process's memory.
+// proven the job token; past it, a new connection closes the oldest one
+// (helloGate), so strangers neither grow this process's memory nor keep
+// the ranks waiting.
 const maxPendingHellos = 64
 
 // checkHello verifies a hello against this job. The token is compared in
@@ -49,20 +48,12 @@ func checkHello(h hello, token, role string, world int) error {
 	return nil
 }
 
-// refuse answers a failed hello, logs it naming the remote address, and
-// closes the connection.
-func refuse(conn net.Conn, log io.Writer, what string, err error) {
-	fmt.Fprintf(log, "comm: %s refused connection from %s: %v\n", what, conn.RemoteAddr(), err)
-	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, Err: err.Error()})
-	conn.Close()
-}
-
 type storeServer struct {
-	ln    net.Listener
-	token string
-	world int
-	log   io.Writer
+	ln       net.Listener
+	token    string
+	world    int
+	refusals *refusalLog
+	log      io.Writer
 
 	mu      sync.Mutex
 	data    map[string][]byte
@@ -70,13 +61,13 @@ type storeServer struct {
 	conns   map[net.Conn]struct{}
 	closed  bool
 	wg      sync.WaitGroup
-	pending chan struct{} // one slot per connection still in its hello
+	hellos  *helloGate // connections still in their hello
 }
 
 func startStore(ln net.Listener, token string, world int, log io.Writer) *storeServer {
-	s := &storeServer{ln: ln, token: token, world: world, log: log,
+	s := &storeServer{ln: ln, token: token, world: world, log: log, refusals: newRefusalLog(log, "store"),
 		data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
-		pending: make(chan struct{}, maxPendingHellos)}
+		hellos: newHelloGate(maxPendingHellos)}
 	s.wg.Add(1)
 	go s.serve()
 	return s
@@ -85,9 +76,6 @@ func startStore(ln net.Listener, token string, world int, log io.Writer) *storeS
 func (s *storeServer) serve() {
 	defer s.wg.Done()
 	for {
-		// Take a hello slot before accepting; close() ends every held
-		// connection, which frees their slots.
-		s.pending <- struct{}{}
 		conn, err := s.ln.Accept()
 		if err != nil {
 			return
@@ -101,6 +89,7 @@ func (s *storeServer) serve() {
 		s.conns[conn] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		s.hellos.admit(conn)
 		go s.handle(conn)
 	}
 }
@@ -116,14 +105,12 @@ func (s *storeServer) close() {
 	s.mu.Unlock()
 	s.ln.Close()
 	s.wg.Wait()
+	s.refusals.close()
 }
 
 func (s *storeServer) handle(conn net.Conn) {
-	inHello := true
 	defer func() {
-		if inHello {
-			<-s.pending
-		}
+		s.hellos.passed(conn)
 		conn.Close()
 		s.mu.Lock()
 		delete(s.conns, conn)
@@ -134,19 +121,18 @@ func (s *storeServer) handle(conn net.Conn) {
 	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readControl(r, kindHello, &h); err != nil {
-		fmt.Fprintf(s.log, "comm: store refused connection from %s: bad hello: %v\n", conn.RemoteAddr(), err)
+		s.refusals.refused(conn.RemoteAddr(), "bad hello: "+err.Error())
 		return
 	}
+	s.hellos.passed(conn)
 	if err := checkHello(h, s.token, "store", s.world); err != nil {
-		refuse(conn, s.log, "store", err)
+		refuse(conn, s.refusals, err)
 		return
 	}
 	if err := writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, OK: true}); err != nil {
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
-	inHello = false
-	<-s.pending
 	for {
 		var req storeReq
 		if err := readControl(r, kindStoreReq, &req); err != nil {
