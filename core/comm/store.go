@@ -62,12 +62,30 @@ type storeServer struct {
 	closed  bool
 	wg      sync.WaitGroup
 	hellos  *helloGate // connections still in their hello
+
+	// watchRanks makes a rank whose connection ends before it said
+	// goodbye (byeKey) known under deadKey: the mpi backend's side
+	// channel learns this way that a rank's process ended.
+	watchRanks bool
 }
 
+// The keys of the side channel that watchRanks keeps.
+const (
+	deadKey   = "tinyacc/dead" // the first rank whose connection ended without a goodbye
+	byeCount  = "tinyacc/byes" // how many ranks said goodbye
+	byePrefix = "tinyacc/bye/"
+)
+
 func startStore(ln net.Listener, token string, world int, log io.Writer) *storeServer {
+	return startStoreWatching(ln, token, world, log, false)
+}
+
+// startStoreWatching is startStore; with watchRanks, the store notes the
+// first rank whose connection ends without a goodbye (rankLeft).
+func startStoreWatching(ln net.Listener, token string, world int, log io.Writer, watchRanks bool) *storeServer {
 	s := &storeServer{ln: ln, token: token, world: world, log: log, refusals: newRefusalLog(log, "store"),
 		data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
-		hellos: newHelloGate(maxPendingHellos)}
+		hellos: newHelloGate(maxPendingHellos), watchRanks: watchRanks}
 	s.wg.Add(1)
 	go s.serve()
 	return s
@@ -136,7 +154,8 @@ func (s *storeServer) handle(conn net.Conn) {
 	for {
 		var req storeReq
 		if err := readControl(r, kindStoreReq, &req); err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			s.rankLeft(h.Rank)
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !s.watchRanks {
 				fmt.Fprintf(s.log, "comm: store dropped rank %d (%s): %v\n", h.Rank, conn.RemoteAddr(), err)
 			}
 			return
@@ -197,6 +216,27 @@ func (s *storeServer) apply(req storeReq) storeResp {
 		}
 	}
 	return storeResp{V: protocolVersion, Err: fmt.Sprintf("unknown store op %q", req.Op)}
+}
+
+// rankLeft records, when ranks are watched, that rank's connection ended:
+// without its goodbye, its process ended (or cut its connection), and the
+// first such rank is named under deadKey.
+func (s *storeServer) rankLeft(rank int) {
+	if !s.watchRanks {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if _, said := s.data[byePrefix+strconv.Itoa(rank)]; said {
+		return
+	}
+	if _, ok := s.data[deadKey]; !ok {
+		s.data[deadKey] = []byte(strconv.Itoa(rank))
+		s.notifyLocked()
+	}
 }
 
 // missingKeys lists the ranks r < world whose key(r) is not set yet.
