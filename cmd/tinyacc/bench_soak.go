@@ -59,7 +59,11 @@ func benchSoak(args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(corpus, []byte(strings.Repeat("func main() { println(\"soak\") }\n", 2000)), 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "bench soak: GPT 1 layer, width 16, context 16, batch 2; %d steps; resident memory (MiB) every %d steps; slope in MB per 1000 steps over the last three quarters\n", *steps, *steps/soakSamples)
+	model := "GPT 1 layer, width 16, context 16, batch 2"
+	if len(fs.Args()) > 0 {
+		model += ", then " + strings.Join(fs.Args(), " ")
+	}
+	fmt.Fprintf(stdout, "bench soak: %s; %d steps; resident memory (MiB) every %d steps; slope in MB per 1000 steps over the last three quarters\n", model, *steps, *steps/soakSamples)
 	for _, n := range []int{1, *nproc} {
 		for _, bin := range bins {
 			if err := soakRun(bin, n, *steps, corpus, fs.Args(), stdout); err != nil {
