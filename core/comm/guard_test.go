@@ -137,3 +137,26 @@ func TestTokenFromMpirun(t *testing.T) {
 	assert.Equal(t, "mine", rank(0, "OMPI_MCA_orte_precondition_transports=d14bef725a2ec04f-582aba691b8fac88", "TINYACC_JOB_TOKEN=mine").Token)
 	assert.Empty(t, rank(0).Token)
 }
+
+// A rank whose connection the store dropped before answering (as the
+// helloGate drops the oldest silent connection in a crowd) connects again
+// instead of failing; a refusal still fails at once.
+func TestStoreDialRetriesADroppedHello(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dropped := make(chan *storeServer, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close() // no answer at all
+		}
+		dropped <- startStore(ln, testToken, 2, &syncBuffer{})
+	}()
+	sc, err := dialStore(ln.Addr().String(), testToken, 1, 2, time.Now().Add(5*time.Second))
+	require.NoError(t, err)
+	sc.close()
+	srv := <-dropped
+	defer srv.close()
+	_, err = dialStore(ln.Addr().String(), "wrong", 1, 2, time.Now().Add(5*time.Second))
+	assert.EqualError(t, err, "comm: store at "+ln.Addr().String()+": connection refused by the remote side: wrong or missing job token (TINYACC_JOB_TOKEN)")
+}

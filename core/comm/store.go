@@ -279,7 +279,14 @@ func dialStore(addr, token string, rank, world int, deadline time.Time) (*storeC
 		c := &storeClient{conn: conn, r: bufio.NewReader(conn)}
 		if err := clientHello(conn, c.r, hello{V: protocolVersion, Token: token, Rank: rank, World: world, Role: "store"}, deadline); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("comm: store at %s: %w", addr, err)
+			var refused *refusedError
+			if errors.As(err, &refused) || !time.Now().Before(deadline) {
+				return nil, fmt.Errorf("comm: store at %s: %w", addr, err)
+			}
+			// Closed before any answer: the store dropped this
+			// connection among a crowd of silent ones (helloGate).
+			lastErr = err
+			continue
 		}
 		return c, nil
 	}
@@ -298,10 +305,16 @@ func clientHello(conn net.Conn, r io.Reader, h hello, deadline time.Time) error 
 		return fmt.Errorf("no hello acknowledgement: %w", err)
 	}
 	if !ack.OK {
-		return fmt.Errorf("connection refused by the remote side: %s", ack.Err)
+		return &refusedError{ack.Err}
 	}
 	return nil
 }
+
+// refusedError is a hello the other side answered with a refusal: trying
+// again cannot help.
+type refusedError struct{ why string }
+
+func (e *refusedError) Error() string { return "connection refused by the remote side: " + e.why }
 
 func (c *storeClient) do(req storeReq, deadline time.Time) (storeResp, error) {
 	c.mu.Lock()
