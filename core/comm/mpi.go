@@ -218,9 +218,14 @@ func (e *mpiEngine) failAll(d *mpiDeath) {
 	for _, p := range e.pending {
 		g := p.o.g
 		g.leak(p.keep)
-		started := p.deadline.Add(-g.opts.Timeout)
-		p.o.fail(fmt.Errorf("comm: %s on group %q seq %d failed after %s on the mpi backend: ranks [%d] did not arrive (rank %d: %s)",
-			p.o.name, g.name, p.o.seq, time.Since(started).Round(time.Millisecond), d.rank, d.rank, d.why))
+		head := fmt.Sprintf("comm: %s on group %q seq %d failed after %s on the mpi backend",
+			p.o.name, g.name, p.o.seq, time.Since(p.deadline.Add(-g.opts.Timeout)).Round(time.Millisecond))
+		if slices.Contains(g.ranks, d.rank) {
+			p.o.fail(fmt.Errorf("%s: ranks [%d] did not arrive (rank %d: %s)", head, d.rank, d.rank, d.why))
+		} else {
+			// MPI cannot go on once any rank of the job is gone.
+			p.o.fail(fmt.Errorf("%s: rank %d of the job, outside this group, left: %s", head, d.rank, d.why))
+		}
 	}
 	clear(e.pending)
 	e.pending = e.pending[:0]
