@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -133,6 +134,16 @@ func (l *refusalLog) close() {
 	}
 	l.writeCountLocked()
 	l.closed = true
+}
+
+// badHello says why a connection's hello could not be read. One this side
+// closed said nothing while newer ones waited (helloGate), or was still
+// silent when the listener closed.
+func badHello(err error) string {
+	if errors.Is(err, net.ErrClosed) {
+		return "no hello before it was dropped (it sent nothing)"
+	}
+	return "bad hello: " + err.Error()
 }
 
 // refuse answers a failed hello, logs it, and closes the connection.

@@ -36,14 +36,17 @@ func idle(t *testing.T, addr string, n int) func() {
 func TestIdleConnectionsDoNotDelayTheStore(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := startStore(ln, testToken, 2, &syncBuffer{})
-	defer srv.close()
-	defer idle(t, ln.Addr().String(), 100)()
+	log := &syncBuffer{}
+	srv := startStore(ln, testToken, 2, log)
+	closeIdle := idle(t, ln.Addr().String(), 100)
 	sc, err := dialStore(ln.Addr().String(), testToken, 1, 2, time.Now().Add(5*time.Second))
 	require.NoError(t, err)
 	deadline := time.Now().Add(5 * time.Second)
 	require.NoError(t, sc.set("k", []byte("v"), deadline))
 	sc.close()
+	srv.close()
+	closeIdle()
+	assert.Regexp(t, `^comm: store refused connection from 127\.0\.0\.1:\d+: no hello before it was dropped \(it sent nothing\)\n`, log.String())
 }
 
 // The same on a rank's peer listener, which used to read one hello at a

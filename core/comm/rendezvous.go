@@ -224,7 +224,7 @@ func acceptPeers(ln net.Listener, env EnvInfo, log io.Writer, peers []*peerConn,
 						return
 					}
 				} else {
-					refusals.refused(conn.RemoteAddr(), "bad hello: "+err.Error())
+					refusals.refused(conn.RemoteAddr(), badHello(err))
 					conn.Close()
 					return
 				}

@@ -139,7 +139,7 @@ func (s *storeServer) handle(conn net.Conn) {
 	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readControl(r, kindHello, &h); err != nil {
-		s.refusals.refused(conn.RemoteAddr(), "bad hello: "+err.Error())
+		s.refusals.refused(conn.RemoteAddr(), badHello(err))
 		return
 	}
 	s.hellos.passed(conn)
