@@ -70,6 +70,32 @@ func TestReservedVariablesChecked(t *testing.T) {
 		`config: TINYACC_DEBUG="yes" is not one of "0", "off", "detail" (or unset)`+"\n", stderr)
 }
 
+// A world size the environment gets wrong is refused before any work,
+// naming the variable; it is never trained as one process.
+func TestBadWorldEnvironmentRefused(t *testing.T) {
+	for _, c := range []struct {
+		env  [][2]string
+		want string
+	}{
+		{[][2]string{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, "comm: WORLD_SIZE=0: the world size must be at least 1 (from torchrun)"},
+		{[][2]string{{"RANK", "0"}, {"WORLD_SIZE", "-2"}}, "comm: WORLD_SIZE=-2: the world size must be at least 1 (from torchrun)"},
+		{[][2]string{{"WORLD_SIZE", "0"}}, "comm: RANK and WORLD_SIZE must be set together (found only one)"},
+		{[][2]string{{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
+			"comm: LOCAL_RANK=2 is outside LOCAL_WORLD_SIZE=2: local ranks on a host are 0 to 1 (from torchrun)"},
+	} {
+		for _, kv := range c.env {
+			t.Setenv(kv[0], kv[1])
+		}
+		code, stdout, stderr := runCLI("train", "--train.steps=1")
+		require.Equal(t, 1, code, c.env)
+		require.Empty(t, stdout, "%v: nothing trained", c.env)
+		require.Equal(t, "tinyacc: "+c.want+"\n", stderr, c.env)
+		for _, kv := range c.env {
+			os.Unsetenv(kv[0])
+		}
+	}
+}
+
 func TestSampleRefusesBadSettings(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "never-read.safetensors")
 	for _, c := range []struct {

@@ -176,10 +176,12 @@ func commOptions(cfg config.Config) comm.Options {
 }
 
 // launched reports whether a launcher started this process as one rank of
-// a job (tinyacc launch/torchrun, srun or mpirun).
+// a job (tinyacc launch/torchrun, srun or mpirun). Any world size but 1
+// counts, a bad one (0, -2, "x") included: joining the job refuses it,
+// where training alone would ignore what the environment says.
 func launched() bool {
 	for _, k := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"} {
-		if n, err := strconv.Atoi(os.Getenv(k)); err == nil && n > 1 {
+		if v, ok := os.LookupEnv(k); ok && strings.TrimSpace(v) != "1" {
 			return true
 		}
 	}

@@ -1,7 +1,10 @@
 package comm
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -55,11 +58,8 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	if err := readLauncher(env, &info, num); err != nil {
 		return info, err
 	}
-	if info.Size < 1 {
-		return info, fmt.Errorf("comm: world size %d (from %s) must be at least 1", info.Size, info.Source)
-	}
-	if info.Rank < 0 || info.Rank >= info.Size {
-		return info, fmt.Errorf("comm: rank %d is outside a world of size %d (from %s)", info.Rank, info.Size, info.Source)
+	if err := checkRanks(info); err != nil {
+		return info, err
 	}
 	if err := readMaster(env, &info); err != nil {
 		return info, err
@@ -70,7 +70,7 @@ func ReadEnv(environ []string) (EnvInfo, error) {
 	if info.MasterPort < 1 || info.MasterPort > 65535 {
 		return info, fmt.Errorf("comm: MASTER_PORT=%d is not a valid port (1-65535)", info.MasterPort)
 	}
-	info.Token = env["TINYACC_JOB_TOKEN"]
+	info.Token = jobToken(env, info.Source)
 	switch s := env["TINYACC_SHM"]; s {
 	case "", "0", "1", "true", "false":
 	default:
@@ -116,4 +116,35 @@ func InitFromEnv(opts Options) (Group, error) {
 			name, info.Size, strings.Join(backendNames(), ", "))
 	}
 	return f(info, opts)
+}
+
+// tokenVar names the per-job secret every connection of a job presents.
+const tokenVar = "TINYACC_JOB_TOKEN"
+
+// openMPIJobKey is a random key mpirun draws for each job and gives every
+// one of its processes, on every host, and nothing else: a secret the
+// ranks already share.
+const openMPIJobKey = "OMPI_MCA_orte_precondition_transports"
+
+// jobToken is TINYACC_JOB_TOKEN; without it, under mpirun, a token derived
+// from mpirun's own per-job key, so that `mpirun tinyacc train` is as
+// closed to strangers as `tinyacc launch` without anyone exporting one. The
+// key is hashed, never sent: the token travels in every hello.
+func jobToken(env map[string]string, source string) string {
+	if t := env[tokenVar]; t != "" {
+		return t
+	}
+	if key := env[openMPIJobKey]; key != "" && source == "openmpi" {
+		sum := sha256.Sum256([]byte("tinyacc job token\x00" + key))
+		return "openmpi-" + hex.EncodeToString(sum[:])
+	}
+	return ""
+}
+
+// warnNoToken says, once per job (rank 0 says it), that the job runs
+// without a token, and how to give it one.
+func warnNoToken(log io.Writer, env EnvInfo) {
+	fmt.Fprintf(log, "comm: warning: %s is not set, so any process that reaches %s:%d can join this job as a rank; "+
+		"tinyacc launch and train --nproc give their ranks one, and ranks under Open MPI's mpirun derive one from it; otherwise export the same secret to every rank, e.g. %s=$(openssl rand -hex 32)\n",
+		tokenVar, env.MasterAddr, env.MasterPort, tokenVar)
 }

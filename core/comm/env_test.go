@@ -35,12 +35,19 @@ func TestReadEnv(t *testing.T) {
 
 func TestReadEnvErrors(t *testing.T) {
 	cases := map[string][]string{
-		`comm: RANK="x" is not an integer`:                                {"RANK=x", "WORLD_SIZE=2"},
-		`comm: rank 2 is outside a world of size 2 (from torchrun)`:       {"RANK=2", "WORLD_SIZE=2"},
-		`comm: RANK and WORLD_SIZE must be set together (found only one)`: {"RANK=0"},
-		`comm: MASTER_PORT=70000 is not a valid port (1-65535)`:           {"MASTER_PORT=70000"},
-		`comm: TINYACC_DEBUG="yes": use "detail" or leave it unset`:       {"TINYACC_DEBUG=yes"},
-		`comm: world size 0 (from slurm) must be at least 1`:              {"SLURM_PROCID=0", "SLURM_NTASKS=0"},
+		`comm: RANK="x" is not an integer`:                                                                                            {"RANK=x", "WORLD_SIZE=2"},
+		`comm: rank 2 is outside a world of size 2 (from torchrun)`:                                                                   {"RANK=2", "WORLD_SIZE=2"},
+		`comm: RANK and WORLD_SIZE must be set together (found only one)`:                                                             {"RANK=0"},
+		`comm: MASTER_PORT=70000 is not a valid port (1-65535)`:                                                                       {"MASTER_PORT=70000"},
+		`comm: TINYACC_DEBUG="yes": use "detail" or leave it unset`:                                                                   {"TINYACC_DEBUG=yes"},
+		`comm: SLURM_NTASKS=0: the world size must be at least 1 (from slurm)`:                                                        {"SLURM_PROCID=0", "SLURM_NTASKS=0"},
+		`comm: WORLD_SIZE=0: the world size must be at least 1 (from torchrun)`:                                                       {"RANK=0", "WORLD_SIZE=0"},
+		`comm: WORLD_SIZE=-2: the world size must be at least 1 (from torchrun)`:                                                      {"RANK=0", "WORLD_SIZE=-2"},
+		`comm: LOCAL_RANK=2 is outside LOCAL_WORLD_SIZE=2: local ranks on a host are 0 to 1 (from torchrun)`:                          {"RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2"},
+		`comm: LOCAL_RANK=-1: a local rank is at least 0 (from torchrun)`:                                                             {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=-1"},
+		`comm: LOCAL_WORLD_SIZE=0: the ranks on one host number at least 1 (from torchrun)`:                                           {"RANK=1", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=0"},
+		`comm: LOCAL_WORLD_SIZE=4 is more than WORLD_SIZE=2: a host cannot run more ranks than the job has (from torchrun)`:           {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4"},
+		`comm: OMPI_COMM_WORLD_LOCAL_RANK=3 is outside OMPI_COMM_WORLD_LOCAL_SIZE=2: local ranks on a host are 0 to 1 (from openmpi)`: {"OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=3", "OMPI_COMM_WORLD_LOCAL_SIZE=2"},
 	}
 	for want, env := range cases {
 		_, err := ReadEnv(env)

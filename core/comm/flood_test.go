@@ -107,4 +107,7 @@ func TestStoreFloodKeepsMemoryFlat(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Contains(t, log.String(), "exceeds the limit of 4096")
+	// One line for the first refusal, then one a second at most, not one
+	// for each of the connections.
+	require.Less(t, strings.Count(log.String(), "\n"), 100, log.String())
 }

@@ -57,6 +57,9 @@ func readLauncher(env map[string]string, info *EnvInfo, num func(string, *int) e
 				if err := num(s.localSize, &info.LocalSize); err != nil {
 					return err
 				}
+				if _, set := env[s.localSize]; set && info.LocalSize < 1 {
+					return fmt.Errorf("comm: %s=%d: the ranks on one host number at least 1 (from %s)", s.localSize, info.LocalSize, s.source)
+				}
 			}
 			continue
 		}
@@ -73,6 +76,48 @@ func readLauncher(env map[string]string, info *EnvInfo, num func(string, *int) e
 	}
 	if info.Source != "single" && info.LocalSize > 0 && info.LocalSize < info.Size {
 		info.Hosts = max(info.Hosts, 2) // at least two; the launcher does not say how many
+	}
+	return nil
+}
+
+// schemeOf is the scheme a source name stands for.
+func schemeOf(source string) launcherScheme {
+	for _, s := range launcherSchemes {
+		if s.source == source {
+			return s
+		}
+	}
+	return launcherScheme{source: source}
+}
+
+// checkRanks refuses rank variables that describe no job: a world of fewer
+// than one process (which would otherwise train alone, as if nothing had
+// been set), a rank outside its world, a local rank outside its host's.
+// Errors name the variables as the launcher set them.
+func checkRanks(info EnvInfo) error {
+	if info.Source == "single" {
+		return nil
+	}
+	s := schemeOf(info.Source)
+	if info.Size < 1 {
+		return fmt.Errorf("comm: %s=%d: the world size must be at least 1 (from %s)", s.size, info.Size, info.Source)
+	}
+	if info.Rank < 0 || info.Rank >= info.Size {
+		return fmt.Errorf("comm: rank %d is outside a world of size %d (from %s)", info.Rank, info.Size, info.Source)
+	}
+	if info.LocalRank < 0 {
+		return fmt.Errorf("comm: %s=%d: a local rank is at least 0 (from %s)", s.local, info.LocalRank, info.Source)
+	}
+	if s.localSize == "" || info.LocalSize == 0 {
+		return nil // the launcher does not say
+	}
+	if info.LocalSize > info.Size {
+		return fmt.Errorf("comm: %s=%d is more than %s=%d: a host cannot run more ranks than the job has (from %s)",
+			s.localSize, info.LocalSize, s.size, info.Size, info.Source)
+	}
+	if info.LocalRank >= info.LocalSize {
+		return fmt.Errorf("comm: %s=%d is outside %s=%d: local ranks on a host are 0 to %d (from %s)",
+			s.local, info.LocalRank, s.localSize, info.LocalSize, info.LocalSize-1, info.Source)
 	}
 	return nil
 }

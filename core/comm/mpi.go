@@ -26,9 +26,12 @@ int tac_undefined(void);
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -47,6 +50,31 @@ type mpiEngine struct {
 	pending []*mpiPending
 	stop    chan struct{}
 	done    chan struct{}
+
+	watch  atomic.Pointer[mpiWatch] // the side channel, once open (mpi_watch.go)
+	mu     sync.Mutex
+	groups []*mpiGroup // every group of this rank, for its published progress
+}
+
+// addGroup registers g for the progress this rank publishes.
+func (e *mpiEngine) addGroup(g *mpiGroup) {
+	e.mu.Lock()
+	e.groups = append(e.groups, g)
+	e.mu.Unlock()
+}
+
+// progress is the last sequence number started on each group.
+func (e *mpiEngine) progress() string {
+	e.mu.Lock()
+	groups := slices.Clone(e.groups)
+	e.mu.Unlock()
+	seqs := map[string]uint64{}
+	for _, g := range groups {
+		g.mu.Lock()
+		seqs[g.name] = g.seq
+		g.mu.Unlock()
+	}
+	return formatProgress(seqs)
 }
 
 // mpiPending is a started request: finish runs on the engine when it
@@ -134,6 +162,13 @@ func (e *mpiEngine) loop(ready chan<- error) {
 
 // poll tests every pending request once; it reports whether any finished.
 func (e *mpiEngine) poll() bool {
+	w := e.watch.Load()
+	if w != nil {
+		if d := w.failure(); d != nil {
+			e.failAll(d)
+			return true
+		}
+	}
 	progressed := false
 	now := time.Now()
 	kept := e.pending[:0]
@@ -154,8 +189,18 @@ func (e *mpiEngine) poll() bool {
 			// MPI cannot cancel a collective: its buffers stay MPI's, so
 			// they are kept referenced, and the group is broken.
 			p.o.g.leak(p.keep)
-			p.o.fail(fmt.Errorf("comm: %s on group %q seq %d did not finish within %s on the mpi backend (MPI does not say which ranks are missing)",
-				p.o.name, p.o.g.name, p.o.seq, p.o.g.opts.Timeout))
+			base := fmt.Sprintf("comm: %s on group %q seq %d did not finish within %s on the mpi backend",
+				p.o.name, p.o.g.name, p.o.seq, p.o.g.opts.Timeout)
+			if w == nil {
+				p.o.fail(fmt.Errorf("%s (MPI does not say which ranks are missing)", base))
+			} else {
+				// Asking the side channel takes a moment: the group
+				// is broken now, the operation fails once it is known
+				// who is missing.
+				o := p.o
+				o.g.breakWith(errors.New(base))
+				go func() { o.fail(fmt.Errorf("%s: %s", base, w.missing(o.g.name, o.seq))) }()
+			}
 			progressed = true
 		default:
 			kept = append(kept, p)
@@ -166,7 +211,36 @@ func (e *mpiEngine) poll() bool {
 	return progressed
 }
 
+// failAll fails every pending operation because rank d.rank left: MPI
+// would wait for it until the deadline, or until mpirun ends the job
+// without a word from tinyacc.
+func (e *mpiEngine) failAll(d *mpiDeath) {
+	for _, p := range e.pending {
+		g := p.o.g
+		g.leak(p.keep)
+		head := fmt.Sprintf("comm: %s on group %q seq %d failed after %s on the mpi backend",
+			p.o.name, g.name, p.o.seq, time.Since(p.deadline.Add(-g.opts.Timeout)).Round(time.Millisecond))
+		if slices.Contains(g.ranks, d.rank) {
+			p.o.fail(fmt.Errorf("%s: ranks [%d] did not arrive (rank %d: %s)", head, d.rank, d.rank, d.why))
+		} else {
+			// MPI cannot go on once any rank of the job is gone.
+			p.o.fail(fmt.Errorf("%s: rank %d of the job, outside this group, left: %s", head, d.rank, d.why))
+		}
+	}
+	clear(e.pending)
+	e.pending = e.pending[:0]
+}
+
 func (o *mpiOpState) complete() { close(o.done) }
+
+// breakWith marks the group failed, unless it already is.
+func (g *mpiGroup) breakWith(err error) {
+	g.mu.Lock()
+	if g.broken == nil {
+		g.broken = err
+	}
+	g.mu.Unlock()
+}
 
 func (o *mpiOpState) fail(err error) {
 	o.err = err
@@ -215,5 +289,21 @@ func newMPIFromEnv(env EnvInfo, opts Options) (Group, error) {
 	for i := range world {
 		world[i] = i
 	}
-	return &mpiGroup{e: e, comm: C.tac_world_comm(), name: "world", me: int(rank), ranks: world, opts: opts, isWorld: true}, nil
+	g := &mpiGroup{e: e, comm: C.tac_world_comm(), name: "world", me: int(rank), ranks: world, opts: opts, isWorld: true}
+	e.addGroup(g)
+	env.Rank, env.Size = int(rank), int(size)
+	w, err := startMPIWatch(env, opts, g, e.progress)
+	if err != nil {
+		_ = g.Close()
+		return nil, err
+	}
+	// The side channel's setup is none of the caller's operations: the
+	// first of those is seq 1, as on the other backends.
+	g.mu.Lock()
+	g.seq = 0
+	g.mu.Unlock()
+	if w != nil {
+		e.watch.Store(w)
+	}
+	return g, nil
 }

@@ -365,7 +365,9 @@ func (g *mpiGroup) NewNamedGroup(name string, ranks []int) (Group, error) {
 	for i, r := range ranks {
 		world[i] = g.ranks[r]
 	}
-	return &mpiGroup{e: g.e, comm: sub, name: name, me: me, ranks: world, opts: g.opts}, nil
+	sg := &mpiGroup{e: g.e, comm: sub, name: name, me: me, ranks: world, opts: g.opts}
+	g.e.addGroup(sg)
+	return sg, nil
 }
 
 // Close waits for this group's operations (a barrier queued behind them
@@ -397,6 +399,9 @@ func (g *mpiGroup) Close() error {
 	if !g.isWorld {
 		g.e.do(func() { C.tac_free(&g.comm) })
 		return nil
+	}
+	if w := g.e.watch.Load(); w != nil {
+		w.close(g.opts.Timeout)
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()

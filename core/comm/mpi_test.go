@@ -92,3 +92,38 @@ func TestMPIProcesses(t *testing.T) {
 		})
 	}
 }
+
+// runMPI runs scenario on n ranks under mpirun and returns its output.
+func runMPI(t *testing.T, n int, scenario string) string {
+	t.Helper()
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("mpirun is not installed (make deps installs openmpi-bin)")
+	}
+	args := append(mpirunArgs(n), "--tag-output", os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(mpirun, args...)
+	cmd.Env = append(os.Environ(), "TINYACC_TEST_SCENARIO="+scenario, "TINYACC_TEST_BACKEND=mpi", "OMP_NUM_THREADS=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	_ = cmd.Run() // mpirun fails the job: one rank died or never finished
+	return out.String()
+}
+
+// A rank killed with an all-reduce in flight under mpirun: the survivors'
+// error names it and the operation, as on the tcp backend, before mpirun
+// ends the job.
+func TestMPIRankKilledIsNamed(t *testing.T) {
+	out := runMPI(t, 3, "sigkill")
+	for r := range 2 {
+		assert.Regexp(t, fmt.Sprintf(`\[1,%d\]<stdout>:RESULT comm: all_reduce on group "world" seq 2 failed after [0-9.]+(µs|ms|s) on the mpi backend: ranks \[2\] did not arrive \(rank 2: its process ended \(its connection to the job's store closed\)\)\n`, r), out, "rank %d", r)
+	}
+}
+
+// A rank that never calls the all-reduce: the others time out naming it
+// and where it stopped.
+func TestMPITimeoutNamesMissingRank(t *testing.T) {
+	out := runMPI(t, 3, "stall")
+	for r := range 2 {
+		assert.Contains(t, out, fmt.Sprintf(`[1,%d]<stdout>:RESULT comm: all_reduce on group "world" seq 2 did not finish within 5s on the mpi backend: ranks [2] did not arrive (rank 2: last started seq 1)`+"\n", r), "rank %d", r)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,6 +61,28 @@ func TestHelperProcess(t *testing.T) {
 		}
 		err := g.AllReduce(x, Sum)
 		fmt.Println("RESULT", err)
+		os.Exit(0)
+	case "sigkill", "stall":
+		// The last rank is killed with an all-reduce in flight, or never
+		// calls it; the others report how their all-reduce ended.
+		if err := g.Barrier(); err != nil {
+			fmt.Println("RESULT", err)
+			os.Exit(0)
+		}
+		x := filled(tensor.Float32, g.Rank(), 1<<16, 0)
+		if g.Rank() == g.Size()-1 {
+			if scenario == "sigkill" {
+				g.AllReduceAsync(x, Sum)
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+			// Stay (stopped as far as the others know) until they have
+			// reported, then leave: mpirun ends the job.
+			time.Sleep(8 * time.Second)
+			os.Exit(0)
+		}
+		err := g.AllReduce(x, Sum)
+		fmt.Println("RESULT", err)
+		time.Sleep(time.Minute) // the store stays up for the others; mpirun ends the job
 		os.Exit(0)
 	}
 }

@@ -29,8 +29,8 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 	if !hostLittleEndian() {
 		return nil, errors.New("comm: the tcp backend sends tensors in host byte order and needs a little-endian host")
 	}
-	if env.Token == "" && env.Rank == 0 && !isLoopback(env.MasterAddr) {
-		fmt.Fprintf(opts.Log, "comm: warning: TINYACC_JOB_TOKEN is empty, so any process that reaches %s:%d can join the job (set the same secret TINYACC_JOB_TOKEN for every rank)\n", env.MasterAddr, env.MasterPort)
+	if env.Token == "" && env.Rank == 0 {
+		warnNoToken(opts.Log, env)
 	}
 	deadline := time.Now().Add(opts.Timeout)
 	t := &tcpTransport{rank: env.Rank, size: env.Size, opts: opts, box: newMailbox(opts.ChunkBytes),
@@ -40,6 +40,13 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 		return nil, err
 	}
 	storeAddr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
+	note := startWaitNote(opts.Log, opts.Timeout, waitNoteFirst, waitNoteEvery)
+	defer note.end()
+	who := fmt.Sprintf("rank %d (world size %d)", env.Rank, env.Size)
+	where := fmt.Sprintf("%s port %d (MASTER_ADDR, MASTER_PORT)", env.MasterAddr, env.MasterPort)
+	note.set(func() string {
+		return fmt.Sprintf("%s is waiting for rank 0's store at %s; nothing answers there yet: is rank 0 running?", who, where)
+	})
 	if env.Rank == 0 {
 		if storeLn == nil {
 			bind := storeBindHost(env.MasterAddr)
@@ -56,6 +63,15 @@ func newTCP(env EnvInfo, opts Options, storeLn net.Listener) (Group, error) {
 		return fail(err)
 	}
 	t.store = store
+	note.set(func() string {
+		if t.server == nil {
+			return fmt.Sprintf("%s is waiting for the other ranks to join at %s", who, where)
+		}
+		if missing := t.server.missingKeys(peerKey, env.Size); len(missing) > 0 {
+			return fmt.Sprintf("%s is waiting for ranks %v to join at %s", who, missing, where)
+		}
+		return fmt.Sprintf("%s is waiting for the %d ranks to connect to each other", who, env.Size)
+	})
 
 	host := peerHost(store.conn, env.MasterAddr, env.Rank, opts.Log)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
@@ -160,15 +176,97 @@ func (t *tcpTransport) dialPeers(env EnvInfo, deadline time.Time) error {
 
 // acceptPeers accepts one connection from each rank above env.Rank. A
 // connection that fails the hello (wrong token, wrong job) is refused and
-// logged, and does not count.
+// logged, and does not count. Hellos are read concurrently, behind a
+// helloGate: a stranger that connects and says nothing holds up no rank.
 func acceptPeers(ln net.Listener, env EnvInfo, log io.Writer, peers []*peerConn, deadline time.Time) error {
 	need := env.Size - 1 - env.Rank
+	if need == 0 {
+		return nil
+	}
+	refusals := newRefusalLog(log, fmt.Sprintf("rank %d", env.Rank))
+	defer refusals.close()
+	gate := newHelloGate(maxPendingHellos)
+	type arrival struct {
+		conn net.Conn
+		h    hello
+	}
+	arrivals := make(chan arrival)
+	acceptErr := make(chan error, 1)
+	done, acceptDone := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup // the hellos in progress
 	if tl, ok := ln.(*net.TCPListener); ok {
 		_ = tl.SetDeadline(deadline)
 	}
+	go func() {
+		defer close(acceptDone)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			gate.admit(conn)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				hd := time.Now().Add(helloTimeout)
+				if deadline.Before(hd) {
+					hd = deadline
+				}
+				_ = conn.SetDeadline(hd)
+				var h hello
+				err := readControl(conn, kindHello, &h)
+				gate.passed(conn)
+				if err == nil {
+					err = checkHello(h, env.Token, "peer", env.Size)
+					if err != nil {
+						refuse(conn, refusals, err)
+						return
+					}
+				} else {
+					refusals.refused(conn.RemoteAddr(), badHello(err))
+					conn.Close()
+					return
+				}
+				select {
+				case arrivals <- arrival{conn, h}:
+				case <-done:
+					conn.Close()
+				}
+			}()
+		}
+	}()
+	defer func() {
+		// Stop accepting, then end the hellos still in progress.
+		close(done)
+		if tl, ok := ln.(*net.TCPListener); ok {
+			_ = tl.SetDeadline(time.Now())
+		} else {
+			ln.Close()
+		}
+		<-acceptDone
+		gate.closeAll()
+		wg.Wait()
+		if tl, ok := ln.(*net.TCPListener); ok {
+			_ = tl.SetDeadline(time.Time{})
+		}
+	}()
 	for need > 0 {
-		conn, err := ln.Accept()
-		if err != nil {
+		select {
+		case a := <-arrivals:
+			if a.h.Rank <= env.Rank || peers[a.h.Rank] != nil {
+				refuse(a.conn, refusals, fmt.Errorf("unexpected connection from rank %d", a.h.Rank))
+				continue
+			}
+			if err := writeControl(a.conn, kindHelloAck, helloAck{V: protocolVersion, OK: true}); err != nil {
+				a.conn.Close()
+				continue
+			}
+			_ = a.conn.SetDeadline(time.Time{})
+			tuneConn(a.conn)
+			peers[a.h.Rank] = &peerConn{rank: a.h.Rank, conn: a.conn}
+			need--
+		case err := <-acceptErr:
 			var missing []int
 			for r := env.Rank + 1; r < env.Size; r++ {
 				if peers[r] == nil {
@@ -178,33 +276,6 @@ func acceptPeers(ln net.Listener, env EnvInfo, log io.Writer, peers []*peerConn,
 			return fmt.Errorf("comm: rank %d: ranks %v (%d of the %d it waits for) did not connect before the deadline: %w",
 				env.Rank, missing, len(missing), env.Size-1-env.Rank, err)
 		}
-		hd := time.Now().Add(helloTimeout)
-		if deadline.Before(hd) {
-			hd = deadline
-		}
-		_ = conn.SetDeadline(hd)
-		var h hello
-		if err := readControl(conn, kindHello, &h); err != nil {
-			fmt.Fprintf(log, "comm: rank %d refused connection from %s: bad hello: %v\n", env.Rank, conn.RemoteAddr(), err)
-			conn.Close()
-			continue
-		}
-		if err := checkHello(h, env.Token, "peer", env.Size); err != nil {
-			refuse(conn, log, fmt.Sprintf("rank %d", env.Rank), err)
-			continue
-		}
-		if h.Rank <= env.Rank || peers[h.Rank] != nil {
-			refuse(conn, log, fmt.Sprintf("rank %d", env.Rank), fmt.Errorf("unexpected connection from rank %d", h.Rank))
-			continue
-		}
-		if err := writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, OK: true}); err != nil {
-			conn.Close()
-			continue
-		}
-		_ = conn.SetDeadline(time.Time{})
-		tuneConn(conn)
-		peers[h.Rank] = &peerConn{rank: h.Rank, conn: conn}
-		need--
 	}
 	return nil
 }

@@ -22,10 +22,9 @@ import (
 const helloTimeout = 10 * time.Second
 
 // maxPendingHellos bounds the connections the store holds before they have
-// proven the job token. More wait in the kernel's accept queue, costing
-// this process nothing; each pending one is dropped at its hello deadline,
-// so a flood of strangers delays the ranks at most by helloTimeout rounds
-// and never grows this process's memory.
+// proven the job token; past it, a new connection closes the oldest one
+// (helloGate), so strangers neither grow this process's memory nor keep
+// the ranks waiting.
 const maxPendingHellos = 64
 
 // checkHello verifies a hello against this job. The token is compared in
@@ -49,20 +48,12 @@ func checkHello(h hello, token, role string, world int) error {
 	return nil
 }
 
-// refuse answers a failed hello, logs it naming the remote address, and
-// closes the connection.
-func refuse(conn net.Conn, log io.Writer, what string, err error) {
-	fmt.Fprintf(log, "comm: %s refused connection from %s: %v\n", what, conn.RemoteAddr(), err)
-	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, Err: err.Error()})
-	conn.Close()
-}
-
 type storeServer struct {
-	ln    net.Listener
-	token string
-	world int
-	log   io.Writer
+	ln       net.Listener
+	token    string
+	world    int
+	refusals *refusalLog
+	log      io.Writer
 
 	mu      sync.Mutex
 	data    map[string][]byte
@@ -70,13 +61,31 @@ type storeServer struct {
 	conns   map[net.Conn]struct{}
 	closed  bool
 	wg      sync.WaitGroup
-	pending chan struct{} // one slot per connection still in its hello
+	hellos  *helloGate // connections still in their hello
+
+	// watchRanks makes a rank whose connection ends before it said
+	// goodbye (byeKey) known under deadKey: the mpi backend's side
+	// channel learns this way that a rank's process ended.
+	watchRanks bool
 }
 
+// The keys of the side channel that watchRanks keeps.
+const (
+	deadKey   = "tinyacc/dead" // the first rank whose connection ended without a goodbye
+	byeCount  = "tinyacc/byes" // how many ranks said goodbye
+	byePrefix = "tinyacc/bye/"
+)
+
 func startStore(ln net.Listener, token string, world int, log io.Writer) *storeServer {
-	s := &storeServer{ln: ln, token: token, world: world, log: log,
+	return startStoreWatching(ln, token, world, log, false)
+}
+
+// startStoreWatching is startStore; with watchRanks, the store notes the
+// first rank whose connection ends without a goodbye (rankLeft).
+func startStoreWatching(ln net.Listener, token string, world int, log io.Writer, watchRanks bool) *storeServer {
+	s := &storeServer{ln: ln, token: token, world: world, log: log, refusals: newRefusalLog(log, "store"),
 		data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{},
-		pending: make(chan struct{}, maxPendingHellos)}
+		hellos: newHelloGate(maxPendingHellos), watchRanks: watchRanks}
 	s.wg.Add(1)
 	go s.serve()
 	return s
@@ -85,9 +94,6 @@ func startStore(ln net.Listener, token string, world int, log io.Writer) *storeS
 func (s *storeServer) serve() {
 	defer s.wg.Done()
 	for {
-		// Take a hello slot before accepting; close() ends every held
-		// connection, which frees their slots.
-		s.pending <- struct{}{}
 		conn, err := s.ln.Accept()
 		if err != nil {
 			return
@@ -101,6 +107,7 @@ func (s *storeServer) serve() {
 		s.conns[conn] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		s.hellos.admit(conn)
 		go s.handle(conn)
 	}
 }
@@ -116,14 +123,12 @@ func (s *storeServer) close() {
 	s.mu.Unlock()
 	s.ln.Close()
 	s.wg.Wait()
+	s.refusals.close()
 }
 
 func (s *storeServer) handle(conn net.Conn) {
-	inHello := true
 	defer func() {
-		if inHello {
-			<-s.pending
-		}
+		s.hellos.passed(conn)
 		conn.Close()
 		s.mu.Lock()
 		delete(s.conns, conn)
@@ -134,23 +139,23 @@ func (s *storeServer) handle(conn net.Conn) {
 	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readControl(r, kindHello, &h); err != nil {
-		fmt.Fprintf(s.log, "comm: store refused connection from %s: bad hello: %v\n", conn.RemoteAddr(), err)
+		s.refusals.refused(conn.RemoteAddr(), badHello(err))
 		return
 	}
+	s.hellos.passed(conn)
 	if err := checkHello(h, s.token, "store", s.world); err != nil {
-		refuse(conn, s.log, "store", err)
+		refuse(conn, s.refusals, err)
 		return
 	}
 	if err := writeControl(conn, kindHelloAck, helloAck{V: protocolVersion, OK: true}); err != nil {
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
-	inHello = false
-	<-s.pending
 	for {
 		var req storeReq
 		if err := readControl(r, kindStoreReq, &req); err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			s.rankLeft(h.Rank)
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !s.watchRanks {
 				fmt.Fprintf(s.log, "comm: store dropped rank %d (%s): %v\n", h.Rank, conn.RemoteAddr(), err)
 			}
 			return
@@ -213,6 +218,40 @@ func (s *storeServer) apply(req storeReq) storeResp {
 	return storeResp{V: protocolVersion, Err: fmt.Sprintf("unknown store op %q", req.Op)}
 }
 
+// rankLeft records, when ranks are watched, that rank's connection ended:
+// without its goodbye, its process ended (or cut its connection), and the
+// first such rank is named under deadKey.
+func (s *storeServer) rankLeft(rank int) {
+	if !s.watchRanks {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if _, said := s.data[byePrefix+strconv.Itoa(rank)]; said {
+		return
+	}
+	if _, ok := s.data[deadKey]; !ok {
+		s.data[deadKey] = []byte(strconv.Itoa(rank))
+		s.notifyLocked()
+	}
+}
+
+// missingKeys lists the ranks r < world whose key(r) is not set yet.
+func (s *storeServer) missingKeys(key func(int) string, world int) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	missing := []int{}
+	for r := range world {
+		if _, ok := s.data[key(r)]; !ok {
+			missing = append(missing, r)
+		}
+	}
+	return missing
+}
+
 func (s *storeServer) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -240,7 +279,14 @@ func dialStore(addr, token string, rank, world int, deadline time.Time) (*storeC
 		c := &storeClient{conn: conn, r: bufio.NewReader(conn)}
 		if err := clientHello(conn, c.r, hello{V: protocolVersion, Token: token, Rank: rank, World: world, Role: "store"}, deadline); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("comm: store at %s: %w", addr, err)
+			var refused *refusedError
+			if errors.As(err, &refused) || !time.Now().Before(deadline) {
+				return nil, fmt.Errorf("comm: store at %s: %w", addr, err)
+			}
+			// Closed before any answer: the store dropped this
+			// connection among a crowd of silent ones (helloGate).
+			lastErr = err
+			continue
 		}
 		return c, nil
 	}
@@ -259,10 +305,16 @@ func clientHello(conn net.Conn, r io.Reader, h hello, deadline time.Time) error 
 		return fmt.Errorf("no hello acknowledgement: %w", err)
 	}
 	if !ack.OK {
-		return fmt.Errorf("connection refused by the remote side: %s", ack.Err)
+		return &refusedError{ack.Err}
 	}
 	return nil
 }
+
+// refusedError is a hello the other side answered with a refusal: trying
+// again cannot help.
+type refusedError struct{ why string }
+
+func (e *refusedError) Error() string { return "connection refused by the remote side: " + e.why }
 
 func (c *storeClient) do(req storeReq, deadline time.Time) (storeResp, error) {
 	c.mu.Lock()

@@ -49,7 +49,7 @@ func startJob(o Options, out *output, argv []string, port int, token string, att
 		env := rankEnv(o.Env, o, rankSpec{local: local, port: port, token: token, attempt: attempt, threadsPer: threads})
 		r, err := startRank(argv, env, out, local, o.globalRank(local), o.TailLines)
 		if err != nil {
-			j.stop(syscall.SIGTERM)
+			j.stop(syscall.SIGTERM, true)
 			return nil, err
 		}
 		j.ranks = append(j.ranks, r)
@@ -68,7 +68,7 @@ func (j *job) supervise(ctx context.Context) outcome {
 			j.record(ev)
 			if !ev.status.ok() {
 				res := outcome{failed: ev.r, stopped: j.runningRanks()}
-				j.stop(syscall.SIGTERM)
+				j.stop(syscall.SIGTERM, true)
 				return res
 			}
 		case sig := <-j.o.Signals:
@@ -77,17 +77,17 @@ func (j *job) supervise(ctx context.Context) outcome {
 			if !ok {
 				s = syscall.SIGTERM
 			}
-			j.stop(s)
+			j.stop(s, false)
 			return res
 		case <-ctx.Done():
 			res := outcome{canceled: true, stopped: j.runningRanks()}
-			j.stop(syscall.SIGTERM)
+			j.stop(syscall.SIGTERM, false)
 			return res
 		}
 	}
 	// Every rank succeeded, but what they started in the background would
 	// outlive the job and keep its ports and files busy.
-	j.stop(syscall.SIGTERM)
+	j.stop(syscall.SIGTERM, false)
 	return outcome{}
 }
 
@@ -119,18 +119,24 @@ func (j *job) pgids() map[int]bool {
 // kills whatever is left, so a stop always ends within about StopGrace plus a
 // second. Groups already empty are not signalled, since their id could by
 // then name another process's group.
-func (j *job) stop(sig syscall.Signal) {
-	live := liveGroups(j.pgids())
+//
+// The grace is for ranks that can use it: finishing a step, writing a
+// checkpoint. When the job is failing (a rank died), a group with a stopped
+// or traced member is killed at once instead: that member cannot act on sig
+// until someone resumes it, and waiting for it would only make the failed
+// job end a grace period later than its peers' deadline.
+func (j *job) stop(sig syscall.Signal, failing bool) {
+	live, _ := liveGroups(j.pgids())
 	for _, r := range j.ranks {
 		if !r.exited || live[r.pgid] {
 			r.signalGroup(sig)
 		}
 	}
-	if !j.waitStopped(j.o.StopGrace) {
+	if !j.waitStopped(j.o.StopGrace, failing) {
 		for _, r := range j.ranks {
 			r.signalGroup(syscall.SIGKILL)
 		}
-		if !j.waitStopped(killWait) {
+		if !j.waitStopped(killWait, false) {
 			j.out.log("launch: ranks " + formatRanks(j.runningRanks()) + " did not exit after SIGKILL; giving up on them")
 		}
 	}
@@ -139,15 +145,24 @@ func (j *job) stop(sig syscall.Signal) {
 
 // waitStopped waits until every leader has exited and every group is empty,
 // or d passed, or the launcher got another signal (a second Ctrl-C means
-// "stop now").
-func (j *job) waitStopped(d time.Duration) bool {
+// "stop now"). With killFrozen, groups with a stopped or traced member are
+// killed as soon as they are seen.
+func (j *job) waitStopped(d time.Duration, killFrozen bool) bool {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		if j.running == 0 && len(liveGroups(j.pgids())) == 0 {
+		live, frozen := liveGroups(j.pgids())
+		if j.running == 0 && len(live) == 0 {
 			return true
+		}
+		if killFrozen {
+			for _, r := range j.ranks {
+				if frozen[r.pgid] {
+					r.signalGroup(syscall.SIGKILL)
+				}
+			}
 		}
 		select {
 		case ev := <-j.exits:

@@ -208,6 +208,33 @@ while [ ! -s %s ]; do sleep 0.01; done; exit 3`, tc.trap, pidFile, pidFile)
 	}
 }
 
+// A rank stopped with SIGSTOP cannot act on SIGTERM. When another rank
+// fails, the launcher kills it at once instead of waiting out the grace
+// period (here 60 s) for it: the job ends at its peers' failure, not a
+// grace period later.
+func TestStoppedRankIsKilledAtOnceWhenTheJobFails(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	script := fmt.Sprintf(`if [ "$RANK" = 0 ]; then echo $$ > %[1]s.tmp; mv %[1]s.tmp %[1]s; kill -STOP $$; exit 0; fi
+while [ ! -s %[1]s ]; do sleep 0.01; done
+while ! grep -q ') T ' /proc/$(cat %[1]s)/stat; do sleep 0.01; done; exit 3`, pidFile)
+	const grace = 60 * time.Second
+	start := time.Now()
+	_, _, err := runSh(t, Options{NProc: 2, StopGrace: grace}, script)
+	elapsed := time.Since(start)
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.Equal(t, []int{0}, re.Stopped)
+	// An upper bound with a wide margin, not a timing: without the kill the
+	// launcher waits the whole grace.
+	assert.Less(t, elapsed, grace/2, "the stopped rank must be killed at once, not after the %s grace", grace)
+	raw, rerr := os.ReadFile(pidFile)
+	require.NoError(t, rerr)
+	pid, perr := strconv.Atoi(strings.TrimSpace(string(raw)))
+	require.NoError(t, perr)
+	assert.True(t, processGone(pid), "stopped rank 0 (pid %d) must be gone when Run returns", pid)
+}
+
 func TestRestartsThenFails(t *testing.T) {
 	// Rank 1 fails only once rank 0 has printed, so every attempt's output
 	// is complete.

@@ -17,15 +17,16 @@ func rankProcAttr() *syscall.SysProcAttr {
 }
 
 // liveGroups reports which of the given process groups still have a running
-// member. It reads /proc rather than probing with kill(-pgid, 0) because an
-// orphaned grandchild that died stays a zombie member of its group until init
-// reaps it, and some inits never do; a zombie has stopped and must not make
-// the launcher wait out the whole grace period.
-func liveGroups(pgids map[int]bool) map[int]bool {
-	live := map[int]bool{}
+// member, and which have a member that cannot run: stopped (SIGSTOP, a
+// terminal's stop) or held by a tracer. It reads /proc rather than probing
+// with kill(-pgid, 0) because an orphaned grandchild that died stays a zombie
+// member of its group until init reaps it, and some inits never do; a zombie
+// has stopped and must not make the launcher wait out the whole grace period.
+func liveGroups(pgids map[int]bool) (live, frozen map[int]bool) {
+	live, frozen = map[int]bool{}, map[int]bool{}
 	dir, err := os.ReadDir("/proc")
 	if err != nil {
-		return probeGroups(pgids)
+		return probeGroups(pgids), frozen
 	}
 	for _, e := range dir {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -38,9 +39,12 @@ func liveGroups(pgids map[int]bool) map[int]bool {
 		state, pgrp, ok := parseStat(stat)
 		if ok && pgids[pgrp] && state != 'Z' && state != 'X' {
 			live[pgrp] = true
+			if state == 'T' || state == 't' {
+				frozen[pgrp] = true
+			}
 		}
 	}
-	return live
+	return live, frozen
 }
 
 // parseStat extracts the state and process group from /proc/PID/stat. The

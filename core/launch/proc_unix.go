@@ -14,7 +14,8 @@ func rankProcAttr() *syscall.SysProcAttr {
 
 // liveGroups reports which of the given process groups still have a member.
 // Without /proc, zombies count as members, which at worst makes a stop wait
-// out its grace period.
-func liveGroups(pgids map[int]bool) map[int]bool {
-	return probeGroups(pgids)
+// out its grace period, and a stopped member cannot be told from a running
+// one (none is reported frozen).
+func liveGroups(pgids map[int]bool) (live, frozen map[int]bool) {
+	return probeGroups(pgids), map[int]bool{}
 }

@@ -49,6 +49,7 @@ type Plugin struct {
 	cmd      *exec.Cmd
 	rpc      *rpc.Client
 	stderr   *prefixWriter
+	socket   string // the Unix socket the process serves on; "" before the handshake
 	deadline time.Duration
 	dead     error // set once the process failed; every later call returns it
 	group    comm.Group
@@ -120,6 +121,9 @@ func Start(path string, o Options) (*Plugin, error) {
 	if err != nil {
 		p.kill()
 		return nil, p.startError(o.Protocol, err)
+	}
+	if rc := p.client.ReattachConfig(); rc != nil && rc.Addr != nil && rc.Addr.Network() == "unix" {
+		p.socket = rc.Addr.String()
 	}
 	raw, err := proto.Dispense("hooks")
 	if err != nil {
@@ -271,6 +275,21 @@ func (p *Plugin) kill() {
 	if p.notices != nil {
 		p.notices.Close()
 	}
+	p.removeSocket()
+}
+
+// removeSocket deletes the socket file the process served on. A process
+// that exits on its own removes it; a killed one cannot, and every killed
+// plugin would leave one more file in the temporary directory. Only a
+// socket is removed: a name reused by anything else is left alone.
+func (p *Plugin) removeSocket() {
+	if p.socket == "" {
+		return
+	}
+	if st, err := os.Lstat(p.socket); err == nil && st.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(p.socket)
+	}
+	p.socket = ""
 }
 
 // Close ends the process and removes its arena. It is safe to call more

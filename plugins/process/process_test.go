@@ -84,14 +84,16 @@ func (f *faultyGrad) GradReady(t *trainer.Trainer, p *tensor.Tensor, _ tensor.Pa
 	return fmt.Errorf("faulty: a bad gradient in step 2")
 }
 
-func start(t *testing.T, variant string) (*process.Plugin, error) {
-	return process.Start(os.Args[0], process.Options{Env: []string{testPluginEnv + "=" + variant}, Rank: 0, Deadline: 30 * time.Second})
+func start(t *testing.T, variant string, env ...string) (*process.Plugin, error) {
+	env = append([]string{testPluginEnv + "=" + variant}, env...)
+	return process.Start(os.Args[0], process.Options{Env: env, Rank: 0, Deadline: 30 * time.Second})
 }
 
 // TestKilledOrStoppedPlugin ends a run whose plugin process is killed,
 // stopped or fails mid-step (in a hook the host waits for, or in a
 // GradReady it only notified), within comm.timeout, with an error naming the plugin,
-// its binary and the hook, and leaves no process and no arena file behind.
+// its binary and the hook, and leaves no process, no arena file and no
+// socket file behind (the plugin process makes its socket in its TMPDIR).
 func TestKilledOrStoppedPlugin(t *testing.T) {
 	exe := os.Args[0]
 	for variant, want := range map[string]string{
@@ -103,8 +105,11 @@ func TestKilledOrStoppedPlugin(t *testing.T) {
 		"gradstop": "trainer: faulty post-grad: process plugin faulty (" + exe + "): GradReady did not answer within 1s (comm.timeout); the plugin process was killed",
 		"graderr":  "trainer: faulty post-grad: process plugin faulty: GradReady: parameter ln_f.weight: faulty: a bad gradient in step 2",
 	} {
-		p, err := start(t, variant)
+		tmp := t.TempDir()
+		p, err := start(t, variant, "TMPDIR="+tmp)
 		require.NoError(t, err)
+		sockets, _ := filepath.Glob(filepath.Join(tmp, "*"))
+		require.Len(t, sockets, 1, "%s: the plugin serves on one socket in its TMPDIR", variant)
 		cfg := ptest.Config()
 		cfg.Comm.Timeout = time.Second
 		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: []trainer.Plugin{p}})
@@ -115,6 +120,8 @@ func TestKilledOrStoppedPlugin(t *testing.T) {
 		require.ErrorIs(t, syscall.Kill(p.Pid(), 0), syscall.ESRCH, "%s: the plugin process is gone", variant)
 		left, _ := filepath.Glob(pluginsdk.ArenaPattern(os.Getpid()))
 		require.Empty(t, left, "%s: no arena file is left", variant)
+		left, _ = filepath.Glob(filepath.Join(tmp, "*"))
+		require.Empty(t, left, "%s: no socket file is left", variant)
 	}
 }
 
