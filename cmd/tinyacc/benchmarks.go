@@ -38,9 +38,10 @@ var benchmarks = []benchmark{
       Context parallel: attention FLOPs and time per rank under the zigzag and
       contiguous splits, the ring's transfer time hidden behind compute (cp 2,
       2 processes), activation peak per rank beside one process's.`, benchCP},
-	{"soak", ` [--steps N] [--peer BIN]
-      Train a tiny GPT for N steps, one process and --nproc 2, printing every
-      process's resident memory every N/10 steps (beside BIN's, with --peer).`, benchSoak},
+	{"soak", ` [--steps 20000] [--nproc 4] [--peer BIN] [-- TRAIN FLAGS]
+      Train a tiny GPT for N steps, one process and --nproc 4, printing every
+      process's resident memory every N/20 steps and its slope in MB per 1000
+      steps (beside BIN's, with --peer).`, benchSoak},
 	{"ckpt", ` [--nproc N] [--zero S] [--models demo,85m] [--dir DIR]
       Save and resume the whole training state under ZeRO on N goroutine
       ranks: seconds, bytes on disk beside 12Ψ, memory a save adds per rank.
