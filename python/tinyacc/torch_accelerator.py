@@ -27,6 +27,7 @@ def prepare(acc, objects):
         raise ValueError("tinyacc: this Accelerator already prepared a GPT; torch objects need an Accelerator of their own")
     if acc._torch is None:
         acc._torch = TorchState(acc)
+        acc._interrupts.install()
     return acc._torch.prepare(objects)
 
 
@@ -147,10 +148,26 @@ class TorchState:
             write_safetensors(os.path.join(directory, "model.safetensors"), unique_tensors(sd))
         dist.barrier()
 
-    def save_state(self, directory):
+    def state_dict(self, model):
+        """The model's whole state dict under every name of its state_dict,
+        as copies (collective under ZeRO-3)."""
+        eng = self.engine_of(model)
+        whole = eng.full_state_dict()
+        return expand_shared(eng.module, {k: v.detach().clone() for k, v in whole.items()})
+
+    def broadcast_path(self, path):
+        """Rank 0's path (a string), on every rank."""
+        if self.acc.num_processes == 1:
+            return path
+        from .torch_zero_shard import broadcast_object
+        return broadcast_object(path, 0, self.acc.process_index)
+
+    def save_state(self, directory, extra=None, save_extras=None):
         """directory/model.safetensors (model_1... for more models),
         optimizer.bin (torch.save of the optimizer's state dict, per model)
-        and state.json (the loaders' positions, the accumulation counter)."""
+        and state.json (the loaders' positions, the accumulation counter,
+        and extra); save_extras(directory) writes the rest before the
+        ranks meet at the end."""
         main = self.acc.is_main_process
         if main:
             os.makedirs(directory, exist_ok=True)
@@ -163,9 +180,13 @@ class TorchState:
                 torch.save(osd, os.path.join(directory, "optimizer%s.bin" % sfx))
         if main:
             state = {"loaders": [ld.position() for ld in self.loaders], "accum_step": self.acc._accum_step}
+            state.update(extra or {})
             with open(os.path.join(directory, "state.json.tmp"), "w") as f:
                 json.dump(state, f)
             os.replace(os.path.join(directory, "state.json.tmp"), os.path.join(directory, "state.json"))
+        if save_extras is not None:
+            dist.barrier()  # the directory exists
+            save_extras(directory)
         dist.barrier()
 
     def load_state(self, directory):
@@ -179,6 +200,7 @@ class TorchState:
         for ld, pos in zip(self.loaders, state["loaders"]):
             ld.restore(pos)
         self.acc._accum_step = int(state["accum_step"])
+        return state
 
     def memory(self):
         out = dict(rank=self.acc.process_index, params_bytes=0, grads_bytes=0, optim_bytes=0)
