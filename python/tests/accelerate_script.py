@@ -136,6 +136,9 @@ def main():
         progress.batch = 0
 
     state = accelerator.get_state_dict(model)
+    with accelerator.gathered_parameters(model):
+        gathered_shapes = {k: list(v.shape) for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    after_shapes = {k: list(v.shape) for k, v in accelerator.unwrap_model(model).state_dict().items()}
     # Ranks with different lengths: padded to the longest, then gathered.
     mine = torch.arange(accelerator.process_index + 1, dtype=torch.float32) + 1
     padded = accelerator.pad_across_processes(mine, pad_index=-1)
@@ -144,7 +147,7 @@ def main():
              "state_type": accelerator.state.distributed_type.value,
              "is_multi": accelerator.distributed_type == DistributedType.MULTI_CPU,
              "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.state.num_processes,
-             "gathered": gathered.tolist()}
+             "gathered": gathered.tolist(), "gathered_shapes": gathered_shapes, "after_shapes": after_shapes}
 
     @accelerator.on_main_process
     def write():

@@ -203,10 +203,11 @@ class TorchState:
         return state
 
     def memory(self):
-        out = dict(rank=self.acc.process_index, params_bytes=0, grads_bytes=0, optim_bytes=0)
+        out = dict(rank=self.acc.process_index, params_bytes=0, grads_bytes=0, optim_bytes=0, bucket_bytes=0)
         for _, e in self.engines:
             for k, v in e.memory().items():
                 out[k] = out.get(k, 0) + int(v)
+        out["total_bytes"] = out["params_bytes"] + out["grads_bytes"] + out["optim_bytes"] + out["bucket_bytes"]
         out["activations_peak_bytes"] = self.activations.peak
         out["rss_peak_bytes"] = rss_peak_bytes()
         return out

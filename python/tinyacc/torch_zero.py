@@ -415,7 +415,7 @@ class ZeroEngine(TorchEngine):
     def memory(self):
         own = self.owned if self.stage == 3 else range(len(self.params))
         params_bytes = sum(4 * self.params[i].numel() for i in own)
-        grads = sum(4 * g.shard.numel() for g in self.groups) + self.buckets.nbytes()
+        grads = sum(4 * g.shard.numel() for g in self.groups)
         for i, p in enumerate(self.params):
             if p.grad is not None and i not in self._grad_in_shard:
                 grads += p.grad.element_size() * p.grad.numel()
@@ -424,7 +424,7 @@ class ZeroEngine(TorchEngine):
             for v in st.values():
                 if isinstance(v, torch.Tensor):
                     optim += v.element_size() * v.numel()
-        return dict(params_bytes=params_bytes, grads_bytes=grads, optim_bytes=optim)
+        return dict(params_bytes=params_bytes, grads_bytes=grads, optim_bytes=optim, bucket_bytes=self.buckets.nbytes())
 
     def wrap_module(self):
         return self.module
