@@ -17,7 +17,8 @@ checkpoints/checkpoint_<n>). --resume: load_state() the newest one and skip
 the batches already done with skip_first_batches. --signal-at K: after step
 K the main process sends SIGINT to its parent (the launcher) and waits until
 the launcher's forwarded SIGINT reached it. --raise SIG: after step K every
-rank sends SIG to itself (as if the launcher had forwarded it).
+rank (--raise-rank R: rank R only) sends SIG to itself (as if the launcher
+had forwarded it).
 """
 
 import argparse
@@ -67,6 +68,7 @@ def main():
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--signal-at", type=int, default=0)
     ap.add_argument("--raise", dest="raise_sig", default="")
+    ap.add_argument("--raise-rank", type=int, default=None)
     ap.add_argument("--checkpoint-every", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -92,7 +94,7 @@ def main():
 
     if args.resume:
         accelerator.load_state()
-    losses, lrs, saved = {}, {}, {}
+    losses, lrs, saved, draws = {}, {}, {}, {}
     pending = []
     first_epoch = progress.epoch
     for epoch in range(first_epoch, 100):
@@ -121,12 +123,14 @@ def main():
             losses[step] = float(sum(pending) / len(pending))
             pending = []
             lrs[step] = scheduler.get_last_lr()[0]
+            draws[step] = torch.rand(1).item()  # the generator save_state keeps
             accelerator.log({"loss": losses[step], "lr": lrs[step]}, step=step)
             if step == args.save_at:
                 saved[step] = accelerator.save_state()
             if step == args.signal_at:
                 if args.raise_sig:
-                    signal.raise_signal(getattr(signal, args.raise_sig))
+                    if args.raise_rank in (None, accelerator.process_index):
+                        signal.raise_signal(getattr(signal, args.raise_sig))
                 elif accelerator.is_main_process:
                     os.kill(os.getppid(), signal.SIGINT)
                     # The launcher forwards it to every rank; this rank waits for its own copy.
@@ -153,7 +157,7 @@ def main():
     def write():
         accelerator.save({k: v for k, v in state.items()}, os.path.join(args.out, "state.pt"))
         with open(os.path.join(args.out, "result.json"), "w") as f:
-            json.dump({"losses": losses, "lrs": lrs, "saved": saved, "notes": notes,
+            json.dump({"losses": losses, "lrs": lrs, "saved": saved, "notes": notes, "draws": draws,
                        "memory": accelerator.memory()}, f)
 
     @accelerator.on_local_main_process

@@ -122,6 +122,7 @@ def _resumed_matches(ref, out):
     got = result(out)
     assert got["losses"] == {s: v for s, v in ref["losses"].items() if int(s) > 3}, (got["losses"], ref["losses"])
     assert got["lrs"] == {s: v for s, v in ref["lrs"].items() if int(s) > 3}
+    assert got["draws"] == {s: v for s, v in ref["draws"].items() if int(s) > 3}
     assert list(got["state"]) == list(ref["state"])
     for k, want in ref["state"].items():
         assert torch.equal(got["state"][k], want), k
@@ -153,18 +154,18 @@ def _free_port():
 
 
 def test_each_rank_exits_with_the_signal(tmp_path):
-    """Two ranks started without the launcher, each getting SIGTERM after
-    step 3 (as the launcher forwards it): both exit 143 at the same
-    boundary, after checkpoint_every=2 saved step 2 and the stop step 3."""
+    """Two ranks started without the launcher, rank 1 alone getting SIGTERM
+    after step 3: both exit 143 at the same boundary (they agree), after
+    checkpoint_every=2 saved step 2 and the stop step 3."""
     out = tmp_path / "term"
     port = _free_port()
     procs = []
     for r in (0, 1):
         env = dict(os.environ, PYTHONPATH=PKG, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TINYACC_JOB_TOKEN="parity-test")
-        procs.append(subprocess.Popen([sys.executable, SCRIPT, str(out), "--signal-at", "3", "--raise", "SIGTERM",
-                                       "--checkpoint-every", "2"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        cmd = [sys.executable, SCRIPT, str(out), "--signal-at", "3", "--raise", "SIGTERM", "--raise-rank", "1",
+               "--checkpoint-every", "2"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for r, p in enumerate(procs):
         text, _ = p.communicate(timeout=300)
         assert p.returncode == 128 + signal.SIGTERM, text

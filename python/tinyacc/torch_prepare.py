@@ -208,9 +208,15 @@ class PreparedDataLoader(DataLoader):
         sampler = ShardedBatchSampler(len(loader.dataset), loader.batch_size, accelerator.num_processes,
                                       accelerator.process_index, shuffle, int(accelerator.config.train.seed),
                                       loader.drop_last)
+        # A generator of its own: starting a pass draws the workers' base
+        # seed from it, not from torch's global generator, whose state
+        # save_state keeps (a resumed run starts a pass where the first
+        # did not).
+        own = torch.Generator()
+        own.manual_seed(int(accelerator.config.train.seed))
         super().__init__(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
                          collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn)
+                         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=own)
         object.__setattr__(self, "batch_size", loader.batch_size)
         object.__setattr__(self, "_sharded", sampler)
         object.__setattr__(self, "_accelerator", accelerator)
