@@ -203,6 +203,9 @@ class Accelerator:
     def on_last_process(self, function):
         return _only(function, lambda: self.is_last_process)
 
+    def unscale_gradients(self, optimizer=None):
+        """Nothing to do: without loss scaling gradients are never scaled."""
+
     @contextlib.contextmanager
     def autocast(self, *args, **kwargs):
         """Nothing to do: parameters and activations are float32."""
