@@ -11,7 +11,6 @@ passes, see get_state_dict), the method says so.
 import contextlib
 import functools
 import gc
-import json
 import os
 import sys
 
