@@ -147,11 +147,13 @@ def main():
     mine = torch.arange(accelerator.process_index + 1, dtype=torch.float32) + 1
     padded = accelerator.pad_across_processes(mine, pad_index=-1)
     gathered = accelerator.gather(padded)
+    pair = accelerator.gather_for_metrics((mine[:1], {"r": torch.tensor([accelerator.process_index])}))
     notes = {"distributed_type": accelerator.distributed_type.value,
              "state_type": accelerator.state.distributed_type.value,
              "is_multi": accelerator.distributed_type == DistributedType.MULTI_CPU,
              "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.state.num_processes,
-             "gathered": gathered.tolist(), "gathered_shapes": gathered_shapes, "after_shapes": after_shapes}
+             "gathered": gathered.tolist(),
+             "pair": [pair[0].tolist(), pair[1]["r"].tolist()], "gathered_shapes": gathered_shapes, "after_shapes": after_shapes}
 
     @accelerator.on_main_process
     def write():

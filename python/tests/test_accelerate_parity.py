@@ -91,6 +91,8 @@ def test_two_ranks_match_one_process(runs):
     # pad_across_processes: rank 0's [1] padded with -1 to rank 1's length 2.
     assert notes["gathered"] == [1.0, -1.0, 1.0, 2.0]
     assert one["notes"]["gathered"] == [1.0]
+    # gather_for_metrics of a tuple holding a tensor and a dict of one.
+    assert notes["pair"] == [[1.0, 1.0], [0, 1]] and one["notes"]["pair"] == [[1.0], [0]]
     # on_local_main_process ran on rank 0 only; free_memory returned None.
     assert "[rank 0] done rank 0 local=local main model=None" in runs["two_text"]
     assert "[rank 1] done rank 1 local=None model=None" in runs["two_text"]

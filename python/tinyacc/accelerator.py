@@ -364,10 +364,11 @@ class Accelerator:
         dist.barrier()
 
     def gather(self, tensor):
-        """tensor from every rank, concatenated along the first dimension."""
-        if _is_torch(tensor):
+        """tensor from every rank, concatenated along the first dimension
+        (torch tensors: also each tensor of a list, tuple or dict)."""
+        if _has_torch_tensor(tensor):
             from . import torch_prepare
-            return torch_prepare.all_gather(tensor)
+            return _map_tensors(torch_prepare.all_gather, tensor)
         return dist.all_gather(_as_tensor(tensor))
 
     def gather_for_metrics(self, tensor):
@@ -376,14 +377,17 @@ class Accelerator:
         out = self.gather(tensor)
         ld = self._last_loader
         if self._end_of_dataloader and ld is not None and ld.remainder > 0:
-            return out[:ld.remainder]
+            n = ld.remainder
+            return _map_tensors(lambda t: t[:n], out) if _has_torch_tensor(out) else out[:n]
         return out
 
     def reduce(self, tensor, reduction="sum"):
-        """The reduction ("sum", "mean", "max", "min") of tensor over ranks."""
-        if _is_torch(tensor):
+        """The reduction ("sum", "mean", "max", "min") of tensor over ranks
+        (torch tensors: also each tensor of a list, tuple or dict)."""
+        if _has_torch_tensor(tensor):
             from . import torch_prepare
-            return torch_prepare.all_reduce(tensor, dist._op(reduction))
+            op = dist._op(reduction)
+            return _map_tensors(lambda t: torch_prepare.all_reduce(t, op), tensor)
         return dist.all_reduce(_as_tensor(tensor), reduction)
 
     def split_between_processes(self, inputs, apply_padding=False):
@@ -626,6 +630,29 @@ class Accelerator:
         if self._torch is None:
             raise RuntimeError("tinyacc: %s takes a prepared torch model" % what)
         return self._torch
+
+
+def _has_torch_tensor(x):
+    """Whether x is a torch tensor or a list, tuple or dict holding one."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_torch_tensor(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_torch_tensor(v) for v in x.values())
+    return False
+
+
+def _map_tensors(fn, x):
+    """fn applied to every torch tensor in x (nested lists, tuples, dicts)."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(fn, v) for v in x)
+    if isinstance(x, dict):
+        return type(x)((k, _map_tensors(fn, v)) for k, v in x.items())
+    return fn(x) if _has_torch_tensor(x) else x
 
 
 def _only(function, here):
