@@ -111,6 +111,7 @@ def main():
                 accelerator.backward(loss)
                 pending.append(accelerator.reduce(loss.detach(), "mean"))
                 if accelerator.sync_gradients:
+                    accelerator.clip_grad_value_(model.parameters(), 0.01)
                     accelerator.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 scheduler.step()

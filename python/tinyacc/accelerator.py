@@ -349,6 +349,11 @@ class Accelerator:
             raise ValueError("tinyacc: only the 2-norm is supported")
         return self._require_session().clip_grad_norm(max_norm)
 
+    def clip_grad_value_(self, parameters, clip_value):
+        """Clamps the accumulated (averaged) gradients of a prepared torch
+        model to [-clip_value, clip_value]."""
+        return self._require_torch("clip_grad_value_").clip_grad_value_(parameters, clip_value)
+
     def evaluate(self):
         """Mean validation loss over train.eval_batches batches."""
         return self._require_session().evaluate()

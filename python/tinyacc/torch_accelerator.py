@@ -138,6 +138,16 @@ class TorchState:
                 return eng.clip_grad_norm_(params, max_norm, norm_type)
         raise ValueError("tinyacc: clip_grad_norm_ takes parameters of one prepared model")
 
+    def clip_grad_value_(self, parameters, clip_value):
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        params = list(parameters)
+        ids = {id(p) for p in params}
+        for mod, eng in self.engines:
+            if ids <= {id(p) for p in mod.parameters()}:
+                return eng.clip_grad_value_(params, clip_value)
+        raise ValueError("tinyacc: clip_grad_value_ takes parameters of one prepared model")
+
     # -- state -------------------------------------------------------------
 
     def save_model(self, model, directory):
