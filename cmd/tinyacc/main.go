@@ -8,6 +8,7 @@
 //	tinyacc pp draw --pp 4 --micro 8 --schedule 1f1b   a pipeline schedule's timeline
 //	tinyacc bench step                                  tinyacc vs PyTorch, ms/step
 //	tinyacc launch --nproc N -- PROGRAM ARGS...         start N ranks
+//	tinyacc launch --nproc_per_node N SCRIPT.py ARGS... (torchrun's spelling)
 //	tinyacc version
 package main
 
@@ -77,7 +78,9 @@ Usage:
 
 const usageTail = `  tinyacc launch --nproc N [--nnodes M --node-rank R --master-addr A
                  --master-port P] [--max-restarts K] -- PROGRAM ARGS...
-      Start N ranks of any program with the torchrun environment variables.
+  tinyacc launch --nproc_per_node N [torchrun's flags] SCRIPT.py ARGS...
+      Start N ranks of any program with the torchrun environment variables;
+      a .py script given first runs with --python (default /usr/bin/python3).
   tinyacc version
 
 Every command takes -h or --help. Config keys: 'tinyacc config show' lists
@@ -108,7 +111,7 @@ func commandUsage(cmd string) string {
 // wantsHelp reports whether args ask for help (-h, --help or help first).
 func wantsHelp(args []string) bool {
 	for _, a := range args {
-		if a == "--" {
+		if a == "--" || strings.HasSuffix(a, ".py") {
 			return false // a launched program's own flags
 		}
 		if a == "-h" || a == "--help" {

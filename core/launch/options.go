@@ -66,51 +66,55 @@ type Options struct {
 
 // usage is printed for --help and after flag errors.
 const usage = `usage: tinyacc launch [flags] -- PROGRAM [ARGS...]
+       tinyacc launch [flags] SCRIPT.py [ARGS...]
 
-Starts --nproc copies of PROGRAM with the torchrun environment (RANK,
-LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-GROUP_RANK) plus TINYACC_JOB_TOKEN and TINYACC_RESTART.
+Starts --nproc copies of PROGRAM (a .py script: of --python SCRIPT.py) with
+the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, GROUP_RANK) plus TINYACC_JOB_TOKEN and
+TINYACC_RESTART.
 
 flags:
 `
 
 // ParseArgs turns the arguments after "launch" into Options and the program's
-// argv. The "--" separator is required so that the program's own flags can
-// never be mistaken for the launcher's.
+// argv: everything after "--", or a .py script and its arguments (run with
+// --python) when it comes first, as torchrun takes it. torchrun's spellings
+// of the flags are accepted (see torchrun.go).
 func ParseArgs(args []string) (Options, []string, error) {
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
-	}
-	own, argv := args, []string(nil)
-	if sep >= 0 {
-		own, argv = args[:sep], args[sep+1:]
-	}
-
-	var o Options
+	o := Options{NProc: 1, NNodes: 1}
+	var python string
+	var r refusal
 	fs := flag.NewFlagSet("launch", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.IntVar(&o.NProc, "nproc", 1, "processes to start on this node")
-	fs.IntVar(&o.NNodes, "nnodes", 1, "nodes in the job")
+	fs.Var(countValue{&o.NProc, "nproc", &r}, "nproc", "processes to start on this node")
+	fs.Var(countValue{&o.NNodes, "nnodes", &r}, "nnodes", "nodes in the job")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "index of this node, 0..nnodes-1")
 	fs.StringVar(&o.MasterAddr, "master-addr", DefaultMasterAddr, "rendezvous host (rank 0's node)")
 	fs.IntVar(&o.MasterPort, "master-port", 0, "rendezvous port; 0 picks a free one (single node only)")
 	fs.IntVar(&o.MaxRestarts, "max-restarts", 0, "restart the whole job up to this many times after a failure")
 	fs.DurationVar(&o.StopGrace, "stop-grace", DefaultStopGrace, "wait between SIGTERM and SIGKILL when stopping ranks")
-	if err := fs.Parse(own); err != nil {
+	fs.StringVar(&python, "python", DefaultPython, "the interpreter of a .py script given without --")
+	addTorchrunFlags(fs, &o, &r)
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, nil, err
 		}
+		if r.err != nil {
+			return o, nil, r.err
+		}
 		return o, nil, fmt.Errorf("launch: %v", err)
 	}
-	if fs.NArg() > 0 {
-		return o, nil, fmt.Errorf("launch: unexpected argument %q before \"--\"; put the program after it: tinyacc launch [flags] -- %s", fs.Arg(0), fs.Arg(0))
-	}
-	if sep < 0 {
-		return o, nil, errors.New(`launch: missing "--" before the program; use tinyacc launch --nproc N -- PROGRAM [ARGS...]`)
+	rest := fs.Args()
+	var argv []string
+	if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+		argv = rest
+	} else if len(rest) == 0 {
+		return o, nil, errors.New(`launch: missing "--" before the program; use tinyacc launch --nproc N -- PROGRAM [ARGS...] (or --nproc N SCRIPT.py [ARGS...])`)
+	} else {
+		var err error
+		if argv, err = programArgv(rest, python); err != nil {
+			return o, nil, err
+		}
 	}
 	if err := o.validate(argv); err != nil {
 		return o, nil, err
@@ -127,6 +131,12 @@ func Usage() string {
   --master-port P    rendezvous port; required with --nnodes > 1, otherwise a free one is picked
   --max-restarts K   restart the whole job up to K times after a failure (default 0)
   --stop-grace D     wait between SIGTERM and SIGKILL when stopping ranks (default 3s)
+  --python P         the interpreter of a SCRIPT.py given without "--" (default ` + DefaultPython + `)
+
+torchrun's spellings work too: --nproc_per_node, --node_rank, --master_addr,
+--master_port, --max_restarts (or with dashes), --rdzv_endpoint HOST:PORT
+(= --master-addr HOST --master-port PORT), --rdzv_backend static|c10d,
+--rdzv_id and --standalone (accepted, nothing to change).
 `
 }
 

@@ -37,8 +37,8 @@ func TestParseArgsRejects(t *testing.T) {
 		want string
 	}{
 		{[]string{"--nproc", "0", "--", "p"}, "launch: --nproc must be at least 1, got 0"},
-		{[]string{"--nproc", "2", "p"}, `launch: unexpected argument "p" before "--"; put the program after it: tinyacc launch [flags] -- p`},
-		{[]string{"--nproc", "2"}, `launch: missing "--" before the program; use tinyacc launch --nproc N -- PROGRAM [ARGS...]`},
+		{[]string{"--nproc", "2", "p"}, `launch: "p" is not a .py script; put a program after "--": tinyacc launch [flags] -- p`},
+		{[]string{"--nproc", "2"}, `launch: missing "--" before the program; use tinyacc launch --nproc N -- PROGRAM [ARGS...] (or --nproc N SCRIPT.py [ARGS...])`},
 		{[]string{"--nproc", "2", "--"}, `launch: no program after "--"; use tinyacc launch --nproc N -- PROGRAM [ARGS...]`},
 		{[]string{"--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "--", "p"}, "launch: --node-rank 2 is out of range for --nnodes 2; use 0..1"},
 		{[]string{"--node-rank", "-1", "--", "p"}, "launch: --node-rank -1 is out of range for --nnodes 1; use 0..0"},
@@ -47,7 +47,8 @@ func TestParseArgsRejects(t *testing.T) {
 		{[]string{"--master-port", "70000", "--", "p"}, "launch: --master-port 70000 is not a TCP port; use 1..65535, or 0 to pick a free one"},
 		{[]string{"--max-restarts", "-1", "--", "p"}, "launch: --max-restarts must be 0 or more, got -1"},
 		{[]string{"--bogus", "--", "p"}, "launch: flag provided but not defined: -bogus"},
-		{[]string{"--nproc", "x", "--", "p"}, `launch: invalid value "x" for flag -nproc: parse error`},
+		{[]string{"--nproc", "x", "--", "p"}, "launch: --nproc x is not a number; give a count"},
+		{[]string{"--master-port", "x", "--", "p"}, `launch: invalid value "x" for flag -master-port: parse error`},
 	} {
 		_, _, err := ParseArgs(tc.args)
 		assert.EqualError(t, err, tc.want, "args %q", tc.args)

@@ -130,7 +130,7 @@ def test_save_state_then_load_state_resumes_exactly(tmp_path):
         return losses, m.state_dict()
     full, w_full = run(6)
     first, _ = run(3, save=str(tmp_path / "ck"))
-    assert sorted(os.listdir(tmp_path / "ck")) == ["model.safetensors", "optimizer.bin", "state.json"]
+    assert sorted(os.listdir(tmp_path / "ck")) == ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "state.json"]
     rest, w_rest = run(3, load=str(tmp_path / "ck"))
     assert first + rest == full
     for k in w_full:

@@ -249,11 +249,11 @@ def train_case(case, out_dir):
                     acc_loss = 0.0
                     res["ptrs"].append({n: p.grad.data_ptr() for n, p in model.named_parameters() if p.grad is not None})
                     m = acc.memory()
-                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
+                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"] + m["bucket_bytes"])
                 opt.step()
                 if acc.sync_gradients:
                     m = acc.memory()
-                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
+                    res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"] + m["bucket_bytes"])
                     if sched is not None:
                         sched.step()
                 opt.zero_grad()

@@ -53,7 +53,8 @@ __version__ = version()
 from .tensor import Tensor  # noqa: E402
 from .config import Config  # noqa: E402
 from .accelerator import Accelerator  # noqa: E402
-from . import data, distributed, models, optim  # noqa: E402
+from . import data, distributed, models, optim, utils  # noqa: E402
+from .utils import set_seed  # noqa: E402
 
 __all__ = ["Accelerator", "Config", "ConfigError", "HandleError", "Tensor", "TinyaccError",
-           "data", "distributed", "models", "no_grad", "optim", "version"]
+           "data", "distributed", "models", "no_grad", "optim", "set_seed", "utils", "version"]

@@ -27,6 +27,7 @@ def prepare(acc, objects):
         raise ValueError("tinyacc: this Accelerator already prepared a GPT; torch objects need an Accelerator of their own")
     if acc._torch is None:
         acc._torch = TorchState(acc)
+        acc._interrupts.install()
     return acc._torch.prepare(objects)
 
 
@@ -137,6 +138,16 @@ class TorchState:
                 return eng.clip_grad_norm_(params, max_norm, norm_type)
         raise ValueError("tinyacc: clip_grad_norm_ takes parameters of one prepared model")
 
+    def clip_grad_value_(self, parameters, clip_value):
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        params = list(parameters)
+        ids = {id(p) for p in params}
+        for mod, eng in self.engines:
+            if ids <= {id(p) for p in mod.parameters()}:
+                return eng.clip_grad_value_(params, clip_value)
+        raise ValueError("tinyacc: clip_grad_value_ takes parameters of one prepared model")
+
     # -- state -------------------------------------------------------------
 
     def save_model(self, model, directory):
@@ -147,10 +158,26 @@ class TorchState:
             write_safetensors(os.path.join(directory, "model.safetensors"), unique_tensors(sd))
         dist.barrier()
 
-    def save_state(self, directory):
+    def state_dict(self, model):
+        """The model's whole state dict under every name of its state_dict,
+        as copies (collective under ZeRO-3)."""
+        eng = self.engine_of(model)
+        whole = eng.full_state_dict()
+        return expand_shared(eng.module, {k: v.detach().clone() for k, v in whole.items()})
+
+    def broadcast_path(self, path):
+        """Rank 0's path (a string), on every rank."""
+        if self.acc.num_processes == 1:
+            return path
+        from .torch_zero_shard import broadcast_object
+        return broadcast_object(path, 0, self.acc.process_index)
+
+    def save_state(self, directory, extra=None, save_extras=None):
         """directory/model.safetensors (model_1... for more models),
         optimizer.bin (torch.save of the optimizer's state dict, per model)
-        and state.json (the loaders' positions, the accumulation counter)."""
+        and state.json (the loaders' positions, the accumulation counter,
+        and extra); save_extras(directory) writes the rest before the
+        ranks meet at the end."""
         main = self.acc.is_main_process
         if main:
             os.makedirs(directory, exist_ok=True)
@@ -163,9 +190,13 @@ class TorchState:
                 torch.save(osd, os.path.join(directory, "optimizer%s.bin" % sfx))
         if main:
             state = {"loaders": [ld.position() for ld in self.loaders], "accum_step": self.acc._accum_step}
+            state.update(extra or {})
             with open(os.path.join(directory, "state.json.tmp"), "w") as f:
                 json.dump(state, f)
             os.replace(os.path.join(directory, "state.json.tmp"), os.path.join(directory, "state.json"))
+        if save_extras is not None:
+            dist.barrier()  # the directory exists
+            save_extras(directory)
         dist.barrier()
 
     def load_state(self, directory):
@@ -179,12 +210,14 @@ class TorchState:
         for ld, pos in zip(self.loaders, state["loaders"]):
             ld.restore(pos)
         self.acc._accum_step = int(state["accum_step"])
+        return state
 
     def memory(self):
-        out = dict(rank=self.acc.process_index, params_bytes=0, grads_bytes=0, optim_bytes=0)
+        out = dict(rank=self.acc.process_index, params_bytes=0, grads_bytes=0, optim_bytes=0, bucket_bytes=0)
         for _, e in self.engines:
             for k, v in e.memory().items():
                 out[k] = out.get(k, 0) + int(v)
+        out["total_bytes"] = out["params_bytes"] + out["grads_bytes"] + out["optim_bytes"] + out["bucket_bytes"]
         out["activations_peak_bytes"] = self.activations.peak
         out["rss_peak_bytes"] = rss_peak_bytes()
         return out

@@ -214,6 +214,9 @@ class DDPEngine(TorchEngine):
         # the local norm is the global one.
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
 
+    def clip_grad_value_(self, parameters, clip_value):
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
     # -- state -------------------------------------------------------------
 
     def full_state_dict(self):

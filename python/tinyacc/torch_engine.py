@@ -41,6 +41,10 @@ class TorchEngine(abc.ABC):
     returns the norm before clipping as a tensor, as
     ``torch.nn.utils.clip_grad_norm_`` does.
 
+    ``clip_grad_value_(parameters, clip_value)``: clamps the averaged
+    gradients to [-clip_value, clip_value], as
+    ``torch.nn.utils.clip_grad_value_`` does.
+
     ``full_state_dict()``: an OrderedDict name -> tensor with every
     parameter whole (collective: every rank calls it).
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from . import _lib
 from ._lib import check, lib
 
-_AVG, _SUM = 1, 0
+_AVG, _SUM, _MAX = 1, 0, 2
 
 
 # -- the model -------------------------------------------------------------
@@ -128,6 +128,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
             raise ValueError("tinyacc: optimizer.step(closure) is not supported on a prepared optimizer")
         if self._syncing():
             self._engine.step()
+            stepped = getattr(self._accelerator, "_optimizer_stepped", None)
+            if stepped is not None:
+                stepped()
 
     def zero_grad(self, set_to_none=None):
         # Gradients live in the engine's memory: zeroed, never None.
@@ -205,9 +208,15 @@ class PreparedDataLoader(DataLoader):
         sampler = ShardedBatchSampler(len(loader.dataset), loader.batch_size, accelerator.num_processes,
                                       accelerator.process_index, shuffle, int(accelerator.config.train.seed),
                                       loader.drop_last)
+        # A generator of its own: starting a pass draws the workers' base
+        # seed from it, not from torch's global generator, whose state
+        # save_state keeps (a resumed run starts a pass where the first
+        # did not).
+        own = torch.Generator()
+        own.manual_seed(int(accelerator.config.train.seed))
         super().__init__(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
                          collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn)
+                         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=own)
         object.__setattr__(self, "batch_size", loader.batch_size)
         object.__setattr__(self, "_sharded", sampler)
         object.__setattr__(self, "_accelerator", accelerator)
@@ -226,7 +235,10 @@ class PreparedDataLoader(DataLoader):
         n = len(self._sharded)
         j = self._sharded.skip
         it = super().__iter__()
+        G = max(1, acc.gradient_accumulation_steps)
         for batch in it:
+            if acc._accum_step % G == 0:
+                acc._step_boundary()  # no micro-batch of a step pending
             j += 1
             object.__setattr__(self, "_position", j)
             acc._end_of_dataloader = j == n
@@ -244,7 +256,53 @@ class PreparedDataLoader(DataLoader):
         self._sharded.skip = int(pos["batch"])
 
 
+class SkipFirstBatches:
+    """Accelerator.skip_first_batches: the loader, whose next pass starts at
+    batch n (a prepared loader skips them unread; any other iterable reads
+    and drops them)."""
+
+    def __init__(self, loader, n):
+        self.loader, self.n = loader, n
+
+    def __iter__(self):
+        if isinstance(self.loader, PreparedDataLoader):
+            self.loader._sharded.skip = self.n
+            return iter(self.loader)
+        import itertools
+        return itertools.islice(iter(self.loader), self.n, None)
+
+    def __len__(self):
+        return max(0, len(self.loader) - self.n)
+
+    def __getattr__(self, name):
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
 # -- collectives on torch tensors -----------------------------------------
+
+
+def pad_across_processes(t, dim=0, pad_index=0, pad_first=False):
+    """Accelerator.pad_across_processes (see there)."""
+    if isinstance(t, (list, tuple)):
+        return type(t)(pad_across_processes(x, dim, pad_index, pad_first) for x in t)
+    if isinstance(t, dict):
+        return type(t)((k, pad_across_processes(v, dim, pad_index, pad_first)) for k, v in t.items())
+    if not isinstance(t, torch.Tensor) or dim >= t.dim():
+        return t
+    n = t.shape[dim]
+    biggest = int(all_reduce(torch.tensor([float(n)]), _MAX)[0])
+    if biggest == n:
+        return t
+    shape = list(t.shape)
+    shape[dim] = biggest
+    out = t.new_full(shape, pad_index)
+    at = [slice(None)] * t.dim()
+    at[dim] = slice(biggest - n, biggest) if pad_first else slice(0, n)
+    out[tuple(at)] = t
+    return out
+
 
 
 def _f32(t):

@@ -248,21 +248,31 @@ class ZeroEngine(TorchEngine):
             if p.grad is not None and i not in self._grad_in_shard:
                 p.grad.zero_()
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+    def _averaged_grads(self, parameters, what):
+        """This rank's averaged gradients of parameters (every element once
+        over the ranks: the owned parameters or pieces)."""
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         sel = set()
         for p in parameters:
             if id(p) not in self.index:
-                raise ValueError("tinyacc: clip_grad_norm_ got a tensor of shape %s that is not a parameter of the "
-                                 "prepared model" % (tuple(p.shape),))
+                raise ValueError("tinyacc: %s got a tensor of shape %s that is not a parameter of the "
+                                 "prepared model" % (what, tuple(p.shape)))
             i = self.index[id(p)]
             if self.has_grad[i]:
                 sel.add(i)
-        norm_type = float(norm_type)
-        # Every element once: the owned parameters or pieces of the selection.
         grads = [self._shard_view(i) for i in self.owned if i in sel]
-        grads += [self._piece_grad(pc) for pc in self.pieces if pc.index in sel]
+        return grads + [self._piece_grad(pc) for pc in self.pieces if pc.index in sel]
+
+    def clip_grad_value_(self, parameters, clip_value):
+        """Clamps each element where its average lives (elementwise, so no
+        communication)."""
+        for g in self._averaged_grads(parameters, "clip_grad_value_"):
+            g.clamp_(-float(clip_value), float(clip_value))
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        grads = self._averaged_grads(parameters, "clip_grad_norm_")
+        norm_type = float(norm_type)
         if norm_type == float("inf"):
             local = max([float(g.abs().max()) for g in grads if g.numel()] + [0.0])
             t = torch.tensor([local], dtype=torch.float32)
@@ -415,7 +425,7 @@ class ZeroEngine(TorchEngine):
     def memory(self):
         own = self.owned if self.stage == 3 else range(len(self.params))
         params_bytes = sum(4 * self.params[i].numel() for i in own)
-        grads = sum(4 * g.shard.numel() for g in self.groups) + self.buckets.nbytes()
+        grads = sum(4 * g.shard.numel() for g in self.groups)
         for i, p in enumerate(self.params):
             if p.grad is not None and i not in self._grad_in_shard:
                 grads += p.grad.element_size() * p.grad.numel()
@@ -424,7 +434,7 @@ class ZeroEngine(TorchEngine):
             for v in st.values():
                 if isinstance(v, torch.Tensor):
                     optim += v.element_size() * v.numel()
-        return dict(params_bytes=params_bytes, grads_bytes=grads, optim_bytes=optim)
+        return dict(params_bytes=params_bytes, grads_bytes=grads, optim_bytes=optim, bucket_bytes=self.buckets.nbytes())
 
     def wrap_module(self):
         return self.module
