@@ -202,6 +202,22 @@ def new_scheduler(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.5 * s))
 
 
+def held_bytes(model, opt):
+    """The bytes this rank's parameter tensors really hold: the sizes of
+    the storages torch allocated for the model's parameters and the
+    optimizer's (each storage once), whatever the engine's bookkeeping
+    says."""
+    seen, n = set(), 0
+    params = list(model.parameters()) + [p for g in opt.param_groups for p in g["params"]]
+    for p in params:
+        st = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()  # torch < 2.0: storage()
+        size = st.nbytes()
+        if size and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            n += size
+    return n
+
+
 def train_case(case, out_dir):
     """Trains RefModel through a fresh Accelerator with case: opt, steps,
     batch (per rank), grad_accum, clip, sched (a torch LR scheduler on the
@@ -210,7 +226,9 @@ def train_case(case, out_dir):
     and loader that load it). Returns (accelerator, result): losses (the
     mean over every rank and micro-batch of a step), clip norms, grad
     data_ptrs, memory rows (last, and the peak of gradient + optimizer
-    bytes around each step) and the saved model's directory."""
+    bytes around each step), the parameter bytes every rank's tensors hold
+    (held_peak: the most after any backward or step; held_end: at the end;
+    see held_bytes) and the saved model's directory."""
     from tinyacc import Accelerator
     G = int(case["grad_accum"])
     N = None
@@ -232,7 +250,7 @@ def train_case(case, out_dir):
     N = distributed.world_size()
     ds = dataset(case["steps"] * case["batch"] * N * G, case["steps"])
     acc, model, opt, loader, sched = build(None)
-    res = {"losses": [], "norms": [], "ptrs": [], "peak": 0}
+    res = {"losses": [], "norms": [], "ptrs": [], "peak": 0, "held_peak": 0}
     state_dir = os.path.join(out_dir, "state")
 
     def run(acc, model, opt, loader, sched, stop=None):
@@ -241,6 +259,7 @@ def train_case(case, out_dir):
             with acc.accumulate(model):
                 loss = F.cross_entropy(model(x, flag), y)
                 acc.backward(loss)
+                res["held_peak"] = max(res["held_peak"], held_bytes(model, opt))
                 acc_loss += float(acc.reduce(loss.detach(), "mean")) / G
                 if acc.sync_gradients:
                     if case.get("clip"):
@@ -251,6 +270,7 @@ def train_case(case, out_dir):
                     m = acc.memory()
                     res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
                 opt.step()
+                res["held_peak"] = max(res["held_peak"], held_bytes(model, opt))
                 if acc.sync_gradients:
                     m = acc.memory()
                     res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"])
@@ -270,6 +290,9 @@ def train_case(case, out_dir):
     model_dir = os.path.join(out_dir, "model")
     acc.save_model(model, model_dir)
     res["memory"] = acc.memory()
+    # Every rank's figures (a collective: every rank runs every case).
+    res["held_end"] = [int(v) for v in acc.gather(torch.tensor([float(held_bytes(model, opt))])).tolist()]
+    res["held_peak"] = [int(v) for v in acc.gather(torch.tensor([float(res["held_peak"])])).tolist()]
     res["model"] = model_dir
     res["world"] = N
     return acc, res
