@@ -152,16 +152,79 @@ class DeepModel(torch.nn.Module):
         return h.pow(2).mean()
 
 
+class BucketGate:
+    """Stands in for the library object of the DDP engine (tinyacc.torch_ddp's
+    lib): bucket all-reduces start as usual, but no wait for them (nor a
+    blocking all-reduce) returns before open(), which the worker calls once
+    loss.backward() has returned.
+    An engine that waits for a bucket while backward still runs waits for
+    an open() that cannot come, and fails after the deadline instead of
+    hanging. withheld[k] is how many buckets backward k issued, all still
+    withheld when it ended."""
+
+    def __init__(self, lib, deadline):
+        import threading
+        self._lib, self._deadline = lib, deadline
+        self._open = threading.Event()
+        self._issued = 0
+        self.withheld = []
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def tinyacc_bucket_ready(self, reducer, bucket):
+        self._issued += 1
+        return self._lib.tinyacc_bucket_ready(reducer, bucket)
+
+    def _hold(self, what):
+        if not self._open.wait(self._deadline):
+            raise RuntimeError("gate: %s while backward was still running (withheld until it returned; %gs passed)"
+                               % (what, self._deadline))
+
+    def tinyacc_buckets_wait(self, reducer):
+        self._hold("the bucket all-reduces were waited for")
+        return self._lib.tinyacc_buckets_wait(reducer)
+
+    def tinyacc_all_reduce(self, *args):
+        self._hold("a blocking all-reduce was called")
+        return self._lib.tinyacc_all_reduce(*args)
+
+    def open(self):
+        self.withheld.append(self._issued)
+        self._issued = 0
+        self._open.set()
+
+    def close(self):
+        self._open.clear()
+
+
 def overlap_worker(args):
     """Trains DeepModel a few steps with a trace; rank 0 writes the trace
-    path, each step's grad data_ptrs and whether each lies in a bucket."""
+    path, each step's grad data_ptrs and whether each lies in a bucket.
+    With args["gate"], the engine's bucket all-reduces go through a
+    BucketGate, opened when each backward has returned; rank 0 also writes
+    the gate's counts."""
     torch.set_num_threads(1)
     from tinyacc import Accelerator
+    from tinyacc import torch_ddp
+    gate = None
+    if args.get("gate"):
+        gate = BucketGate(torch_ddp.lib, 5.0)
+        torch_ddp.lib = gate
     acc = Accelerator(args["config"])
     torch.manual_seed(0)
     model = DeepModel()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model, opt = acc.prepare(model, opt)
+    if gate is not None:
+        engine = model._engine
+        finish = engine.after_backward
+
+        def after_backward():
+            gate.open()  # backward has returned: the withheld buckets may complete
+            finish()
+            gate.close()
+        engine.after_backward = after_backward
     ptrs = []
     for _ in range(args["steps"]):
         x = torch.randn(1024, 384)
@@ -175,7 +238,8 @@ def overlap_worker(args):
     acc.end_training()
     if acc.is_main_process:
         with open(args["out"], "w") as f:
-            json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans)}, f)
+            json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans),
+                       "withheld": gate.withheld if gate is not None else None}, f)
 
 
 def metrics_worker(args):
