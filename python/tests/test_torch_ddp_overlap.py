@@ -3,7 +3,8 @@ all-reduce withheld until backward has returned, backward still ends, with
 every bucket started; from the reducer's trace, a bucket's all-reduce
 finishes before the last bucket is announced (which happens inside
 backward, from an accumulator hook); gradients stay views into their
-buckets across steps. And the prepared loader's sharding and padding
+buckets across steps. ZeRO-2's gradient reduce-scatters, withheld the same
+way, let backward end too. And the prepared loader's sharding and padding
 across real ranks."""
 
 import json
@@ -58,6 +59,18 @@ def test_backward_ends_with_every_bucket_withheld(cli, tmp_path):
     got = launch(cli, 2, {"overlap": True, "gate": True, "steps": 3, "config": cfg}, tmp_path)
     assert got["buckets"] >= 3
     assert got["withheld"] == [got["buckets"]] * 3, got
+
+
+def test_zero2_backward_ends_with_every_reduce_scatter_withheld(cli, tmp_path):
+    """ZeRO-2 through the same gate: every reduce-scatter window of a
+    backward starts from its hooks and none is waited for (nor a blocking
+    collective called) before loss.backward() has returned. Buckets of
+    1.2 MB on 2 ranks: DeepModel's four layers are four buckets of one
+    window each, all of which may travel at once."""
+    cfg = {"zero": {"stage": 2}, "ddp": {"bucket_mb": 1.2}}
+    got = launch(cli, 2, {"overlap": True, "gate": True, "steps": 3, "config": cfg}, tmp_path)
+    assert 3 <= got["windows"] <= got["inflight"], got
+    assert got["withheld"] == [got["windows"]] * 3, got
 
 
 def test_sharded_loader_pads_and_gather_for_metrics_drops_the_padding(cli, tmp_path):

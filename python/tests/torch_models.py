@@ -154,13 +154,14 @@ class DeepModel(torch.nn.Module):
 
 class BucketGate:
     """Stands in for the library object of the DDP engine (tinyacc.torch_ddp's
-    lib): bucket all-reduces start as usual, but no wait for them (nor a
-    blocking all-reduce) returns before open(), which the worker calls once
-    loss.backward() has returned.
+    lib) and of ZeRO-2's (tinyacc.torch_zero_shard's): bucket all-reduces
+    and started reduce-scatters start as usual, but no wait for them (nor a
+    blocking all-reduce or reduce-scatter) returns before open(), which the
+    worker calls once loss.backward() has returned.
     An engine that waits for a bucket while backward still runs waits for
     an open() that cannot come, and fails after the deadline instead of
-    hanging. withheld[k] is how many buckets backward k issued, all still
-    withheld when it ended."""
+    hanging. withheld[k] is how many buckets (windows) backward k issued,
+    all still withheld when it ended."""
 
     def __init__(self, lib, deadline):
         import threading
@@ -189,6 +190,18 @@ class BucketGate:
         self._hold("a blocking all-reduce was called")
         return self._lib.tinyacc_all_reduce(*args)
 
+    def tinyacc_reduce_scatter_start(self, *args):
+        self._issued += 1
+        return self._lib.tinyacc_reduce_scatter_start(*args)
+
+    def tinyacc_collective_wait(self, handle):
+        self._hold("a started reduce-scatter was waited for")
+        return self._lib.tinyacc_collective_wait(handle)
+
+    def tinyacc_reduce_scatter(self, *args):
+        self._hold("a blocking reduce-scatter was called")
+        return self._lib.tinyacc_reduce_scatter(*args)
+
     def open(self):
         self.withheld.append(self._issued)
         self._issued = 0
@@ -201,16 +214,18 @@ class BucketGate:
 def overlap_worker(args):
     """Trains DeepModel a few steps with a trace; rank 0 writes the trace
     path, each step's grad data_ptrs and whether each lies in a bucket.
-    With args["gate"], the engine's bucket all-reduces go through a
-    BucketGate, opened when each backward has returned; rank 0 also writes
-    the gate's counts."""
+    With args["gate"], the engine's bucket all-reduces (DDP) or gradient
+    reduce-scatters (zero.stage 2) go through a BucketGate, opened when each
+    backward has returned; rank 0 also writes the gate's counts and, at
+    ZeRO-2, the reduce-scatter windows of one backward and how many may
+    travel at once (and no trace or gradient pointers: it keeps none)."""
     torch.set_num_threads(1)
     from tinyacc import Accelerator
-    from tinyacc import torch_ddp
+    from tinyacc import torch_ddp, torch_zero_shard
     gate = None
     if args.get("gate"):
         gate = BucketGate(torch_ddp.lib, 5.0)
-        torch_ddp.lib = gate
+        torch_ddp.lib = torch_zero_shard.lib = gate
     acc = Accelerator(args["config"])
     torch.manual_seed(0)
     model = DeepModel()
@@ -225,13 +240,23 @@ def overlap_worker(args):
             finish()
             gate.close()
         engine.after_backward = after_backward
+    zero = args["config"].get("zero", {}).get("stage", 0)
     ptrs = []
     for _ in range(args["steps"]):
         x = torch.randn(1024, 384)
         acc.backward(model(x))
-        ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters()})
+        if not zero:
+            ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters()})
         opt.step()
         opt.zero_grad()
+    if zero:
+        eng = model._engine
+        windows = sum(len(list(g.windows(eng.buckets.width))) for g in eng.groups)
+        acc.end_training()
+        if acc.is_main_process:
+            with open(args["out"], "w") as f:
+                json.dump({"windows": windows, "inflight": eng.buckets.INFLIGHT, "withheld": gate.withheld}, f)
+        return
     spans = [(b.data_ptr(), b.data_ptr() + 4 * b.numel()) for b in model._engine.buckets]
     inside = {n: any(a <= p.grad.data_ptr() and p.grad.data_ptr() + 4 * p.numel() <= b for a, b in spans)
               for n, p in model.named_parameters()}
