@@ -96,3 +96,28 @@ func tinyacc_broadcast(buf *C.float, n C.int64_t, root C.int32_t) C.int {
 func tinyacc_barrier() C.int {
 	return call(func() error { return withWorld(barrier) })
 }
+
+//export tinyacc_reduce_scatter_start
+func tinyacc_reduce_scatter_start(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, op C.int32_t, pending *C.int64_t) C.int {
+	return call(func() error {
+		if err := outPtr("handle", pending); err != nil {
+			return err
+		}
+		src, err := f32s("input", in, inN)
+		if err != nil {
+			return err
+		}
+		dst, err := f32s("output", out, outN)
+		if err != nil {
+			return err
+		}
+		h, err := apiReduceScatterStart(src, dst, int(op))
+		*pending = C.int64_t(h)
+		return err
+	})
+}
+
+//export tinyacc_collective_wait
+func tinyacc_collective_wait(pending C.int64_t) C.int {
+	return call(func() error { return apiCollectiveWait(int64(pending)) })
+}

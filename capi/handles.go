@@ -95,6 +95,8 @@ func kindName(obj any) string {
 		return "buffer"
 	case *reducerObj:
 		return "reducer"
+	case *pendingObj:
+		return "started collective"
 	}
 	return fmt.Sprintf("%T", obj)
 }

@@ -133,7 +133,7 @@ func TestHeaderABIVersion(t *testing.T) {
 	m := regexp.MustCompile(`#define TINYACC_ABI_VERSION (\d+)`).FindStringSubmatch(string(src))
 	require.NotNil(t, m)
 	assert.Equal(t, strconv.Itoa(ABIVersion), m[1])
-	assert.Equal(t, 4, ABIVersion, "version 2 added the checkpoint calls; 3 counts tinyacc_metrics' step from 1, as steps completed; 4 adds registered buffers and the bucket reducer")
+	assert.Equal(t, 5, ABIVersion, "version 2 added the checkpoint calls; 3 counts tinyacc_metrics' step from 1, as steps completed; 4 adds registered buffers and the bucket reducer; 5 adds started reduce-scatters")
 }
 
 // TestHeaderStatusCodes keeps the header's status codes equal to the Go

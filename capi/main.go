@@ -41,7 +41,7 @@ const Version = "0.1.0"
 
 // ABIVersion changes whenever an exported signature or a status code
 // changes meaning; tinyacc.h carries the same number.
-const ABIVersion = 4
+const ABIVersion = 5
 
 // Status codes; tinyacc.h mirrors them as TINYACC_OK and TINYACC_ERR_*.
 const (

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or the meaning of a status changes. */
-#define TINYACC_ABI_VERSION 4
+#define TINYACC_ABI_VERSION 5
 
 typedef int64_t tinyacc_handle;
 
@@ -292,6 +292,19 @@ int tinyacc_all_gather(const float *in, int64_t n, float *out, int64_t out_n);
 /* Reduces in (in_n = size*out_n floats) over all ranks with op and leaves
  * this rank's block in out. */
 int tinyacc_reduce_scatter(const float *in, int64_t in_n, float *out, int64_t out_n, int32_t op);
+
+/* As tinyacc_reduce_scatter, started on a library thread: returns at once
+ * with a handle for tinyacc_collective_wait (ABI version 5). Started
+ * collectives run one at a time in the order they were started; in and out
+ * are borrowed until the wait returns. Wait for every started collective
+ * before calling a blocking one (all ranks must issue them in the same
+ * order). */
+int tinyacc_reduce_scatter_start(const float *in, int64_t in_n, float *out, int64_t out_n, int32_t op, tinyacc_handle *pending);
+
+/* Blocks until the started collective `pending` has finished (each is
+ * bounded by the world group's deadline), frees the handle and returns the
+ * collective's status. */
+int tinyacc_collective_wait(tinyacc_handle pending);
 
 /* Copies rank root's buf (n floats) into buf on every rank. */
 int tinyacc_broadcast(float *buf, int64_t n, int32_t root);

@@ -1,6 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +57,45 @@ func TestLayoutFormulas(t *testing.T) {
 	require.Equal(t, 0.5*4*(8*2+4)*V+4*(3*8*32+(6*2+2)*64+32*64)+16, tpCommBytes(true)(b, 2))
 	require.Equal(t, tpCommBytes(false)(b, 2)-16, tpCommBytes(true)(b, 2)-16-4*(14*64+32*64),
 		"the activation volume of plain tp and sp is equal")
+}
+
+// `tinyacc bench dp` prints one row per variant: the hidden share is a
+// percentage, the formula and +buffers columns are dpFormulaBytes and
+// zeroWorkingSet of the model, and "vs both" is the measured steady
+// memory against +buffers.
+func TestBenchDP(t *testing.T) {
+	bin := tinyaccBinary(t)
+	cmd := exec.Command(bin, "bench", "dp", "--nproc", "2", "--steps", "2", "--repeats", "1",
+		"--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--batch", "2")
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	lines := strings.Split(stdout.String(), "\n")
+	require.Greater(t, len(lines), 2+len(dpVariants), stdout.String())
+	require.Equal(t, "  dp variant         ms/step   hidden   steady MiB  formula MiB +buffers MiB    vs both", lines[1])
+	gc := nn.GPTConfig{NLayer: 1, NHead: 2, NEmbd: 32, BlockSize: 16, VocabSize: 256}
+	psi := float64(gc.NumParams())
+	row := regexp.MustCompile(`^ +2 (.{13}) +(\d+\.\d) +(\d+)% +(\d+\.\d\d) +(\d+\.\d\d) +(\d+\.\d\d) +([+-]\d+\.\d)%$`)
+	for i, v := range dpVariants {
+		m := row.FindStringSubmatch(lines[2+i])
+		require.NotNil(t, m, "row of %s: %q", v.name, lines[2+i])
+		require.Equal(t, v.name, strings.TrimSpace(m[1]))
+		num := func(k int) float64 {
+			x, err := strconv.ParseFloat(m[k], 64)
+			require.NoError(t, err)
+			return x
+		}
+		require.Positive(t, num(2), "%s: ms/step", v.name)
+		require.LessOrEqual(t, num(3), 100.0, "%s: hidden share", v.name)
+		steady := num(4)
+		require.Positive(t, steady, "%s: steady memory", v.name)
+		formula := dpFormulaBytes(psi, 2, v.stage)
+		want := formula + zeroWorkingSet(gc, v.stage)
+		require.Equal(t, fmt.Sprintf("%.2f", formula/(1<<20)), m[5], "%s: formula MiB", v.name)
+		require.Equal(t, fmt.Sprintf("%.2f", want/(1<<20)), m[6], "%s: +buffers MiB", v.name)
+		// steady is printed to 0.01 MiB, "vs both" from the unrounded value.
+		require.InDelta(t, 100*(steady*(1<<20)-want)/want, num(7), 0.05+100*0.005*(1<<20)/want, "%s: vs both", v.name)
+	}
+	require.Equal(t, "hidden: share of rank 0's communication time that overlaps forward/backward/optimizer spans", lines[2+len(dpVariants)])
 }

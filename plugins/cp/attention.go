@@ -29,6 +29,11 @@ type Attention struct {
 	Alloc *tensor.Allocator // nil: tensor.Default
 	Trace *trace.Recorder   // nil: no spans
 	Stats *Stats            // nil: not counted
+
+	// computed, when set, is called after each key block's compute (what
+	// is "block" or "block backward"): the overlap tests open their gate
+	// on the transfers from it.
+	computed func(what string, step int)
 }
 
 // Stats counts the attention work a rank did in forward passes: the
@@ -84,6 +89,9 @@ func (a *Attention) compute(what string, step, src int, pairs int64, f func()) {
 	t0 := time.Now()
 	f()
 	span.End()
+	if a.computed != nil {
+		a.computed(what, step)
+	}
 	if a.Stats != nil && what == "block" {
 		a.Stats.Pairs.Add(pairs)
 		a.Stats.Nanos.Add(time.Since(t0).Nanoseconds())

@@ -2,11 +2,18 @@ package ddp_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/comm/commtest"
+	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 )
 
@@ -76,6 +83,79 @@ func TestBucketsOverlapBackward(t *testing.T) {
 						for _, b := range named(res.Trace, "backward") {
 							require.False(t, b.TS <= e.TS && e.TS <= end(b), "rank %d: naive %s issued during backward", r, e.Name)
 						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// withheld bounds how long a gated collective waits for the computation it
+// should overlap; only an implementation that waits for the collective
+// first ever reaches it.
+const withheld = 10 * time.Second
+
+// backwardGate holds the gate of one rank: armed before each micro-batch's
+// forward, opened when its backward is over (PostGrad runs before DDP's
+// PreStep waits for the buckets). held[i] is how many all-reduces the i-th
+// backward ended with, all of them still withheld.
+type backwardGate struct {
+	gate *commtest.Gate
+	ddp  *ddp.DDP
+	held []int
+}
+
+func (b *backwardGate) Name() string { return "backward-gate" }
+
+func (b *backwardGate) PreForward(*trainer.Trainer, tensor.PassInfo) error {
+	b.gate.Arm()
+	return nil
+}
+
+func (b *backwardGate) PostGrad(*trainer.Trainer, tensor.PassInfo) error {
+	b.held = append(b.held, b.gate.Open(true))
+	return nil
+}
+
+// TestBucketsWithheldUntilBackwardEnds proves the overlap by construction:
+// each rank's bucket all-reduces are withheld (commtest.Gate) until its
+// backward is over. Bucketed DDP must reach the end of the last
+// micro-batch's backward with every bucket issued and none complete; an
+// implementation that waits for a bucket before going on with backward
+// fails by the gate's deadline.
+func TestBucketsWithheldUntilBackwardEnds(t *testing.T) {
+	for _, backend := range backends {
+		for _, accum := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/accum%d", backend, accum), func(t *testing.T) {
+				const n = 2
+				_, cfg := configs(n, accum)
+				var mu sync.Mutex
+				gates := map[int]*backwardGate{}
+				build := ptest.DP(func(g comm.Group) ([]trainer.Plugin, error) {
+					gate := &backwardGate{gate: commtest.NewGate(g, withheld, commtest.AllReduce)}
+					d, err := ddp.New(gate.gate, manyBuckets.mode, manyBuckets.bucketMB, manyBuckets.firstMB)
+					if err != nil {
+						return nil, err
+					}
+					gate.ddp = d
+					mu.Lock()
+					gates[g.Rank()] = gate
+					mu.Unlock()
+					return []trainer.Plugin{gate, d}, nil
+				})
+				ptest.Parallel(t, cfg, n, backend, build)
+				for r := 0; r < n; r++ {
+					g := gates[r]
+					buckets := len(g.ddp.Buckets())
+					require.Greater(t, buckets, 2, "rank %d", r)
+					require.NoError(t, g.gate.Err(), "rank %d", r)
+					require.Len(t, g.held, accum*cfg.Train.Steps, "rank %d", r)
+					for i, h := range g.held {
+						want := 0
+						if i%accum == accum-1 {
+							want = buckets // the last micro-batch issues every bucket during its backward
+						}
+						require.Equal(t, want, h, "rank %d, backward %d: all-reduces withheld when it ended", r, i)
 					}
 				}
 			})

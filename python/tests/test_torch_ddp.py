@@ -88,10 +88,19 @@ def test_every_stage_matches_one_process(cli, tmp_path, nproc):
             largest = 4 * max(t.numel() for t in want.values())
             bound = ddp_bytes[(G, opt)] / nproc + BUCKETS["bucket_mb"] * (1 << 20) + largest
             assert got["peak"] <= bound, (tag, got["peak"], ddp_bytes[(G, opt)], bound)
+        # What the ranks' parameter tensors hold (torch's storage sizes):
+        # ZeRO-3 keeps each parameter whole on its owner only, between
+        # uses (after every backward and step) and at the end.
+        total = 4 * sum(t.numel() for t in saved.values())
+        largest = 4 * max(t.numel() for t in saved.values())
+        assert len(got["held_end"]) == len(got["held_peak"]) == nproc, tag
         if stage == 3:
-            total = 4 * sum(t.numel() for t in saved.values())
-            largest = 4 * max(t.numel() for t in saved.values())
-            assert got["memory"]["params_bytes"] <= total / nproc + largest, (tag, got["memory"])
+            assert sum(got["held_end"]) == total, (tag, got["held_end"], total)
+            for r, held in enumerate(got["held_peak"]):
+                assert held <= total / nproc + largest, (tag, r, got["held_peak"], total)
+            assert got["memory"]["params_bytes"] == got["held_end"][0], (tag, got["memory"], got["held_end"])
+        else:
+            assert got["held_end"] == [total] * nproc, (tag, got["held_end"], total)
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -1,8 +1,11 @@
-"""Bucketed DDP overlaps communication with backward: from the reducer's
-trace, a bucket's all-reduce finishes before the last bucket is announced
-(which happens inside backward, from an accumulator hook); gradients stay
-views into their buckets across steps. And the prepared loader's sharding
-and padding across real ranks."""
+"""Bucketed DDP overlaps communication with backward: with every bucket's
+all-reduce withheld until backward has returned, backward still ends, with
+every bucket started; from the reducer's trace, a bucket's all-reduce
+finishes before the last bucket is announced (which happens inside
+backward, from an accumulator hook); gradients stay views into their
+buckets across steps. ZeRO-2's gradient reduce-scatters, withheld the same
+way, let backward end too. And the prepared loader's sharding and padding
+across real ranks."""
 
 import json
 import os
@@ -44,6 +47,30 @@ def test_a_bucket_finishes_before_backward_returns(cli, tmp_path):
     # .grad is the same view into its bucket at every step.
     assert all(got["inside"].values()), got["inside"]
     assert got["ptrs"][0] == got["ptrs"][1] == got["ptrs"][2]
+
+
+def test_backward_ends_with_every_bucket_withheld(cli, tmp_path):
+    """The overlap by construction (torch_models.BucketGate): no wait for a
+    bucket's all-reduce may return before loss.backward() has returned, so
+    an engine that waits for a bucket during backward fails the launch by
+    the gate's deadline; this one reaches the end of every backward with
+    all its buckets started and none waited for."""
+    cfg = {"ddp": {"bucket_mb": 0.6, "first_bucket_mb": 0.6}}
+    got = launch(cli, 2, {"overlap": True, "gate": True, "steps": 3, "config": cfg}, tmp_path)
+    assert got["buckets"] >= 3
+    assert got["withheld"] == [got["buckets"]] * 3, got
+
+
+def test_zero2_backward_ends_with_every_reduce_scatter_withheld(cli, tmp_path):
+    """ZeRO-2 through the same gate: every reduce-scatter window of a
+    backward starts from its hooks and none is waited for (nor a blocking
+    collective called) before loss.backward() has returned. Buckets of
+    1.2 MB on 2 ranks: DeepModel's four layers are four buckets of one
+    window each, all of which may travel at once."""
+    cfg = {"zero": {"stage": 2}, "ddp": {"bucket_mb": 1.2}}
+    got = launch(cli, 2, {"overlap": True, "gate": True, "steps": 3, "config": cfg}, tmp_path)
+    assert 3 <= got["windows"] <= got["inflight"], got
+    assert got["withheld"] == [got["windows"]] * 3, got
 
 
 def test_sharded_loader_pads_and_gather_for_metrics_drops_the_padding(cli, tmp_path):

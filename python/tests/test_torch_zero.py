@@ -112,7 +112,8 @@ def test_grad_accumulation_steps_only_when_syncing():
 def test_gradients_leave_during_backward(stage):
     """At ZeRO-2 and 3, buckets (units) whose gradients are final are
     reduce-scattered while backward runs: when loss.backward() returns,
-    some are already reduced and their whole gradients dropped."""
+    some have already gone (started, at ZeRO-2) and their whole gradients
+    are dropped."""
     import torch
     import torch.nn.functional as F
     import torch_zero_equiv as t

@@ -152,30 +152,119 @@ class DeepModel(torch.nn.Module):
         return h.pow(2).mean()
 
 
+class BucketGate:
+    """Stands in for the library object of the DDP engine (tinyacc.torch_ddp's
+    lib) and of ZeRO-2's (tinyacc.torch_zero_shard's): bucket all-reduces
+    and started reduce-scatters start as usual, but no wait for them (nor a
+    blocking all-reduce or reduce-scatter) returns before open(), which the
+    worker calls once loss.backward() has returned.
+    An engine that waits for a bucket while backward still runs waits for
+    an open() that cannot come, and fails after the deadline instead of
+    hanging. withheld[k] is how many buckets (windows) backward k issued,
+    all still withheld when it ended."""
+
+    def __init__(self, lib, deadline):
+        import threading
+        self._lib, self._deadline = lib, deadline
+        self._open = threading.Event()
+        self._issued = 0
+        self.withheld = []
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def tinyacc_bucket_ready(self, reducer, bucket):
+        self._issued += 1
+        return self._lib.tinyacc_bucket_ready(reducer, bucket)
+
+    def _hold(self, what):
+        if not self._open.wait(self._deadline):
+            raise RuntimeError("gate: %s while backward was still running (withheld until it returned; %gs passed)"
+                               % (what, self._deadline))
+
+    def tinyacc_buckets_wait(self, reducer):
+        self._hold("the bucket all-reduces were waited for")
+        return self._lib.tinyacc_buckets_wait(reducer)
+
+    def tinyacc_all_reduce(self, *args):
+        self._hold("a blocking all-reduce was called")
+        return self._lib.tinyacc_all_reduce(*args)
+
+    def tinyacc_reduce_scatter_start(self, *args):
+        self._issued += 1
+        return self._lib.tinyacc_reduce_scatter_start(*args)
+
+    def tinyacc_collective_wait(self, handle):
+        self._hold("a started reduce-scatter was waited for")
+        return self._lib.tinyacc_collective_wait(handle)
+
+    def tinyacc_reduce_scatter(self, *args):
+        self._hold("a blocking reduce-scatter was called")
+        return self._lib.tinyacc_reduce_scatter(*args)
+
+    def open(self):
+        self.withheld.append(self._issued)
+        self._issued = 0
+        self._open.set()
+
+    def close(self):
+        self._open.clear()
+
+
 def overlap_worker(args):
     """Trains DeepModel a few steps with a trace; rank 0 writes the trace
-    path, each step's grad data_ptrs and whether each lies in a bucket."""
+    path, each step's grad data_ptrs and whether each lies in a bucket.
+    With args["gate"], the engine's bucket all-reduces (DDP) or gradient
+    reduce-scatters (zero.stage 2) go through a BucketGate, opened when each
+    backward has returned; rank 0 also writes the gate's counts and, at
+    ZeRO-2, the reduce-scatter windows of one backward and how many may
+    travel at once (and no trace or gradient pointers: it keeps none)."""
     torch.set_num_threads(1)
     from tinyacc import Accelerator
+    from tinyacc import torch_ddp, torch_zero_shard
+    gate = None
+    if args.get("gate"):
+        gate = BucketGate(torch_ddp.lib, 5.0)
+        torch_ddp.lib = torch_zero_shard.lib = gate
     acc = Accelerator(args["config"])
     torch.manual_seed(0)
     model = DeepModel()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model, opt = acc.prepare(model, opt)
+    if gate is not None:
+        engine = model._engine
+        finish = engine.after_backward
+
+        def after_backward():
+            gate.open()  # backward has returned: the withheld buckets may complete
+            finish()
+            gate.close()
+        engine.after_backward = after_backward
+    zero = args["config"].get("zero", {}).get("stage", 0)
     ptrs = []
     for _ in range(args["steps"]):
         x = torch.randn(1024, 384)
         acc.backward(model(x))
-        ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters()})
+        if not zero:
+            ptrs.append({n: p.grad.data_ptr() for n, p in model.named_parameters()})
         opt.step()
         opt.zero_grad()
+    if zero:
+        eng = model._engine
+        windows = sum(len(list(g.windows(eng.buckets.width))) for g in eng.groups)
+        acc.end_training()
+        if acc.is_main_process:
+            with open(args["out"], "w") as f:
+                json.dump({"windows": windows, "inflight": eng.buckets.INFLIGHT, "withheld": gate.withheld}, f)
+        return
     spans = [(b.data_ptr(), b.data_ptr() + 4 * b.numel()) for b in model._engine.buckets]
     inside = {n: any(a <= p.grad.data_ptr() and p.grad.data_ptr() + 4 * p.numel() <= b for a, b in spans)
               for n, p in model.named_parameters()}
     acc.end_training()
     if acc.is_main_process:
         with open(args["out"], "w") as f:
-            json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans)}, f)
+            json.dump({"ptrs": ptrs, "inside": inside, "buckets": len(spans),
+                       "withheld": gate.withheld if gate is not None else None}, f)
 
 
 def metrics_worker(args):
@@ -202,6 +291,22 @@ def new_scheduler(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.5 * s))
 
 
+def held_bytes(model, opt):
+    """The bytes this rank's parameter tensors really hold: the sizes of
+    the storages torch allocated for the model's parameters and the
+    optimizer's (each storage once), whatever the engine's bookkeeping
+    says."""
+    seen, n = set(), 0
+    params = list(model.parameters()) + [p for g in opt.param_groups for p in g["params"]]
+    for p in params:
+        st = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()  # torch < 2.0: storage()
+        size = st.nbytes()
+        if size and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            n += size
+    return n
+
+
 def train_case(case, out_dir):
     """Trains RefModel through a fresh Accelerator with case: opt, steps,
     batch (per rank), grad_accum, clip, sched (a torch LR scheduler on the
@@ -210,7 +315,9 @@ def train_case(case, out_dir):
     and loader that load it). Returns (accelerator, result): losses (the
     mean over every rank and micro-batch of a step), clip norms, grad
     data_ptrs, memory rows (last, and the peak of gradient + optimizer
-    bytes around each step) and the saved model's directory."""
+    bytes around each step), the parameter bytes every rank's tensors hold
+    (held_peak: the most after any backward or step; held_end: at the end;
+    see held_bytes) and the saved model's directory."""
     from tinyacc import Accelerator
     G = int(case["grad_accum"])
     N = None
@@ -232,7 +339,7 @@ def train_case(case, out_dir):
     N = distributed.world_size()
     ds = dataset(case["steps"] * case["batch"] * N * G, case["steps"])
     acc, model, opt, loader, sched = build(None)
-    res = {"losses": [], "norms": [], "ptrs": [], "peak": 0}
+    res = {"losses": [], "norms": [], "ptrs": [], "peak": 0, "held_peak": 0}
     state_dir = os.path.join(out_dir, "state")
 
     def run(acc, model, opt, loader, sched, stop=None):
@@ -241,6 +348,7 @@ def train_case(case, out_dir):
             with acc.accumulate(model):
                 loss = F.cross_entropy(model(x, flag), y)
                 acc.backward(loss)
+                res["held_peak"] = max(res["held_peak"], held_bytes(model, opt))
                 acc_loss += float(acc.reduce(loss.detach(), "mean")) / G
                 if acc.sync_gradients:
                     if case.get("clip"):
@@ -251,6 +359,7 @@ def train_case(case, out_dir):
                     m = acc.memory()
                     res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"] + m["bucket_bytes"])
                 opt.step()
+                res["held_peak"] = max(res["held_peak"], held_bytes(model, opt))
                 if acc.sync_gradients:
                     m = acc.memory()
                     res["peak"] = max(res["peak"], m["grads_bytes"] + m["optim_bytes"] + m["bucket_bytes"])
@@ -270,6 +379,9 @@ def train_case(case, out_dir):
     model_dir = os.path.join(out_dir, "model")
     acc.save_model(model, model_dir)
     res["memory"] = acc.memory()
+    # Every rank's figures (a collective: every rank runs every case).
+    res["held_end"] = [int(v) for v in acc.gather(torch.tensor([float(held_bytes(model, opt))])).tolist()]
+    res["held_peak"] = [int(v) for v in acc.gather(torch.tensor([float(res["held_peak"])])).tolist()]
     res["model"] = model_dir
     res["world"] = N
     return acc, res

@@ -20,7 +20,7 @@ STATUS_NAMES = {
 }
 ERR_HANDLE = -2
 ERR_CONFIG = -3
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 class TinyaccError(RuntimeError):
@@ -124,6 +124,8 @@ _SIGNATURES = {
     "tinyacc_all_reduce": (_c, [_f32p, i64, i32]),
     "tinyacc_all_gather": (_c, [_f32p, i64, _f32p, i64]),
     "tinyacc_reduce_scatter": (_c, [_f32p, i64, _f32p, i64, i32]),
+    "tinyacc_reduce_scatter_start": (_c, [_f32p, i64, _f32p, i64, i32, P(i64)]),
+    "tinyacc_collective_wait": (_c, [i64]),
     "tinyacc_broadcast": (_c, [_f32p, i64, i32]),
     "tinyacc_barrier": (_c, []),
     "tinyacc_buffer_register": (_c, [ctypes.c_void_p, i64, P(i64)]),

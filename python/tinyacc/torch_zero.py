@@ -28,8 +28,10 @@ parameters.
            gradients: a rank keeps only its shard (sum over micro-batches of
            the rank average), so no whole gradient survives a micro-batch.
            The parameters are cut into buckets (ddp.bucket_mb) in reverse
-           order, each with its own owners, and a bucket is reduced while
-           backward still runs, as soon as its gradients are final.
+           order, each with its own owners, and a bucket's reduce-scatter
+           starts as soon as its gradients are final and runs while
+           backward goes on (Buckets.reduce_scatter_start); after_backward
+           waits for them all.
   stage 3  the parameters themselves are sharded (torch_zero3): a unit's
            parameters are gathered before its forward and its backward and
            freed after.
@@ -215,6 +217,7 @@ class ZeroEngine(TorchEngine):
                 self.buckets.reduce_scatter(self.groups[0], self._local_grad, self.groups[0].shard, accumulate=False)
         elif self.stage == 2:
             self.queue.flush()
+            self.buckets.finish()
         else:
             self.z3.flush()
         if self._sync:
@@ -502,9 +505,10 @@ class ZeroEngine(TorchEngine):
         return groups
 
     def _reduce_bucket(self, g):
-        """ZeRO-2: a bucket whose gradients are all final goes to its owners
-        (added to their shards) and the whole gradients are dropped."""
-        self.buckets.reduce_scatter(g, self._local_grad, g.shard, accumulate=True)
+        """ZeRO-2: a bucket whose gradients are all final starts towards its
+        owners (added to their shards when after_backward waits for it) and
+        the whole gradients are dropped (the reduce-scatter has a copy)."""
+        self.buckets.reduce_scatter_start(g, self._local_grad, g.shard)
         for i in g.indices:
             self.params[i].grad = None
 

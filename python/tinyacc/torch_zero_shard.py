@@ -17,10 +17,19 @@ temporary buffers (N × S received, S sent) are one bucket whatever the
 model size; a
 parameter that straddles a window boundary is copied in pieces.
 
+ZeRO-2 reduce-scatters from backward's hooks, and must not stop backward
+while a window travels: reduce_scatter_start only starts each window's
+reduce-scatter (the library runs it on its own thread) in a staging pair of
+its own, and finish() waits for them before anything else communicates.
+At most INFLIGHT windows travel at once (a further one first waits for
+the oldest), so the staging is at most INFLIGHT buckets, and only while a
+backward runs.
+
 The collectives are the world group's C functions called on the tensors'
 own memory (data_ptr), with no copy on the Python side.
 """
 
+import collections
 import ctypes
 import pickle
 
@@ -42,6 +51,20 @@ def _ptr(t):
 def reduce_scatter_(inp, out, op=AVG):
     """out = this rank's block of the reduction of inp (N × len(out))."""
     check(lib.tinyacc_reduce_scatter(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op))
+
+
+def reduce_scatter_start_(inp, out, op=AVG):
+    """Starts reduce_scatter_(inp, out, op) on the library's thread and
+    returns its handle for wait_; inp and out must stay alive and unchanged
+    until then."""
+    h = ctypes.c_int64()
+    check(lib.tinyacc_reduce_scatter_start(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op, ctypes.byref(h)))
+    return h.value
+
+
+def wait_(handle):
+    """Blocks until the started collective handle has finished."""
+    check(lib.tinyacc_collective_wait(handle))
 
 
 def all_gather_(inp, out):
@@ -120,7 +143,10 @@ class ShardGroup:
 
 
 class Buckets:
-    """The one temporary buffer (N × S floats) all windows go through."""
+    """The one temporary buffer (N × S floats) the blocking windows go
+    through, and the staging pairs of the started ones."""
+
+    INFLIGHT = 4  # started windows travelling at once, at most
 
     def __init__(self, bucket_elems, world):
         self.world = world
@@ -128,6 +154,9 @@ class Buckets:
         self.width = max(1, int(bucket_elems) // (world + 1))
         self.buf = None
         self.send = None
+        # Started windows, oldest first: (handle, staging pair, into, a, e).
+        self.pending = collections.deque()
+        self.spare = []  # staging pairs of finished windows, until finish()
 
     def get(self, width):
         need = self.world * width
@@ -149,18 +178,7 @@ class Buckets:
         for a, b in group.windows(self.width):
             w = b - a
             buf, out = self.get(w)
-            # Every column written once: a gradient, or zeros for a missing
-            # gradient and for padding (no zeroing of the whole buffer first).
-            for k in range(self.world):
-                for i, off, lo, hi in group.pieces(k, a, b):
-                    g = grad_of(i)
-                    dst = buf[k * w + lo - a:k * w + hi - a]
-                    if g is None:
-                        dst.zero_()
-                    else:
-                        dst.copy_(g[lo - off:hi - off])
-                if group.fill[k] < b:
-                    buf[k * w + max(group.fill[k] - a, 0):(k + 1) * w].zero_()
+            self._fill(group, grad_of, a, b, buf)
             reduce_scatter_(buf, out, AVG)
             if into is None:
                 for i, off, lo, hi in group.pieces(group.rank, a, b):
@@ -174,6 +192,51 @@ class Buckets:
                     into[a:e].add_(out[:e - a])
                 else:
                     into[a:e].copy_(out[:e - a])
+
+    def reduce_scatter_start(self, group, grad_of, into):
+        """reduce_scatter(group, grad_of, into, accumulate=True), started:
+        each window's gradients are copied into a staging pair of its own
+        (so the caller may drop them at once) and its reduce-scatter runs
+        while the caller goes on; finish() adds the averages into `into`."""
+        for a, b in group.windows(self.width):
+            w = b - a
+            if len(self.pending) >= self.INFLIGHT:
+                self._finish_oldest()
+            pair = self.spare.pop() if self.spare else (torch.empty(self.world * self.width), torch.empty(self.width))
+            buf, out = pair[0][:self.world * w], pair[1][:w]
+            self._fill(group, grad_of, a, b, buf)
+            handle = reduce_scatter_start_(buf, out, AVG)
+            self.pending.append((handle, pair, into, a, min(b, into.numel())))
+
+    def finish(self):
+        """Waits for every started window, oldest first, adds its averages
+        into its shard, and drops the staging."""
+        while self.pending:
+            self._finish_oldest()
+        self.spare = []
+
+    def _finish_oldest(self):
+        handle, pair, into, a, e = self.pending.popleft()
+        wait_(handle)
+        if a < e:
+            into[a:e].add_(pair[1][:e - a])
+        self.spare.append(pair)
+
+    def _fill(self, group, grad_of, a, b, buf):
+        """buf (N × (b - a)) = every rank's columns [a, b) of group: a
+        gradient, or zeros for a missing gradient and for padding (every
+        column written once, no zeroing of the whole buffer first)."""
+        w = b - a
+        for k in range(self.world):
+            for i, off, lo, hi in group.pieces(k, a, b):
+                g = grad_of(i)
+                dst = buf[k * w + lo - a:k * w + hi - a]
+                if g is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(g[lo - off:hi - off])
+            if group.fill[k] < b:
+                buf[k * w + max(group.fill[k] - a, 0):(k + 1) * w].zero_()
 
     def all_gather(self, group, data_of, dest_of):
         """Every rank's owned parameters of group to the others: data_of(i)
