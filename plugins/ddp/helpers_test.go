@@ -6,8 +6,8 @@ import (
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 )
 
-// assertEquivalent is ptest.AssertEquivalent (which splits out the
-// attention key biases; see ptest.KeyBiasTol).
+// assertEquivalent is ptest.AssertEquivalent, within the bounds of want's
+// dtype.
 func assertEquivalent(t *testing.T, want, got ptest.Result, nEmbd int, what string) {
 	t.Helper()
 	ptest.AssertEquivalent(t, want, got, what)
