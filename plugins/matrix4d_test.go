@@ -111,3 +111,71 @@ func TestMatrix4DProcesses(t *testing.T) {
 		ptest.Check(t, want, got, s.String()+", processes")
 	}
 }
+
+// oneProcess is the single-process run of layout c: the same global batch
+// (the data-parallel ranks' micro-batches together), split into the same
+// micro-batches.
+func oneProcess(c config.Config) config.Config {
+	s := c
+	s.Parallel.DP, s.Parallel.TP, s.Parallel.PP, s.Parallel.CP = 1, 1, 1, 1
+	s.PP.Layers, s.PP.VirtualStages, s.PP.Schedule = "", 1, "1f1b"
+	s.TP.SequenceParallel, s.Zero.Stage = false, 0
+	s.Train.BatchSize = c.Train.BatchSize * max(c.Parallel.DP, 1)
+	return s
+}
+
+// TestMatrixCompositions completes the matrix in float64, each row against
+// one process on its global batch: ZeRO-2 and 3 under tp × cp, cp 3 in
+// training, tp 4 × cp 2, pipelines of 3 and 4 stages with tp and with cp,
+// uneven pipeline splits under tp with sequence parallel and cp, the
+// interleaved schedule with cp, and ZeRO-2 × cp with accumulation.
+func TestMatrixCompositions(t *testing.T) {
+	for _, row := range []struct {
+		name  string
+		apply func(c *config.Config)
+	}{
+		{"dp2 tp2 cp2 zero2", func(c *config.Config) { c.Parallel.DP, c.Parallel.TP, c.Parallel.CP, c.Zero.Stage = 2, 2, 2, 2 }},
+		{"dp2 tp2 sp cp2 zero3", func(c *config.Config) {
+			c.Parallel.DP, c.Parallel.TP, c.TP.SequenceParallel, c.Parallel.CP, c.Zero.Stage = 2, 2, true, 2, 3
+		}},
+		{"cp3 ring zigzag", func(c *config.Config) { c.Parallel.CP, c.Model.BlockSize = 3, 12 }},
+		{"cp3 allgather contiguous, dp2", func(c *config.Config) {
+			c.Parallel.DP, c.Parallel.CP, c.CP.Attention, c.CP.Split, c.Model.BlockSize = 2, 3, "allgather", "contiguous", 12
+		}},
+		{"tp4 cp2", func(c *config.Config) { c.Parallel.TP, c.Parallel.CP = 4, 2 }},
+		{"tp4 sp cp2 allgather", func(c *config.Config) {
+			c.Parallel.TP, c.TP.SequenceParallel, c.Parallel.CP, c.CP.Attention = 4, true, 2, "allgather"
+		}},
+		{"pp3 tp2 1f1b", func(c *config.Config) { c.Parallel.PP, c.Parallel.TP, c.Train.GradAccum = 3, 2, 3 }},
+		{"pp3 cp2 zb1", func(c *config.Config) {
+			c.Parallel.PP, c.Parallel.CP, c.PP.Schedule, c.Train.GradAccum = 3, 2, "zb1", 3
+		}},
+		{"pp4 tp2 sp afab", func(c *config.Config) {
+			c.Parallel.PP, c.Parallel.TP, c.TP.SequenceParallel, c.PP.Schedule, c.Train.GradAccum = 4, 2, true, "afab", 4
+		}},
+		{"pp4 cp2 1f1b", func(c *config.Config) { c.Parallel.PP, c.Parallel.CP, c.Train.GradAccum = 4, 2, 4 }},
+		{"pp2 layers 3,1 tp2 sp cp2", func(c *config.Config) {
+			c.Parallel.PP, c.PP.Layers, c.Parallel.TP, c.TP.SequenceParallel, c.Parallel.CP = 2, "3,1", 2, true, 2
+		}},
+		{"pp2 layers 1,3 zb1 tp2 cp2 dp2", func(c *config.Config) {
+			c.Parallel.PP, c.PP.Layers, c.PP.Schedule, c.Parallel.TP, c.Parallel.CP, c.Parallel.DP = 2, "1,3", "zb1", 2, 2, 2
+		}},
+		{"pp2 interleaved cp2", func(c *config.Config) {
+			c.Parallel.PP, c.PP.Schedule, c.PP.VirtualStages, c.Parallel.CP = 2, "interleaved", 2, 2
+		}},
+		{"pp2 interleaved cp2 allgather contiguous, dp2", func(c *config.Config) {
+			c.Parallel.PP, c.PP.Schedule, c.PP.VirtualStages, c.Parallel.CP, c.Parallel.DP = 2, "interleaved", 2, 2, 2
+			c.CP.Attention, c.CP.Split = "allgather", "contiguous"
+		}},
+		{"dp2 cp2 zero2 accum 4", func(c *config.Config) { c.Parallel.DP, c.Parallel.CP, c.Zero.Stage, c.Train.GradAccum = 2, 2, 2, 4 }},
+		{"dp2 cp2 zero3 accum 4", func(c *config.Config) { c.Parallel.DP, c.Parallel.CP, c.Zero.Stage, c.Train.GradAccum = 2, 2, 3, 4 }},
+	} {
+		cfg := matrixConfig()
+		cfg.Train.BatchSize = 2 // per data-parallel rank and micro-batch
+		cfg.Parallel.DP = 1
+		row.apply(&cfg)
+		want := ptest.Single(t, oneProcess(cfg))
+		n := cfg.Parallel.DP * cfg.Parallel.TP * cfg.Parallel.PP * cfg.Parallel.CP
+		runMatrixRow(t, want, cfg, n, fmt.Sprintf("%s (%d ranks)", row.name, n))
+	}
+}
