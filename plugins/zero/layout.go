@@ -76,9 +76,6 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 			if p.DType() != tensor.Float32 && p.DType() != tensor.Float64 {
 				return nil, fmt.Errorf("zero: parameter %s is %s; sharding supports float32 and float64 parameters", p.Name, p.DType())
 			}
-			if len(u.Ranges) > 0 && u.Ranges[0].Param.DType() != p.DType() {
-				return nil, fmt.Errorf("zero: parameters %s and %s of unit %s differ in dtype; a unit is one flat buffer", u.Ranges[0].Name, p.Name, u.Name)
-			}
 			u.Ranges = append(u.Ranges, Range{Name: p.Name, Param: p, Offset: u.Numel, Numel: p.Numel(), Decay: len(p.Shape()) >= 2})
 			u.Numel += p.Numel()
 			l.unitOf[p] = i
