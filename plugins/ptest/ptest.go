@@ -25,6 +25,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/data"
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -80,12 +81,16 @@ func Config() config.Config {
 // Config64 is the model of the float64 matrix (train.dtype float64): 4
 // layers, 64 wide, 4 heads, large enough that float32 would sit at its
 // noise floor against one process, with short sequences and few steps so
-// a row of goroutine ranks stays fast.
+// a row of goroutine ranks stays fast. Kernels run on one thread: the
+// goroutine ranks already share the cores, and several ranks' threaded
+// kernels on small matrices mostly wait for each other (a float64 matrix
+// costs about 2.4 times the CPU time with every core per kernel).
 func Config64() config.Config {
 	c := Config()
 	c.Train.DType = "float64"
 	c.Model.NLayer, c.Model.NHead, c.Model.NEmbd, c.Model.BlockSize = 4, 4, 64, 16
 	c.Train.Steps, c.Train.BatchSize, c.Train.GradAccum = 3, 4, 1
+	c.Train.Threads = 1
 	return c
 }
 
@@ -105,6 +110,7 @@ func split(cfg config.Config) (train, val []int32) {
 // Single trains cfg in one process; cfg.Train.BatchSize must be the global
 // micro-batch (per-rank batch × data-parallel ranks).
 func Single(t testing.TB, cfg config.Config) Result {
+	defer cpu.SetThreads(cpu.Threads()) // train.threads is the process's; later runs get it back
 	train, val := split(cfg)
 	var steps []trainer.StepMetrics
 	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
@@ -139,6 +145,7 @@ func runRank(cfg config.Config, world comm.Group, build Build, rec *trace.Record
 // the latter over loopback inside this process), each with the plugins
 // build returns for its world group, and returns every rank's result.
 func Parallel(t testing.TB, cfg config.Config, n int, backend string, build Build) []Result {
+	defer cpu.SetThreads(cpu.Threads()) // train.threads is the process's; later runs get it back
 	results := make([]Result, n)
 	var mu sync.Mutex
 	run := func(g comm.Group) error {
