@@ -128,7 +128,7 @@ func TestResumeMatrix(t *testing.T) {
 						same = got
 					}
 				}
-				t.Logf("%s: saved by %s, resumed by every layout [%s]: %s", backend, saver.name, want.DType, worst)
+				t.Logf("%s: saved by %s, resumed by every layout it meets [%s]: %s", backend, saver.name, want.DType, worst)
 				// The same layout continues bitwise: compare with its own
 				// uninterrupted run.
 				whole := saver.run(t, saver.config64(resumeSteps), backend)
