@@ -1,7 +1,6 @@
 package plugins
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/tinyacc/tinyacc/core/config"
@@ -49,10 +48,7 @@ func TestPipelineTensorParallel(t *testing.T) {
 			single.Train.BatchSize *= r.dp
 			want := ptest.Single(t, single)
 			got := ptest.Parallel(t, cfg, 4*r.dp, r.backend, buildFrom(cfg))
-			for k := range got {
-				ptest.AssertEquivalent(t, want, got[k], fmt.Sprintf("%s rank %d", r.name, k))
-			}
-			ptest.AssertReplicas(t, got, r.name)
+			ptest.Check(t, want, got, r.name)
 		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -35,28 +34,24 @@ var variants = []variant{
 // TestEquivalenceMatrix is the law for every data-parallel plugin, built
 // the way `tinyacc train` builds it: N ranks with a per-rank batch B give
 // the single process with batch N·B, on both backends, with and without
-// gradient accumulation.
+// gradient accumulation, in float64 (1e-9).
 func TestEquivalenceMatrix(t *testing.T) {
 	for _, accum := range []int{1, 2} {
 		for _, n := range []int{2, 4} {
-			single := ptest.Config()
+			single := ptest.Config64()
 			single.Train.GradAccum = accum
-			single.Train.BatchSize = 2 * n
+			single.Train.BatchSize = n
 			want := ptest.Single(t, single)
 			for _, v := range variants {
 				for _, backend := range []string{"local", "tcp"} {
-					cfg := ptest.Config()
-					cfg.Train.GradAccum = accum
-					cfg.Train.BatchSize = 2
+					cfg := single
+					cfg.Train.BatchSize = 1
 					v.apply(&cfg)
 					what := fmt.Sprintf("%s, %s, N=%d, grad_accum=%d", v.name, backend, n, accum)
 					got := ptest.Parallel(t, cfg, n, backend, func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) {
 						return Build(cfg, g)
 					})
-					for r := range got {
-						ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", what, r))
-					}
-					ptest.AssertReplicas(t, got, what)
+					ptest.Check(t, want, got, what)
 				}
 			}
 		}
@@ -87,23 +82,18 @@ func TestBuildPicksThePlugin(t *testing.T) {
 }
 
 // ZeRO-3 holds only shards of the parameters: saving gathers them first,
-// and the file must hold what a single process trains.
+// and the file must hold what a single process trains (the run itself is
+// held to one process too).
 func TestZero3SavesFullWeights(t *testing.T) {
-	single := ptest.Config()
-	single.Train.BatchSize = 4
+	single := ptest.Config64()
 	want := ptest.Single(t, single)
-	cfg := ptest.Config()
+	cfg := single
 	cfg.Train.BatchSize = 2
 	cfg.Zero.Stage = 3
 	cfg.SaveTo = filepath.Join(t.TempDir(), "z3.safetensors")
-	ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
-	ts, _, err := ckpt.Load(cfg.SaveTo)
-	require.NoError(t, err)
-	got := ptest.Result{Losses: want.Losses, GradNorms: want.GradNorms, Params: map[string][]float64{}}
-	for name, tt := range ts {
-		got.Params[name] = tt.Float64s()
-	}
-	ptest.AssertEquivalent(t, want, got, "zero-3 saved weights")
+	got := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+	ptest.Check(t, want, got, "zero-3")
+	ptest.AssertParams(t, want.Params, ptest.LoadParams(t, cfg.SaveTo), "zero-3 saved weights", ptest.Float64Bounds)
 }
 
 // Goroutine ranks share the process's kernel threads and BLAS library;
@@ -139,10 +129,12 @@ func TestEquivalenceProcesses(t *testing.T) {
 		if got == nil {
 			continue // this process is a rank of another layout's run
 		}
-		for r := range got {
-			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, processes, rank %d", v.name, r))
-		}
-		ptest.AssertReplicas(t, got, v.name+", processes")
+		// float32 on ptest's small model: the attention key bias, whose
+		// gradient is zero in theory, takes AdamW steps from rounding noise
+		// and lands at ~1e-4 of its tensor; it is allowed 1e-3 here.
+		b := ptest.Float32Bounds
+		b.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
+		ptest.CheckWithin(t, want, got, v.name+", processes", b)
 	}
 }
 
@@ -172,10 +164,10 @@ func TestBuildPipeline(t *testing.T) {
 
 // TestEquivalencePipelineLayouts: pipeline layouts built by Build, beside
 // the data-parallel matrix: pp 2 and pp 2 × dp 2 with ZeRO-1, against one
-// process on the same global batch.
+// process on the same global batch, in float64.
 func TestEquivalencePipelineLayouts(t *testing.T) {
-	single := ptest.Config()
-	single.Train.Steps, single.Train.GradAccum, single.Train.BatchSize = 4, 2, 4
+	single := ptest.Config64()
+	single.Train.GradAccum, single.Train.BatchSize = 2, 4
 	want := ptest.Single(t, single)
 	for _, l := range []struct {
 		name  string
@@ -191,21 +183,17 @@ func TestEquivalencePipelineLayouts(t *testing.T) {
 		cfg.Train.BatchSize = 4 / l.dp
 		l.apply(&cfg)
 		got := ptest.Parallel(t, cfg, l.n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
-		for r := range got {
-			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", l.name, r))
-		}
-		ptest.AssertReplicas(t, got, l.name)
+		ptest.Check(t, want, got, l.name)
 	}
 }
 
 // TestEquivalenceContextParallel: context-parallel layouts built by Build
-// train like one process on the same global batch (losses 1e-5, weights
-// 1e-4): cp 2 and 4, ring and all-gather attention, zigzag and contiguous
-// splits, and cp 2 beside dp 2, tp 2 (with sequence parallel) and pp 2.
-// The CP ranks of a group read the same sequences, each its chunks.
+// train like one process on the same global batch (float64, 1e-9): cp 2
+// and 4, ring and all-gather attention, zigzag and contiguous splits, and
+// cp 2 beside dp 2, tp 2 (with sequence parallel) and pp 2. The CP ranks
+// of a group read the same sequences, each its chunks.
 func TestEquivalenceContextParallel(t *testing.T) {
-	base := ptest.Config()
-	base.Train.Steps, base.Train.BatchSize = 3, 4
+	base := ptest.Config64()
 	want := ptest.Single(t, base)
 	type row struct {
 		name  string
@@ -236,10 +224,7 @@ func TestEquivalenceContextParallel(t *testing.T) {
 		l.apply(&cfg)
 		require.NoError(t, cfg.Validate(), l.name)
 		got := ptest.Parallel(t, cfg, l.n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
-		for r := range got {
-			ptest.AssertEquivalent(t, want, got[r], fmt.Sprintf("%s, rank %d", l.name, r))
-		}
-		ptest.AssertReplicas(t, got, l.name)
+		ptest.Check(t, want, got, l.name)
 	}
 }
 

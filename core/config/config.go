@@ -60,6 +60,11 @@ type Config struct {
 		// "stop" ends the run, "skip" drops that step's update.
 		NonFinite         string `koanf:"nonfinite"`
 		NonFiniteMaxSkips int    `koanf:"nonfinite_max_skips"` // consecutive skipped steps before stopping
+		// DType is the precision of the parameters, gradients, optimizer
+		// state and activations: "float32", or "float64", which exists for
+		// tests: it puts rounding noise far below any real difference, so
+		// every layout can be held to one process at 1e-9.
+		DType string `koanf:"dtype"`
 	} `koanf:"train"`
 	Data struct {
 		Path        string  `koanf:"path"`         // "" = default corpus (Go sources of GOROOT)
@@ -179,6 +184,7 @@ func Defaults() Config {
 	c.Train.Threads = 0
 	c.Train.NonFinite = "stop"
 	c.Train.NonFiniteMaxSkips = 10
+	c.Train.DType = "float32"
 
 	c.Data.Path = ""
 	c.Data.Order = "sequential"

@@ -63,6 +63,7 @@ func (c *Config) Validate() error {
 	v.nonNegative("train.threads", int64(t.Threads))
 	v.oneOf("train.nonfinite", t.NonFinite, "stop", "skip")
 	v.positive("train.nonfinite_max_skips", int64(t.NonFiniteMaxSkips))
+	v.oneOf("train.dtype", t.DType, "float32", "float64")
 
 	d := &c.Data
 	v.oneOf("data.order", d.Order, "sequential", "random")
@@ -116,6 +117,10 @@ func (c *Config) Validate() error {
 	}
 	if c.DDP.Process && c.Zero.Stage != 0 {
 		v.addf("config: ddp.process=true runs DDP in a plugin process, but zero.stage=%d picks ZeRO: set zero.stage=0 or ddp.process=false", c.Zero.Stage)
+	}
+	// The plugin process protocol shares float32 tensors only.
+	if c.Train.DType == "float64" && (c.DDP.Process || len(c.Plugins.Process) > 0) {
+		v.addf("config: train.dtype=float64 cannot run with plugin processes (ddp.process, plugins.process), which exchange float32 tensors: set train.dtype=float32 or run the plugins in-process")
 	}
 
 	switch {

@@ -39,3 +39,17 @@ func TestOpsAllocateFromTheTensorsHomeAllocator(t *testing.T) {
 	require.Equal(t, before, Default.Usage().Current[Activations])
 	y.Release()
 }
+
+// Span is a view of a range of a tensor's storage in its dtype: writes
+// through it land in the tensor, and it owns nothing.
+func TestSpan(t *testing.T) {
+	for _, dt := range []DType{Float32, Float64} {
+		flat := New(dt, 6)
+		s := flat.Span(2, 6, 2, 2)
+		require.Equal(t, []int{2, 2}, s.Shape())
+		require.Equal(t, dt, s.DType())
+		s.Set(3, 7)
+		require.Equal(t, 7.0, flat.At(5), "%s: the write lands in the tensor", dt)
+		require.Equal(t, []int{2}, flat.Span(0, 2).Shape(), "%s: one dimension by default", dt)
+	}
+}

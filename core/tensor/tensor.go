@@ -238,6 +238,26 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	return &c
 }
 
+// Span returns elements [lo, hi) of t's storage, in t's dtype and without
+// copying, as a tensor of the given shape (one dimension of hi-lo when
+// none is given). Like FromF32 on a slice, the view is not accounted and
+// not recorded by autograd; flat-buffer strategies (gradient buckets,
+// shards) use it whatever dtype the model trains in.
+func (t *Tensor) Span(lo, hi int, shape ...int) *Tensor {
+	if len(shape) == 0 {
+		shape = []int{hi - lo}
+	}
+	switch t.dtype {
+	case Float32:
+		return FromF32(t.f32[lo:hi:hi], shape...)
+	case Float64:
+		return FromF64(t.f64[lo:hi:hi], shape...)
+	case Int32:
+		return FromI32(t.i32[lo:hi:hi], shape...)
+	}
+	panic(fmt.Sprintf("tensor: Span of %s", t))
+}
+
 // CopyFrom copies src's elements into t (same numel, same dtype).
 func (t *Tensor) CopyFrom(src *Tensor) {
 	if src.Numel() != t.Numel() || src.dtype != t.dtype {

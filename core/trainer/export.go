@@ -9,7 +9,6 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/nn"
-	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -64,10 +63,11 @@ func ExportCheckpoint(dir, to string) error {
 	shapes := mc.ParamShapes()
 	entries := make([]ckpt.Entry, len(shapes))
 	for i, ps := range shapes {
-		entries[i] = ckpt.Entry{Name: ps.Name, DType: tensor.Float32, Shape: ps.Shape}
-		if ix.Tensors[ps.Name] == nil {
+		ti := ix.Tensors[ps.Name]
+		if ti == nil {
 			return fmt.Errorf("ckpt: %s holds no tensor %s", dir, ps.Name)
 		}
+		entries[i] = ckpt.Entry{Name: ps.Name, DType: storedDType(ti), Shape: ps.Shape}
 	}
 	slices.SortFunc(entries, func(a, b ckpt.Entry) int { return strings.Compare(a.Name, b.Name) })
 	readers := map[string]*ckpt.Reader{}
@@ -79,8 +79,8 @@ func ExportCheckpoint(dir, to string) error {
 	var last *tensor.Tensor
 	err = ckpt.SaveStream(to, entries, weightsMeta(mc), func(name string) (*tensor.Tensor, error) {
 		ti := ix.Tensors[name]
-		if last == nil || !slices.Equal(last.Shape(), ti.Shape) {
-			last = tensor.New(tensor.Float32, ti.Shape...)
+		if last == nil || !slices.Equal(last.Shape(), ti.Shape) || last.DType() != storedDType(ti) {
+			last = tensor.New(storedDType(ti), ti.Shape...)
 		}
 		n := 0
 		for _, p := range ti.Parts {
@@ -91,11 +91,11 @@ func ExportCheckpoint(dir, to string) error {
 				}
 				readers[p.File] = r
 			}
-			buf := tensor.New(tensor.Float32, max(0, r.Numel(p.Key)))
+			buf := tensor.New(last.DType(), max(0, r.Numel(p.Key)))
 			if err := r.Read(p.Key, buf); err != nil {
 				return nil, err
 			}
-			place.Gather(p.Spec, p.Coord, buf.F32(), last.F32())
+			gatherInto(p.Spec, p.Coord, buf, last)
 			n += buf.Numel()
 		}
 		if n != last.Numel() {
@@ -104,4 +104,13 @@ func ExportCheckpoint(dir, to string) error {
 		return last, nil
 	})
 	return err
+}
+
+// storedDType is the dtype a checkpoint holds a tensor in: float64 for a
+// run of train.dtype float64, else float32.
+func storedDType(ti *ckpt.TensorInfo) tensor.DType {
+	if ti.DType == tensor.Float64.String() {
+		return tensor.Float64
+	}
+	return tensor.Float32
 }

@@ -157,14 +157,14 @@ func sumSquares(t *tensor.Tensor) float64 {
 }
 
 // GatherParam returns the full value of global parameter name (a
-// float32 tensor of its global shape) on rank root, or on every rank when
+// tensor of its global shape, in the model's dtype) on rank root, or on every rank when
 // root < 0, and nil on the others. It is collective: every rank calls it,
 // for the same names in the same order, whatever part it holds. Each rank
 // writes the elements it owns into a zeroed global-sized buffer and the
 // buffers are summed: owners are disjoint and cover the tensor, so the sum
 // is exact. Only one global tensor exists at a time, in category Comm.
 func (t *Trainer) GatherParam(ps nn.ParamShape, root int) (*tensor.Tensor, error) {
-	buf := t.Alloc.New(tensor.Comm, tensor.Float32, ps.Shape...)
+	buf := t.Alloc.New(tensor.Comm, t.DType(), ps.Shape...)
 	if p := t.Model.Param(ps.Name); p != nil {
 		h, err := t.Holding(p)
 		if err != nil {
@@ -182,11 +182,11 @@ func (t *Trainer) GatherParam(ps nn.ParamShape, root int) (*tensor.Tensor, error
 			return nil, err
 		}
 		if own && v.Data != nil {
-			if v.Data.DType() != tensor.Float32 {
+			if v.Data.DType() != buf.DType() {
 				buf.Release()
-				return nil, fmt.Errorf("trainer: parameter %s is %s; gathering handles float32", ps.Name, v.Data.DType())
+				return nil, fmt.Errorf("trainer: parameter %s is %s; the model is %s", ps.Name, v.Data.DType(), buf.DType())
 			}
-			place.Gather(v.Spec, t.Coord(), v.Data.F32(), buf.F32())
+			gatherInto(v.Spec, t.Coord(), v.Data, buf)
 		}
 	}
 	w := t.world()
@@ -224,4 +224,14 @@ func (t *Trainer) MeanOver(g comm.Group, v float64) (float64, error) {
 		return 0, fmt.Errorf("averaging the loss over group %s: %w", g.Name(), err)
 	}
 	return buf.F64()[0], nil
+}
+
+// gatherInto writes the part data of a tensor placed as s holds at c into
+// global, both of one floating dtype.
+func gatherInto(s *place.Spec, c place.Coord, data, global *tensor.Tensor) {
+	if global.DType() == tensor.Float32 {
+		place.Gather(s, c, data.F32(), global.F32())
+	} else {
+		place.Gather(s, c, data.F64(), global.F64())
+	}
 }

@@ -106,8 +106,8 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 		if fmt.Sprint(ti.Shape) != fmt.Sprint(ps.Shape) {
 			return fmt.Errorf("tensor %s is %v in the checkpoint but %v in the model (check model.*)", ps.Name, ti.Shape, ps.Shape)
 		}
-		if ti.DType != tensor.Float32.String() {
-			return fmt.Errorf("tensor %s is %s in the checkpoint; the model is float32", ps.Name, ti.DType)
+		if ti.DType != t.DType().String() {
+			return fmt.Errorf("tensor %s is %s in the checkpoint; the model is %s (check train.dtype)", ps.Name, ti.DType, t.DType())
 		}
 		kinds := []string{""}
 		for k := range ti.State {
@@ -162,7 +162,7 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 // checkStored reads n elements of tensor key and reports the first that
 // is not finite, or (for exp_avg_sq, a mean of squares) negative.
 func (t *Trainer) checkStored(r *ckpt.Reader, key, kind string, n int) error {
-	buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, n)
+	buf := t.Alloc.NewUninit(tensor.Comm, t.DType(), n)
 	defer buf.Release()
 	if err := r.Read(key, buf); err != nil {
 		return err
@@ -171,8 +171,8 @@ func (t *Trainer) checkStored(r *ckpt.Reader, key, kind string, n int) error {
 		return fmt.Errorf("element %d is %v", i, buf.At(i))
 	}
 	if kind == "exp_avg_sq" {
-		for i, v := range buf.F32() {
-			if v < 0 {
+		for i := 0; i < n; i++ {
+			if v := buf.At(i); v < 0 {
 				return fmt.Errorf("element %d is %v, but exp_avg_sq is a mean of squares", i, v)
 			}
 		}
@@ -328,15 +328,18 @@ func (t *Trainer) fill(readers map[string]*ckpt.Reader, dir, what string, dst *t
 		if err != nil {
 			return err
 		}
-		buf := t.Alloc.NewUninit(tensor.Comm, tensor.Float32, max(0, r.Numel(p.Key)))
+		buf := t.Alloc.NewUninit(tensor.Comm, dst.DType(), max(0, r.Numel(p.Key)))
 		if err := r.Read(p.Key, buf); err != nil {
 			buf.Release()
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		src := buf.F32()
 		for _, pr := range pairs {
 			d, s := pr[0], pr[1]
-			copy(dst.F32()[d.l:d.l+d.n], src[s.l:s.l+s.n])
+			if dst.DType() == tensor.Float32 {
+				copy(dst.F32()[d.l:d.l+d.n], buf.F32()[s.l:s.l+s.n])
+			} else {
+				copy(dst.F64()[d.l:d.l+d.n], buf.F64()[s.l:s.l+s.n])
+			}
 			got += d.n
 		}
 		buf.Release()

@@ -258,7 +258,7 @@ func (t *Trainer) checkPlugins() error {
 
 // BuildModel creates the GPT of cfg, fresh or from cfg.InitFrom.
 func BuildModel(cfg config.Config, alloc *tensor.Allocator) (*nn.GPT, error) {
-	m, err := nn.NewGPT(GPTConfig(cfg), cfg.Train.Seed, tensor.Float32, alloc)
+	m, err := nn.NewGPT(GPTConfig(cfg), cfg.Train.Seed, DTypeOf(cfg), alloc)
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,7 @@ func (t *Trainer) SaveModel(path string) error {
 	entries := make([]ckpt.Entry, len(shapes))
 	byName := map[string]nn.ParamShape{}
 	for i, ps := range shapes {
-		entries[i] = ckpt.Entry{Name: ps.Name, DType: tensor.Float32, Shape: ps.Shape}
+		entries[i] = ckpt.Entry{Name: ps.Name, DType: t.DType(), Shape: ps.Shape}
 		byName[ps.Name] = ps
 	}
 	// Every rank gathers in the order the file is written: by name.

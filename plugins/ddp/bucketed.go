@@ -92,8 +92,8 @@ func (d *DDP) layout(t *trainer.Trainer) error {
 	sizes := make([]int64, len(params))
 	for i := range params {
 		q := params[len(params)-1-i]
-		if q.DType() != tensor.Float32 {
-			return fmt.Errorf("ddp: parameter %s is %s; bucketed mode handles float32 gradients only (use ddp.mode: naive)", q.Name, q.DType())
+		if q.DType() != t.DType() {
+			return fmt.Errorf("ddp: parameter %s is %s but the model trains in %s; a bucket is one flat buffer (use ddp.mode: naive)", q.Name, q.DType(), t.DType())
 		}
 		order[i], sizes[i] = q, q.Bytes()
 	}
@@ -103,13 +103,13 @@ func (d *DDP) layout(t *trainer.Trainer) error {
 		for _, i := range idx {
 			n += order[i].Numel()
 		}
-		b := &bucket{index: bi, flat: t.Alloc.New(tensor.Grads, tensor.Float32, n)}
+		b := &bucket{index: bi, flat: t.Alloc.New(tensor.Grads, t.DType(), n)}
 		b.flat.Name = fmt.Sprintf("ddp.bucket.%d", bi)
 		off := 0
 		for _, i := range idx {
 			p := order[i]
 			k := p.Numel()
-			view := tensor.FromF32(b.flat.F32()[off:off+k:off+k], p.Shape()...)
+			view := b.flat.Span(off, off+k, p.Shape()...)
 			view.Name = p.Name
 			if p.Grad != nil {
 				// Keep a gradient accumulated before Prepare.

@@ -57,6 +57,16 @@ func configs(n, accum int) (single, perRank config.Config) {
 	return single, perRank
 }
 
+// configs64 is configs on ptest's float64 model, one sequence per rank,
+// held to one process at 1e-9.
+func configs64(n, accum int) (single, perRank config.Config) {
+	single = ptest.Config64()
+	single.Train.BatchSize, single.Train.GradAccum = 4, accum
+	perRank = single
+	perRank.Train.BatchSize = single.Train.BatchSize / n
+	return single, perRank
+}
+
 // spans returns the events whose name starts with prefix.
 func spans(events []trace.Event, prefix string) []trace.Event {
 	var out []trace.Event
@@ -71,18 +81,18 @@ func spans(events []trace.Event, prefix string) []trace.Event {
 // TestEquivalence trains the same model in one process and on n ranks, in
 // every mode, with and without gradient accumulation, and holds every rank
 // to the single process, the bucketed forms to the naive one, and the
-// replicas to each other.
+// replicas to each other, in float64.
 func TestEquivalence(t *testing.T) {
 	singles := map[int]ptest.Result{}
 	for _, accum := range []int{1, 2} {
-		single, _ := configs(1, accum)
+		single, _ := configs64(1, accum)
 		singles[accum] = ptest.Single(t, single)
 	}
 	for _, backend := range backends {
 		for _, n := range []int{2, 4} {
 			for _, accum := range []int{1, 2} {
 				t.Run(fmt.Sprintf("%s/n%d/accum%d", backend, n, accum), func(t *testing.T) {
-					_, cfg := configs(n, accum)
+					_, cfg := configs64(n, accum)
 					want := singles[accum]
 					ref := ptest.Parallel(t, cfg, n, backend, naive.build)
 					for _, v := range []variant{naive, oneBucket, manyBuckets} {

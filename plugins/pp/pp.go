@@ -137,7 +137,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 		switch a.Kind {
 		case RecvAct:
 			x, _ := t.Train.Batch(step, a.Micro, t.DataRank, t.DataSize, B, A)
-			sl.in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
+			sl.in = t.Alloc.New(tensor.Activations, t.DType(), x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
 			span := o.commSpan(t, "recv", "act", a.Chunk-1, a.Micro, step)
 			err = o.group.Recv(sl.in, a.Peer)
 			span.End()
@@ -160,7 +160,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			err = o.group.Send(sl.out, a.Peer)
 			span.End()
 		case RecvGrad:
-			sl.gradOut = t.Alloc.New(tensor.Activations, tensor.Float32, sl.out.Shape()...)
+			sl.gradOut = t.Alloc.New(tensor.Activations, t.DType(), sl.out.Shape()...)
 			span := o.commSpan(t, "recv", "grad", a.Chunk+1, a.Micro, step)
 			err = o.group.Recv(sl.gradOut, a.Peer)
 			span.End()
@@ -304,7 +304,7 @@ func (o *Pipeline) EvalLoss(t *trainer.Trainer, x, y *tensor.Tensor) (float64, e
 	for c := o.rank; c <= last; c += s.P {
 		var in *tensor.Tensor
 		if c > 0 {
-			in = t.Alloc.New(tensor.Activations, tensor.Float32, x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
+			in = t.Alloc.New(tensor.Activations, t.DType(), x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
 			if err := o.group.Recv(in, s.RankOf(c-1)); err != nil {
 				return 0, fmt.Errorf("pp: stage %d: evaluation input of chunk %d: %w", o.rank, c, err)
 			}

@@ -73,8 +73,8 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 			if _, dup := l.unitOf[p]; dup {
 				return nil, fmt.Errorf("zero: parameter %s belongs to two modules", p.Name)
 			}
-			if p.DType() != tensor.Float32 {
-				return nil, fmt.Errorf("zero: parameter %s is %s; sharding supports float32 parameters only", p.Name, p.DType())
+			if p.DType() != tensor.Float32 && p.DType() != tensor.Float64 {
+				return nil, fmt.Errorf("zero: parameter %s is %s; sharding supports float32 and float64 parameters", p.Name, p.DType())
 			}
 			u.Ranges = append(u.Ranges, Range{Name: p.Name, Param: p, Offset: u.Numel, Numel: p.Numel(), Decay: len(p.Shape()) >= 2})
 			u.Numel += p.Numel()

@@ -37,9 +37,9 @@ func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc
 	for _, u := range units {
 		for _, pc := range lay.Pieces(u.Unit) {
 			n := pc.Hi - pc.Lo
-			p := tensor.FromF32(u.shard.F32()[pc.At:pc.At+n], n).RequiresGrad()
+			p := u.shard.Span(pc.At, pc.At+n).RequiresGrad()
 			p.Name = pc.ViewName()
-			p.Grad = tensor.FromF32(u.shardGrad.F32()[pc.At:pc.At+n], n)
+			p.Grad = u.shardGrad.Span(pc.At, pc.At+n)
 			p.Grad.Name = p.Name
 			o.views = append(o.views, View{Param: p, Piece: pc, Unit: u.Name})
 			o.viewOf[pc.Range.Param] = p

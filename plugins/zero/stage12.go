@@ -29,11 +29,11 @@ func (z *Zero) PreStep(t *trainer.Trainer) error {
 	// the full gradient (which is what the optimizer's views point at).
 	ops := make([]*op, len(z.units))
 	for i, u := range z.units {
-		tmp := z.t.Alloc.NewUninit(tensor.Comm, tensor.Float32, u.Shard)
+		tmp := z.t.Alloc.NewUninit(tensor.Comm, u.shardGrad.DType(), u.Shard)
 		ops[i] = z.issue("reduce_scatter "+u.Name, u.grad.Bytes(), func() comm.Handle {
 			return z.g.ReduceScatterAsync(u.grad, tmp, comm.Avg)
 		}, func() {
-			copy(u.shardGrad.F32(), tmp.F32())
+			u.shardGrad.CopyFrom(tmp)
 			tmp.Release()
 		})
 	}
@@ -72,7 +72,7 @@ func (z *Zero) ensureGrads(u *unitState) {
 	if u.grad != nil {
 		return
 	}
-	u.grad = z.t.Alloc.New(tensor.Grads, tensor.Float32, u.Size)
+	u.grad = z.t.Alloc.New(tensor.Grads, z.t.DType(), u.Size)
 	u.pending = len(u.Ranges)
 	z.setGradViews(u)
 }
@@ -87,7 +87,7 @@ func (z *Zero) reduceUnit(u *unitState, info tensor.PassInfo) error {
 	grad, out := u.grad, u.shardGrad
 	var tmp *tensor.Tensor
 	if info.Micro > 0 {
-		tmp = z.t.Alloc.NewUninit(tensor.Comm, tensor.Float32, u.Shard)
+		tmp = z.t.Alloc.NewUninit(tensor.Comm, out.DType(), u.Shard)
 		out = tmp
 	}
 	shardGrad := u.shardGrad
@@ -95,7 +95,11 @@ func (z *Zero) reduceUnit(u *unitState, info tensor.PassInfo) error {
 		return z.g.ReduceScatterAsync(grad, out, comm.Avg)
 	}, func() {
 		if tmp != nil {
-			cpu.Add(shardGrad.F32(), tmp.F32(), shardGrad.F32())
+			if shardGrad.DType() == tensor.Float32 {
+				cpu.Add(shardGrad.F32(), tmp.F32(), shardGrad.F32())
+			} else {
+				cpu.Add(shardGrad.F64(), tmp.F64(), shardGrad.F64())
+			}
 			tmp.Release()
 		}
 		grad.Release()

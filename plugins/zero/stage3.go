@@ -89,7 +89,7 @@ func (z *Zero) preBackward(u *unitState) error {
 // startGather gives u a full parameter buffer, aliases its parameters into
 // it and starts the all-gather of the shards that fills it.
 func (z *Zero) startGather(u *unitState) *op {
-	u.flat = z.t.Alloc.NewUninit(tensor.Params, tensor.Float32, u.Size)
+	u.flat = z.t.Alloc.NewUninit(tensor.Params, u.shard.DType(), u.Size)
 	for _, r := range u.Ranges {
 		r.Param.Alias(u.flat, r.Offset)
 	}

@@ -128,9 +128,9 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 // this rank's shard (stage 3).
 func (z *Zero) layOut(u *unitState) error {
 	a := z.t.Alloc
-	flat := a.New(tensor.Params, tensor.Float32, u.Size)
+	flat := a.New(tensor.Params, z.t.DType(), u.Size)
 	for _, r := range u.Ranges {
-		copy(flat.F32()[r.Offset:r.Offset+r.Numel], r.Param.F32())
+		flat.Span(r.Offset, r.Offset+r.Numel).CopyFrom(r.Param)
 	}
 	err := z.run("broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.BroadcastAsync(flat, 0) })
 	if err != nil {
@@ -139,13 +139,13 @@ func (z *Zero) layOut(u *unitState) error {
 	lo := z.lay.Lo(u.Unit)
 	if z.stage <= 2 {
 		u.flat = flat
-		u.shard = tensor.FromF32(flat.F32()[lo:lo+u.Shard], u.Shard)
+		u.shard = flat.Span(lo, lo+u.Shard)
 		for _, r := range u.Ranges {
 			r.Param.Alias(flat, r.Offset)
 		}
 	} else {
-		u.shard = a.New(tensor.Params, tensor.Float32, u.Shard)
-		copy(u.shard.F32(), flat.F32()[lo:lo+u.Shard])
+		u.shard = a.New(tensor.Params, flat.DType(), u.Shard)
+		u.shard.CopyFrom(flat.Span(lo, lo+u.Shard))
 		for _, r := range u.Ranges {
 			r.Param.Alias(flat, r.Offset) // releases the parameter's own buffer
 			r.Param.DropStorage()
@@ -156,11 +156,11 @@ func (z *Zero) layOut(u *unitState) error {
 		// The full gradient lives all step; this rank's averaged slice is
 		// written back into its own range of it (stage12.go), so stage 1
 		// holds 4Ψ of gradients, as the formula says, not 4Ψ + 4Ψ/N.
-		u.grad = a.New(tensor.Grads, tensor.Float32, u.Size)
-		u.shardGrad = tensor.FromF32(u.grad.F32()[lo:lo+u.Shard], u.Shard)
+		u.grad = a.New(tensor.Grads, u.shard.DType(), u.Size)
+		u.shardGrad = u.grad.Span(lo, lo+u.Shard)
 		z.setGradViews(u)
 	} else {
-		u.shardGrad = a.New(tensor.Grads, tensor.Float32, u.Shard)
+		u.shardGrad = a.New(tensor.Grads, u.shard.DType(), u.Shard)
 	}
 	return nil
 }
@@ -170,7 +170,7 @@ func (z *Zero) layOut(u *unitState) error {
 // reads.
 func (z *Zero) setGradViews(u *unitState) {
 	for _, r := range u.Ranges {
-		g := tensor.FromF32(u.grad.F32()[r.Offset:r.Offset+r.Numel], r.Param.Shape()...)
+		g := u.grad.Span(r.Offset, r.Offset+r.Numel, r.Param.Shape()...)
 		g.Name = r.Name
 		r.Param.Grad = g
 	}
@@ -202,14 +202,14 @@ func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool
 	flat.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: max(0, a-r.Offset), Length: max(0, b-a)}
 	h := trainer.Holding{Value: trainer.Part{Spec: p.Spec, Data: p}, Grad: trainer.Part{Spec: flat}}
 	if a < b {
-		h.Grad.Data = tensor.FromF32(u.shardGrad.F32()[a-lo:b-lo], b-a)
+		h.Grad.Data = u.shardGrad.Span(a-lo, b-lo)
 		h.Opt, _ = z.opt.inner.(optim.PerParam)
 		h.OptParam = z.opt.viewOf[p]
 	}
 	if z.stage == 3 {
 		h.Value = trainer.Part{Spec: flat}
 		if a < b {
-			h.Value.Data = tensor.FromF32(u.shard.F32()[a-lo:b-lo], b-a)
+			h.Value.Data = u.shard.Span(a-lo, b-lo)
 		}
 	}
 	return h, true
