@@ -83,7 +83,19 @@ type group struct {
 	broken   error // first failure: the group cannot be trusted after it
 	closed   bool
 	scratch  []byte
+
+	// seg is the shared-memory segment of a group on one host (shmseg.go),
+	// set up by its first collective; segState says whether that happened.
+	// Only the collective queue touches them.
+	seg      *shmSeg
+	segState uint8
 }
+
+const (
+	segUnknown uint8 = iota
+	segOn
+	segOff
+)
 
 func (g *group) Rank() int                   { return g.me }
 func (g *group) Size() int                   { return len(g.ranks) }
@@ -330,6 +342,10 @@ func (g *group) Close() error {
 	g.w.mu.Lock()
 	delete(g.w.groups, g.id)
 	g.w.mu.Unlock()
+	if g.seg != nil {
+		g.seg.unmap()
+		g.seg = nil
+	}
 	if g.isWorld {
 		return g.w.tr.close(true)
 	}
