@@ -70,10 +70,13 @@ type shmSeg struct {
 }
 
 // segLayout returns the control bytes (whole pages) and the half size for
-// a group of n ranks and chunk size chunk.
+// a group of n ranks and chunk size chunk. A half holds two chunks (1 MiB
+// by default): every round costs the ranks two or three waits for each
+// other, which on a busy host means a trip through the scheduler, so rounds
+// are longer than the chunks of a message.
 func segLayout(n, chunk int) (ctl, slot int) {
 	ctl = (segCtlFirst + n*segLine + 4095) &^ 4095
-	slot = (max(chunk, segMinSlot) + 4095) &^ 4095
+	slot = (max(2*chunk, segMinSlot) + 4095) &^ 4095
 	return ctl, slot
 }
 
