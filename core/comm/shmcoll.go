@@ -73,6 +73,11 @@ func (s *shmSeg) agree(c *opCtx, h int, desc uint64, ranks []int) error {
 	return nil
 }
 
+// countSent counts, as what this rank sent, the bytes of its data that the
+// other ranks read from the segment: that is what a message would have
+// carried, so it equals the message algorithms' formulas (a ring
+// all-reduce's 2(N-1)/N of the buffer, (N-1)/N of the whole buffer for a
+// reduce-scatter or an all-gather).
 func (c *opCtx) countSent(n int) {
 	c.g.sent.Add(int64(n))
 	c.g.w.sent.Add(int64(n))
@@ -84,8 +89,13 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 	desc := descOf(c, len(buf))
 	esz := dt.Size()
 	wants := root < 0 || root == s.me
-	c.countSent(len(buf))
 	if len(buf) <= segSmall {
+		switch {
+		case root < 0:
+			c.countSent((s.n - 1) * len(buf))
+		case root != s.me:
+			c.countSent(len(buf))
+		}
 		k, h, err := s.begin(c, desc)
 		if err != nil {
 			return err
@@ -126,6 +136,14 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		}
 		blk := splitBlocks(m/esz, s.n, esz)
 		mine := s.half(s.me, h)[blk[s.me]:blk[s.me+1]]
+		switch {
+		case root < 0:
+			c.countSent(m - len(mine) + (s.n-1)*len(mine))
+		case root != s.me:
+			c.countSent(m)
+		default:
+			c.countSent(m - len(mine))
+		}
 		fold(dt, op, mine, s.base(h, blk[s.me]), s.stride(), s.n, s.acc)
 		if op == Avg {
 			scaleBytes(dt, mine, s.n)
@@ -152,7 +170,7 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 	desc := descOf(c, len(in))
 	bs := len(out)
 	piece := (s.slot / s.n) &^ 63
-	c.countSent(len(in))
+	c.countSent(len(in) - len(out))
 	for off := 0; off < bs; off += piece {
 		m := min(piece, bs-off)
 		k, h, err := s.begin(c, desc)
@@ -188,7 +206,7 @@ func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
 	for p := 0; p < s.n; p++ {
 		longest = max(longest, off[p+1]-off[p])
 	}
-	c.countSent(len(in))
+	c.countSent((s.n - 1) * len(in))
 	for o := 0; o < longest; o += s.slot {
 		k, h, err := s.begin(c, desc)
 		if err != nil {
@@ -219,7 +237,7 @@ func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
 func (s *shmSeg) broadcast(c *opCtx, buf []byte, root int) error {
 	desc := descOf(c, len(buf))
 	if s.me == root {
-		c.countSent(len(buf))
+		c.countSent((s.n - 1) * len(buf))
 	}
 	for o := 0; o < len(buf); o += s.slot {
 		m := min(s.slot, len(buf)-o)

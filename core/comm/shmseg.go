@@ -261,14 +261,14 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 		}
 		ok := err == nil
 		for p := 1; p < n; p++ {
-			if err := c.sendMsg(chColl, p, setupStep, tensor.Int32, where[:]); err != nil {
+			if err := c.sendMsg(chDebug, p, setupStep, tensor.Int32, where[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
 		}
 		var reply [4]byte
 		for p := 1; p < n; p++ {
-			if err := c.recvInto(p, setupStep+1, tensor.Int32, reply[:]); err != nil {
+			if err := c.recvSetup(p, setupStep+1, reply[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
@@ -280,7 +280,7 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 			reply[0] = 0
 		}
 		for p := 1; p < n; p++ {
-			if err := c.sendMsg(chColl, p, setupStep+2, tensor.Int32, reply[:]); err != nil {
+			if err := c.sendMsg(chDebug, p, setupStep+2, tensor.Int32, reply[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
@@ -291,7 +291,7 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 		}
 	} else {
 		var where [16]byte
-		if err := c.recvInto(0, setupStep, tensor.Int32, where[:]); err != nil {
+		if err := c.recvSetup(0, setupStep, where[:]); err != nil {
 			return nil, err
 		}
 		pid, fd := binary.LittleEndian.Uint64(where[:]), binary.LittleEndian.Uint64(where[8:])
@@ -305,11 +305,11 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 				reply[0] = 1
 			}
 		}
-		if err := c.sendMsg(chColl, 0, setupStep+1, tensor.Int32, reply[:]); err != nil {
+		if err := c.sendMsg(chDebug, 0, setupStep+1, tensor.Int32, reply[:]); err != nil {
 			s.unmap()
 			return nil, err
 		}
-		if err := c.recvInto(0, setupStep+2, tensor.Int32, reply[:]); err != nil {
+		if err := c.recvSetup(0, setupStep+2, reply[:]); err != nil {
 			s.unmap()
 			return nil, err
 		}
@@ -323,6 +323,16 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 			c.g.ranks[me], c.g.name, problem)
 	}
 	return s, nil
+}
+
+// recvSetup receives a message of the setup exchange. Like the
+// fingerprints of Debug mode it travels on the debug channel, so it counts
+// as no payload of the group.
+func (c *opCtx) recvSetup(peer int, step uint32, dst []byte) error {
+	return c.recvMsg(chDebug, peer, step, tensor.Int32, len(dst), func(off int, chunk []byte, _ bool) error {
+		copy(dst[off:], chunk)
+		return nil
+	})
 }
 
 // createSegment makes the segment file, reserves its memory (a full tmpfs
