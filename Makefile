@@ -72,8 +72,8 @@ python: deps
 bench-step: build
 	$(BIN) bench step
 
-# bench-comm: tinyacc tcp and mpi vs torch.distributed gloo, 4 ranks, one table
-# (mpi only where mpirun is installed).
+# bench-comm: tinyacc vs Open MPI (mpirun) vs torch.distributed gloo, 2 and 4 ranks, one table
+# with a memcpy row (Open MPI only where mpirun is installed).
 bench-comm: build
 	bench/comm.sh
 

@@ -103,6 +103,27 @@ def format_sides(rows, names, peer):
     return "\n".join(out)
 
 
+def subject_rows(rows, names, subject):
+    """compare_sides' rows (computed with subject as the peer) with the
+    ratios turned around: subject's median over each other side's."""
+    out = []
+    for op, n, size, medians, _, runs in rows:
+        base = medians[names.index(subject)]
+        ratios = [base / m if base is not None and m else None
+                  for name, m in zip(names, medians) if name != subject]
+        out.append((op, n, size, medians, ratios, runs))
+    return out
+
+
+def format_subject(rows, names, subject):
+    """The table of subject_rows: ratio columns subject/other."""
+    table = format_sides(rows, names, subject).splitlines()
+    for other in names:
+        if other != subject:
+            table[0] = table[0].replace(f"{other}/{subject}", f"{subject}/{other}".rjust(len(f"{other}/{subject}")), 1)
+    return "\n".join(table)
+
+
 def compare(tinyacc, gloo):
     """Rows (op, nranks, bytes, tinyacc median, gloo median, ratio), sorted;
     a side with no samples for a row has None, and then so has the ratio."""
@@ -129,6 +150,7 @@ def main(argv=None):
     p.add_argument("--runs", nargs="+", action="append", default=[], metavar=("NAME", "FILE"),
                    help="one side: its name, then the files of its runs (JSON lines); repeat per side")
     p.add_argument("--peer", help="the side the others are divided by (default: the last --runs)")
+    p.add_argument("--subject", help="instead of --peer: the side divided by each other side")
     p.add_argument("--tinyacc", nargs="+", default=[], metavar="FILE", help="tinyacc runs (JSON lines)")
     p.add_argument("--gloo", nargs="+", default=[], metavar="FILE", help="gloo runs (JSON lines)")
     p.add_argument("files", nargs="*", help="runs whose file names contain 'tinyacc' or 'gloo'")
@@ -154,15 +176,20 @@ def main(argv=None):
             p.error("no runs given; use --runs NAME FILE... (once per side), or --tinyacc FILE... --gloo FILE...")
         sides, peer = [("tinyacc", t_paths), ("gloo", g_paths)], args.peer or "gloo"
     names = [name for name, _ in sides]
+    if args.subject:
+        peer = args.subject
     try:
         rows = compare_sides([(name, read_runs(paths)) for name, paths in sides], peer)
     except ValueError as e:
-        p.error(f"--peer: {e}")
+        p.error(f"--{'subject' if args.subject else 'peer'}: {e}")
     if not rows:
         print("compare_comm: no result lines (JSON with op, nranks, bytes, busbw_gbps) in the files",
               file=sys.stderr)
         return 1
-    print(format_sides(rows, names, peer))
+    if args.subject:
+        print(format_subject(subject_rows(rows, names, peer), names, peer))
+    else:
+        print(format_sides(rows, names, peer))
     return 0
 
 

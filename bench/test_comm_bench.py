@@ -119,7 +119,7 @@ def test_compare_main_sorts_files_by_name(tmp_path, capsys):
 
 FAKE_TINYACC = """#!/usr/bin/python3
 # Stands in for build/tinyacc in comm.sh: logs each run and prints busbw
-# that says which backend and size it came from.
+# that says which backend, op and size it came from.
 import json, os, sys
 argv = sys.argv[1:]
 def flag(name, args):
@@ -131,13 +131,13 @@ if argv[0] == "launch":
 else:
     assert argv[:2] == ["bench", "comm"], argv
     backend, args, prefix = flag("--backend", argv), argv, ""
-op = flag("--op", args)
+op, nproc = flag("--op", args), int(flag("--nproc", argv))
 with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(f"{backend} {op}\\n")
-base = {"tcp": 2.0, "mpi": 3.0, "gloo": 1.0}[backend]
+    f.write(f"{backend} {nproc} {op}\\n")
+base = 10.0 if op == "memcpy" else {"tcp": 2.0, "mpi": 3.0, "gloo": 1.0}[backend]
 for size in flag("--sizes", args).split(","):
     mib = int(size[:-1])
-    print(prefix + json.dumps({"op": op, "nranks": 4, "bytes": mib << 20, "busbw_gbps": base * mib}))
+    print(prefix + json.dumps({"op": op, "nranks": nproc, "bytes": mib << 20, "busbw_gbps": base * mib}))
 """
 
 
@@ -163,33 +163,37 @@ def run_comm_sh(tmp_path, with_mpirun, **env):
 
 
 def test_comm_sh_interleaves_backends_in_one_table(tmp_path):
-    out, runs = run_comm_sh(tmp_path, True, REPEATS="2", SIZES="1M,4M")
-    # Each repeat starts with the next backend.
-    assert runs == ["tcp all_reduce", "mpi all_reduce", "gloo all_reduce",
-                    "mpi all_reduce", "gloo all_reduce", "tcp all_reduce",
-                    "tcp all_gather", "mpi all_gather", "gloo all_gather",
-                    "mpi all_gather", "gloo all_gather", "tcp all_gather"]
+    out, runs = run_comm_sh(tmp_path, True, REPEATS="2", SIZES="1M,4M", OPS="all_reduce all_gather")
+    # Each repeat starts with the next backend; every rank count ends with
+    # the memcpy runs.
+    per_np = lambda n: [f"tcp {n} all_reduce", f"mpi {n} all_reduce", f"gloo {n} all_reduce",
+                        f"mpi {n} all_reduce", f"gloo {n} all_reduce", f"tcp {n} all_reduce",
+                        f"tcp {n} all_gather", f"mpi {n} all_gather", f"gloo {n} all_gather",
+                        f"mpi {n} all_gather", f"gloo {n} all_gather", f"tcp {n} all_gather",
+                        f"tcp {n} memcpy", f"tcp {n} memcpy"]
+    assert runs == per_np(2) + per_np(4)
     lines = out.splitlines()
-    assert lines[0] == "4 ranks on one host; tcp and mpi are tinyacc's backends, gloo is torch.distributed's"
-    assert lines[1].split() == ["op", "nranks", "size", "tcp", "GB/s", "mpi", "GB/s", "gloo", "GB/s",
-                                "tcp/gloo", "mpi/gloo"]
-    assert [ln.split() for ln in lines[2:6]] == [
-        ["all_gather", "4", "1M", "2.000", "3.000", "1.000", "2.00", "3.00"],
-        ["all_gather", "4", "4M", "8.000", "12.000", "4.000", "2.00", "3.00"],
-        ["all_reduce", "4", "1M", "2.000", "3.000", "1.000", "2.00", "3.00"],
-        ["all_reduce", "4", "4M", "8.000", "12.000", "4.000", "2.00", "3.00"],
-    ]
-    assert lines[6] == "busbw, each row the median of 2 tcp, 2 mpi and 2 gloo runs; GB = 1e9 bytes"
-    assert len(lines) == 7
+    assert lines[0].startswith("ranks on one host; tinyacc is its tcp backend")
+    assert lines[2].split() == ["op", "nranks", "size", "tinyacc", "GB/s", "openmpi", "GB/s", "gloo", "GB/s",
+                                "tinyacc/openmpi", "tinyacc/gloo"]
+    rows = [ln.split() for ln in lines[3:-1]]
+    assert rows[:2] == [["all_gather", "2", "1M", "2.000", "3.000", "1.000", "0.67", "2.00"],
+                        ["all_gather", "2", "4M", "8.000", "12.000", "4.000", "0.67", "2.00"]]
+    assert rows[4] == ["all_reduce", "2", "1M", "2.000", "3.000", "1.000", "0.67", "2.00"]
+    assert rows[8:] == [["memcpy", "2", "1M", "10.000", "-", "-", "-", "-"],
+                        ["memcpy", "2", "4M", "40.000", "-", "-", "-", "-"],
+                        ["memcpy", "4", "1M", "10.000", "-", "-", "-", "-"],
+                        ["memcpy", "4", "4M", "40.000", "-", "-", "-", "-"]]
+    assert lines[-1] == "busbw, each row the median of 2 tinyacc, 2 openmpi and 2 gloo runs; GB = 1e9 bytes"
 
 
 def test_comm_sh_without_mpirun_says_so(tmp_path):
-    out, runs = run_comm_sh(tmp_path, False, REPEATS="1", SIZES="1M", OPS="all_reduce", PEER="tcp")
-    assert runs == ["tcp all_reduce", "gloo all_reduce"]
+    out, runs = run_comm_sh(tmp_path, False, REPEATS="1", SIZES="1M", OPS="all_reduce", NPROCS="4")
+    assert runs == ["tcp 4 all_reduce", "gloo 4 all_reduce", "tcp 4 memcpy"]
     lines = out.splitlines()
-    assert lines[1].split() == ["op", "nranks", "size", "tcp", "GB/s", "gloo", "GB/s", "gloo/tcp"]
-    assert lines[2].split() == ["all_reduce", "4", "1M", "2.000", "1.000", "0.50"]
-    assert lines[-1].startswith("mpi: not measured, mpirun is not on PATH")
+    assert lines[2].split() == ["op", "nranks", "size", "tinyacc", "GB/s", "gloo", "GB/s", "tinyacc/gloo"]
+    assert lines[3].split() == ["all_reduce", "4", "1M", "2.000", "1.000", "2.00"]
+    assert lines[-1].startswith("openmpi: not measured, mpirun is not on PATH")
 
 
 def free_port():

@@ -23,7 +23,7 @@ func benchComm(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench comm", flag.ContinueOnError)
 	nproc := fs.Int("nproc", 4, "ranks")
 	backend := fs.String("backend", "tcp", "tcp (processes), mpi (processes under mpirun) or local (goroutines)")
-	op := fs.String("op", "all_reduce", "all_reduce, all_gather, reduce_scatter or broadcast")
+	op := fs.String("op", "all_reduce", "all_reduce, all_gather, reduce_scatter, broadcast, or memcpy (every rank copying at once: the memory's bandwidth)")
 	sizesFlag := fs.String("sizes", "4K,64K,1M,16M,64M", "buffer sizes in bytes (K=KiB, M=MiB)")
 	iters := fs.Int("iters", 20, "timed iterations per size (the median is reported)")
 	warmup := fs.Int("warmup", 5, "untimed iterations per size")

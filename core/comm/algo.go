@@ -102,6 +102,12 @@ func directExchangeReduce(c *opCtx, dt tensor.DType, op ReduceOp, mine []byte, s
 }
 
 func allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte) error {
+	if s, err := c.g.segment(c); s != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return s.allReduce(c, dt, op, buf, -1)
+	}
 	n := c.size()
 	if n > 1 {
 		if len(buf) <= smallBytes {
@@ -135,6 +141,12 @@ func allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte) error {
 // reduceScatter reduces in (n equal blocks) and leaves block me in out
 // without touching in: partial sums travel through two scratch blocks.
 func reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out []byte) error {
+	if s, err := c.g.segment(c); s != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return s.reduceScatter(c, dt, op, in, out)
+	}
 	n, me := c.size(), c.me()
 	bs := len(out)
 	blk := func(b int) []byte { return in[b*bs : (b+1)*bs] }
@@ -200,6 +212,12 @@ func reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out []byte) error
 
 // allGatherV gathers block r (bytes off[r]..off[r+1] of out) from rank r.
 func allGatherV(c *opCtx, dt tensor.DType, in, out []byte, off []int) error {
+	if s, err := c.g.segment(c); s != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return s.allGatherV(c, in, out, off)
+	}
 	n, me := c.size(), c.me()
 	copy(out[off[me]:off[me+1]], in)
 	if n == 1 {
@@ -230,6 +248,12 @@ func allGatherV(c *opCtx, dt tensor.DType, in, out []byte, off []int) error {
 // chain root -> root+1 -> ... where each rank forwards a chunk as soon as it
 // has it, so a large buffer streams through all links at once.
 func broadcast(c *opCtx, dt tensor.DType, buf []byte, root int) error {
+	if s, err := c.g.segment(c); s != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return s.broadcast(c, buf, root)
+	}
 	n, me := c.size(), c.me()
 	if n == 1 {
 		return nil
@@ -265,6 +289,12 @@ func broadcast(c *opCtx, dt tensor.DType, buf []byte, root int) error {
 // reduce leaves the reduction in root's buf: direct when small, else a ring
 // reduce-scatter after which every rank hands its finished block to root.
 func reduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, root int) error {
+	if s, err := c.g.segment(c); s != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return s.allReduce(c, dt, op, buf, root)
+	}
 	n, me := c.size(), c.me()
 	if n > 1 {
 		if len(buf) <= smallBytes {

@@ -313,9 +313,17 @@ func TestInvalidCallsFailWithoutUsingASequenceNumber(t *testing.T) {
 // over N ranks sends 2(N-1)/N·n, a ring reduce-scatter or all-gather
 // (N-1)/N of the whole buffer, a direct all-reduce (small buffers)
 // (N-1)·n; a sub-group's sends count on it and on the rank's total.
+// Through a shared-memory segment (tcp, one host) a rank counts the bytes
+// of its data that the others read, which are the same amounts.
 func TestGroupsCountSentBytes(t *testing.T) {
+	for name, run := range backendRunners {
+		t.Run(name, func(t *testing.T) { checkSentBytes(t, run) })
+	}
+}
+
+func checkSentBytes(t *testing.T, run runner) {
 	const N, big, small = 4, 1 << 16, 64 // float32 elements: 256 KiB (ring) and 256 B (direct)
-	require.NoError(t, RunLocal(N, Options{}, func(g Group) error {
+	require.NoError(t, run(t, N, Options{}, func(g Group) error {
 		c := g.(ByteCounter)
 		check := func(what string, want int64, f func() error) error {
 			before := c.SentBytes()

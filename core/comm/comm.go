@@ -127,7 +127,9 @@ type Group interface {
 // the data of collectives and of point-to-point sends as the algorithms
 // move it (a ring all-reduce of n bytes over N ranks sends 2(N-1)/N·n, a
 // direct one (N-1)·n), without frame headers or TINYACC_DEBUG=detail's
-// fingerprints. The groups of the local and tcp backends count; a device
+// fingerprints; through a shared-memory segment, the bytes of this rank's
+// data the others read, the same amounts. The groups of the local and tcp
+// backends count; a device
 // backend may not. Benchmarks hold these counts to the formulas of
 // docs/formulas.md.
 type ByteCounter interface {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,7 +82,19 @@ type group struct {
 	broken   error // first failure: the group cannot be trusted after it
 	closed   bool
 	scratch  []byte
+
+	// seg is the shared-memory segment of a group on one host (shmseg.go),
+	// set up by its first collective; segState says whether that happened.
+	// Only the collective queue touches them.
+	seg      *shmSeg
+	segState uint8
 }
+
+const (
+	segUnknown uint8 = iota
+	segOn
+	segOff
+)
 
 func (g *group) Rank() int                   { return g.me }
 func (g *group) Size() int                   { return len(g.ranks) }
@@ -267,33 +278,16 @@ func (g *group) scratchBuf(n int) []byte {
 
 // NewGroup implements Group.
 func (g *group) NewGroup(ranks []int) (Group, error) {
-	strs := make([]string, len(ranks))
-	for i, r := range ranks {
-		strs[i] = fmt.Sprint(r)
-	}
-	return g.NewNamedGroup(fmt.Sprintf("%s[%s]", g.name, strings.Join(strs, ",")), ranks)
+	return g.NewNamedGroup(subGroupName(g.name, ranks), ranks)
 }
 
 // NewNamedGroup implements Group. The new group's id is derived from this
 // group's id and how many sub-groups it made before, which is the same on
 // every rank because every rank makes the same calls in the same order.
 func (g *group) NewNamedGroup(name string, ranks []int) (Group, error) {
-	if len(ranks) == 0 {
-		return nil, fmt.Errorf("comm: new group %q of group %q: empty rank list", name, g.name)
-	}
-	seen := map[int]bool{}
-	me := -1
-	for i, r := range ranks {
-		if r < 0 || r >= len(g.ranks) {
-			return nil, fmt.Errorf("comm: new group %q: rank %d is outside group %q of size %d", name, r, g.name, len(g.ranks))
-		}
-		if seen[r] {
-			return nil, fmt.Errorf("comm: new group %q: rank %d listed twice in %v", name, r, ranks)
-		}
-		seen[r] = true
-		if r == g.me {
-			me = i
-		}
+	me, world, err := checkSubGroup(name, g.name, g.ranks, g.me, ranks)
+	if err != nil {
+		return nil, err
 	}
 	g.mu.Lock()
 	g.children++
@@ -307,10 +301,6 @@ func (g *group) NewNamedGroup(name string, ranks []int) (Group, error) {
 	id := h.Sum64() | 2 // never the world's id
 	if me < 0 {
 		return nil, nil
-	}
-	world := make([]int, len(ranks))
-	for i, r := range ranks {
-		world[i] = g.ranks[r]
 	}
 	return g.w.newGroup(id, name, world, me), nil
 }
@@ -330,6 +320,10 @@ func (g *group) Close() error {
 	g.w.mu.Lock()
 	delete(g.w.groups, g.id)
 	g.w.mu.Unlock()
+	if g.seg != nil {
+		g.seg.unmap()
+		g.seg = nil
+	}
 	if g.isWorld {
 		return g.w.tr.close(true)
 	}

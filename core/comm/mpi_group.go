@@ -21,7 +21,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -118,10 +117,7 @@ func (g *mpiGroup) AllReduce(t *tensor.Tensor, op ReduceOp) error {
 
 func (g *mpiGroup) AllReduceAsync(t *tensor.Tensor, op ReduceOp) Handle {
 	const name = "all_reduce"
-	if err := checkTensors(t); err != nil {
-		return g.reject(name, err)
-	}
-	if err := checkOp(op, t.DType()); err != nil {
+	if err := checkReduceArgs(t, op); err != nil {
 		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
@@ -136,15 +132,8 @@ func (g *mpiGroup) ReduceScatter(in, out *tensor.Tensor, op ReduceOp) error {
 
 func (g *mpiGroup) ReduceScatterAsync(in, out *tensor.Tensor, op ReduceOp) Handle {
 	const name = "reduce_scatter"
-	if err := checkTensors(in, out); err != nil {
+	if err := checkReduceScatterArgs(in, out, op, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if err := checkOp(op, in.DType()); err != nil {
-		return g.reject(name, err)
-	}
-	if in.Numel() != out.Numel()*len(g.ranks) {
-		return g.reject(name, fmt.Errorf("input has %d elements, want group size %d × output %d = %d",
-			in.Numel(), len(g.ranks), out.Numel(), out.Numel()*len(g.ranks)))
 	}
 	dt, ib, ob := in.DType(), bytesOf(in), bytesOf(out)
 	return g.start(name, func(req *C.uint64_t) C.int {
@@ -156,13 +145,9 @@ func (g *mpiGroup) AllGather(in, out *tensor.Tensor) error { return g.AllGatherA
 
 func (g *mpiGroup) AllGatherAsync(in, out *tensor.Tensor) Handle {
 	const name = "all_gather"
-	if err := checkTensors(in, out); err != nil {
-		return g.reject(name, err)
-	}
 	n := len(g.ranks)
-	if out.Numel() != in.Numel()*n {
-		return g.reject(name, fmt.Errorf("output has %d elements, want group size %d × input %d = %d",
-			out.Numel(), n, in.Numel(), in.Numel()*n))
+	if err := checkAllGatherArgs(in, out, n); err != nil {
+		return g.reject(name, err)
 	}
 	counts := make([]int, n)
 	for r := range counts {
@@ -177,25 +162,8 @@ func (g *mpiGroup) AllGatherV(in, out *tensor.Tensor, counts []int) error {
 
 func (g *mpiGroup) AllGatherVAsync(in, out *tensor.Tensor, counts []int) Handle {
 	const name = "all_gather_v"
-	if err := checkTensors(in, out); err != nil {
+	if _, err := checkAllGatherVArgs(in, out, counts, g.me, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	n := len(g.ranks)
-	if len(counts) != n {
-		return g.reject(name, fmt.Errorf("%d counts for a group of size %d", len(counts), n))
-	}
-	total := 0
-	for r, k := range counts {
-		if k < 0 {
-			return g.reject(name, fmt.Errorf("negative count %d for rank %d", k, r))
-		}
-		total += k
-	}
-	if in.Numel() != counts[g.me] {
-		return g.reject(name, fmt.Errorf("input has %d elements but counts[%d] = %d", in.Numel(), g.me, counts[g.me]))
-	}
-	if out.Numel() != total {
-		return g.reject(name, fmt.Errorf("output has %d elements, want the sum of counts %d", out.Numel(), total))
 	}
 	return g.allGatherV(name, in, out, counts)
 }
@@ -231,8 +199,8 @@ func (g *mpiGroup) BroadcastAsync(t *tensor.Tensor, root int) Handle {
 	if err := checkTensors(t); err != nil {
 		return g.reject(name, err)
 	}
-	if root < 0 || root >= len(g.ranks) {
-		return g.reject(name, fmt.Errorf("root %d is outside the group of size %d", root, len(g.ranks)))
+	if err := checkRoot(root, len(g.ranks)); err != nil {
+		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
 	return g.start(name, func(req *C.uint64_t) C.int {
@@ -246,14 +214,11 @@ func (g *mpiGroup) Reduce(t *tensor.Tensor, root int, op ReduceOp) error {
 
 func (g *mpiGroup) ReduceAsync(t *tensor.Tensor, root int, op ReduceOp) Handle {
 	const name = "reduce"
-	if err := checkTensors(t); err != nil {
+	if err := checkReduceArgs(t, op); err != nil {
 		return g.reject(name, err)
 	}
-	if err := checkOp(op, t.DType()); err != nil {
+	if err := checkRoot(root, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if root < 0 || root >= len(g.ranks) {
-		return g.reject(name, fmt.Errorf("root %d is outside the group of size %d", root, len(g.ranks)))
 	}
 	dt, buf := t.DType(), bytesOf(t)
 	isRoot := C.int(0)
@@ -277,11 +242,8 @@ func (g *mpiGroup) Send(t *tensor.Tensor, to int) error { return g.SendAsync(t, 
 // caller goes on (a ring of Send-then-Recv does not deadlock).
 func (g *mpiGroup) SendAsync(t *tensor.Tensor, to int) Handle {
 	name := "send"
-	if err := checkTensors(t); err != nil {
+	if err := checkPeerArgs(t, to, g.me, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if to < 0 || to >= len(g.ranks) || to == g.me {
-		return g.reject(name, fmt.Errorf("peer %d is not another rank of the group of size %d", to, len(g.ranks)))
 	}
 	name = fmt.Sprintf("send to rank %d", g.ranks[to])
 	dt, buf := t.DType(), bytesOf(t)
@@ -303,11 +265,8 @@ func (g *mpiGroup) Recv(t *tensor.Tensor, from int) error { return g.RecvAsync(t
 
 func (g *mpiGroup) RecvAsync(t *tensor.Tensor, from int) Handle {
 	name := "recv"
-	if err := checkTensors(t); err != nil {
+	if err := checkPeerArgs(t, from, g.me, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if from < 0 || from >= len(g.ranks) || from == g.me {
-		return g.reject(name, fmt.Errorf("peer %d is not another rank of the group of size %d", from, len(g.ranks)))
 	}
 	name = fmt.Sprintf("recv from rank %d", g.ranks[from])
 	dt, buf := t.DType(), bytesOf(t)
@@ -317,33 +276,16 @@ func (g *mpiGroup) RecvAsync(t *tensor.Tensor, from int) Handle {
 }
 
 func (g *mpiGroup) NewGroup(ranks []int) (Group, error) {
-	strs := make([]string, len(ranks))
-	for i, r := range ranks {
-		strs[i] = fmt.Sprint(r)
-	}
-	return g.NewNamedGroup(fmt.Sprintf("%s[%s]", g.name, strings.Join(strs, ",")), ranks)
+	return g.NewNamedGroup(subGroupName(g.name, ranks), ranks)
 }
 
 // NewNamedGroup makes an MPI communicator with MPI_Comm_split, which blocks:
 // a non-blocking barrier with the deadline goes first, so a rank that never
 // calls is reported instead of hanging the others.
 func (g *mpiGroup) NewNamedGroup(name string, ranks []int) (Group, error) {
-	if len(ranks) == 0 {
-		return nil, fmt.Errorf("comm: new group %q of group %q: empty rank list", name, g.name)
-	}
-	seen := map[int]bool{}
-	me := -1
-	for i, r := range ranks {
-		if r < 0 || r >= len(g.ranks) {
-			return nil, fmt.Errorf("comm: new group %q: rank %d is outside group %q of size %d", name, r, g.name, len(g.ranks))
-		}
-		if seen[r] {
-			return nil, fmt.Errorf("comm: new group %q: rank %d listed twice in %v", name, r, ranks)
-		}
-		seen[r] = true
-		if r == g.me {
-			me = i
-		}
+	me, world, err := checkSubGroup(name, g.name, g.ranks, g.me, ranks)
+	if err != nil {
+		return nil, err
 	}
 	if err := g.start("new_group "+name, func(req *C.uint64_t) C.int { return C.tac_ibarrier(g.comm, req) }, nil).Wait(); err != nil {
 		return nil, err
@@ -353,17 +295,12 @@ func (g *mpiGroup) NewNamedGroup(name string, ranks []int) (Group, error) {
 		color, key = 0, C.int(me)
 	}
 	var sub C.uint64_t
-	var err error
 	g.e.do(func() { err = mpiError(C.tac_split(g.comm, color, key, &sub)) })
 	if err != nil {
 		return nil, fmt.Errorf("comm: new group %q of group %q: MPI_Comm_split: %w", name, g.name, err)
 	}
 	if me < 0 {
 		return nil, nil
-	}
-	world := make([]int, len(ranks))
-	for i, r := range ranks {
-		world[i] = g.ranks[r]
 	}
 	sg := &mpiGroup{e: g.e, comm: sub, name: name, me: me, ranks: world, opts: g.opts}
 	g.e.addGroup(sg)

@@ -27,23 +27,13 @@ func checkOp(op ReduceOp, dt tensor.DType) error {
 	return fmt.Errorf("unknown reduce op %d", int(op))
 }
 
-func (g *group) checkRoot(root int) error {
-	if root < 0 || root >= len(g.ranks) {
-		return fmt.Errorf("root %d is outside the group of size %d", root, len(g.ranks))
-	}
-	return nil
-}
-
 func (g *group) AllReduce(t *tensor.Tensor, op ReduceOp) error {
 	return g.AllReduceAsync(t, op).Wait()
 }
 
 func (g *group) AllReduceAsync(t *tensor.Tensor, op ReduceOp) Handle {
 	const name = "all_reduce"
-	if err := checkTensors(t); err != nil {
-		return g.reject(name, err)
-	}
-	if err := checkOp(op, t.DType()); err != nil {
+	if err := checkReduceArgs(t, op); err != nil {
 		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
@@ -59,15 +49,8 @@ func (g *group) ReduceScatter(in, out *tensor.Tensor, op ReduceOp) error {
 
 func (g *group) ReduceScatterAsync(in, out *tensor.Tensor, op ReduceOp) Handle {
 	const name = "reduce_scatter"
-	if err := checkTensors(in, out); err != nil {
+	if err := checkReduceScatterArgs(in, out, op, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if err := checkOp(op, in.DType()); err != nil {
-		return g.reject(name, err)
-	}
-	if in.Numel() != out.Numel()*len(g.ranks) {
-		return g.reject(name, fmt.Errorf("input has %d elements, want group size %d × output %d = %d",
-			in.Numel(), len(g.ranks), out.Numel(), out.Numel()*len(g.ranks)))
 	}
 	dt, ib, ob := in.DType(), bytesOf(in), bytesOf(out)
 	fp := fingerprint{Op: name, Count: int64(in.Numel()), DType: dt.String(), Reduce: op.String()}
@@ -82,13 +65,9 @@ func (g *group) AllGather(in, out *tensor.Tensor) error {
 
 func (g *group) AllGatherAsync(in, out *tensor.Tensor) Handle {
 	const name = "all_gather"
-	if err := checkTensors(in, out); err != nil {
-		return g.reject(name, err)
-	}
 	n := len(g.ranks)
-	if out.Numel() != in.Numel()*n {
-		return g.reject(name, fmt.Errorf("output has %d elements, want group size %d × input %d = %d",
-			out.Numel(), n, in.Numel(), in.Numel()*n))
+	if err := checkAllGatherArgs(in, out, n); err != nil {
+		return g.reject(name, err)
 	}
 	dt, ib, ob := in.DType(), bytesOf(in), bytesOf(out)
 	off := splitBlocks(out.Numel(), n, dt.Size())
@@ -104,26 +83,13 @@ func (g *group) AllGatherV(in, out *tensor.Tensor, counts []int) error {
 
 func (g *group) AllGatherVAsync(in, out *tensor.Tensor, counts []int) Handle {
 	const name = "all_gather_v"
-	if err := checkTensors(in, out); err != nil {
+	off, err := checkAllGatherVArgs(in, out, counts, g.me, len(g.ranks))
+	if err != nil {
 		return g.reject(name, err)
 	}
-	n := len(g.ranks)
-	if len(counts) != n {
-		return g.reject(name, fmt.Errorf("%d counts for a group of size %d", len(counts), n))
-	}
 	dt := in.DType()
-	off := make([]int, n+1)
-	for r, k := range counts {
-		if k < 0 {
-			return g.reject(name, fmt.Errorf("negative count %d for rank %d", k, r))
-		}
-		off[r+1] = off[r] + k*dt.Size()
-	}
-	if in.Numel() != counts[g.me] {
-		return g.reject(name, fmt.Errorf("input has %d elements but counts[%d] = %d", in.Numel(), g.me, counts[g.me]))
-	}
-	if total := off[n] / dt.Size(); out.Numel() != total {
-		return g.reject(name, fmt.Errorf("output has %d elements, want the sum of counts %d", out.Numel(), total))
+	for r := range off {
+		off[r] *= dt.Size()
 	}
 	ib, ob := bytesOf(in), bytesOf(out)
 	fp := fingerprint{Op: name, Count: int64(out.Numel()), DType: dt.String(), Extra: fmt.Sprint(counts)}
@@ -141,7 +107,7 @@ func (g *group) BroadcastAsync(t *tensor.Tensor, root int) Handle {
 	if err := checkTensors(t); err != nil {
 		return g.reject(name, err)
 	}
-	if err := g.checkRoot(root); err != nil {
+	if err := checkRoot(root, len(g.ranks)); err != nil {
 		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
@@ -157,13 +123,10 @@ func (g *group) Reduce(t *tensor.Tensor, root int, op ReduceOp) error {
 
 func (g *group) ReduceAsync(t *tensor.Tensor, root int, op ReduceOp) Handle {
 	const name = "reduce"
-	if err := checkTensors(t); err != nil {
+	if err := checkReduceArgs(t, op); err != nil {
 		return g.reject(name, err)
 	}
-	if err := checkOp(op, t.DType()); err != nil {
-		return g.reject(name, err)
-	}
-	if err := g.checkRoot(root); err != nil {
+	if err := checkRoot(root, len(g.ranks)); err != nil {
 		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
@@ -182,11 +145,8 @@ func (g *group) Send(t *tensor.Tensor, to int) error { return g.SendAsync(t, to)
 
 func (g *group) SendAsync(t *tensor.Tensor, to int) Handle {
 	name := "send"
-	if err := checkTensors(t); err != nil {
+	if err := checkPeerArgs(t, to, g.me, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if to < 0 || to >= len(g.ranks) || to == g.me {
-		return g.reject(name, fmt.Errorf("peer %d is not another rank of the group of size %d", to, len(g.ranks)))
 	}
 	name = fmt.Sprintf("send to rank %d", g.ranks[to])
 	dt, buf := t.DType(), bytesOf(t)
@@ -199,11 +159,8 @@ func (g *group) Recv(t *tensor.Tensor, from int) error { return g.RecvAsync(t, f
 
 func (g *group) RecvAsync(t *tensor.Tensor, from int) Handle {
 	name := "recv"
-	if err := checkTensors(t); err != nil {
+	if err := checkPeerArgs(t, from, g.me, len(g.ranks)); err != nil {
 		return g.reject(name, err)
-	}
-	if from < 0 || from >= len(g.ranks) || from == g.me {
-		return g.reject(name, fmt.Errorf("peer %d is not another rank of the group of size %d", from, len(g.ranks)))
 	}
 	name = fmt.Sprintf("recv from rank %d", g.ranks[from])
 	dt, buf := t.DType(), bytesOf(t)

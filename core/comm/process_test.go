@@ -84,8 +84,15 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("RESULT", err)
 		time.Sleep(time.Minute) // the store stays up for the others; mpirun ends the job
 		os.Exit(0)
+	default:
+		if f := scenarios[scenario]; f != nil {
+			f(g)
+		}
 	}
 }
+
+// scenarios holds the helper process's scenarios that other test files add.
+var scenarios = map[string]func(g Group){}
 
 // startRanks runs n copies of this test binary as the ranks of one job.
 func startRanks(t *testing.T, n int, scenario string) []string {

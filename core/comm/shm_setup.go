@@ -97,7 +97,8 @@ func (t *tcpTransport) setupShm(deadline time.Time) error {
 		return err
 	}
 	local := sameHostPeers(ids, t.rank)
-	if !shmEnabled() {
+	t.hostIDs, t.shmOn = ids, shmEnabled()
+	if !t.shmOn {
 		local = make([]bool, t.size)
 	}
 	var tag [6]byte

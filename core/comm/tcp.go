@@ -38,6 +38,11 @@ type tcpTransport struct {
 	// shmIn and shmOut are the shared-memory rings with same-host peers
 	// (shm.go), indexed by world rank; a nil entry means TCP only.
 	shmIn, shmOut []*shmRing
+	// hostIDs is every rank's host identity and shmOn whether shared
+	// memory is enabled (TINYACC_SHM), both from rendezvous: groups whose
+	// ranks share a host run their collectives through a segment.
+	hostIDs []string
+	shmOn   bool
 	// hostOverride is TINYACC_HOST_ID (hostid.go); empty means the host's own.
 	hostOverride string
 

@@ -16,8 +16,10 @@ import (
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
-// Ops lists the operations Run measures.
-var Ops = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+// Ops lists the operations Run measures. memcpy is no collective: every
+// rank copies a buffer of the size into another at once, the bandwidth of
+// the memory that a collective on one host moves its data through.
+var Ops = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "memcpy"}
 
 // BusFactor converts algorithm bandwidth to bus bandwidth for op on n ranks:
 // the fraction of the buffer each link carries, so a bus bandwidth near the
@@ -28,7 +30,7 @@ func BusFactor(op string, n int) (float64, error) {
 		return 2 * float64(n-1) / float64(n), nil
 	case "all_gather", "reduce_scatter":
 		return float64(n-1) / float64(n), nil
-	case "broadcast":
+	case "broadcast", "memcpy":
 		return 1, nil
 	}
 	return 0, fmt.Errorf("commbench: unknown op %q (use one of %s)", op, strings.Join(Ops, ", "))
@@ -125,6 +127,9 @@ func prepare(g comm.Group, op string, count int) (func() error, error) {
 		return func() error { return g.AllReduce(a, comm.Sum) }, nil
 	case "broadcast":
 		return func() error { return g.Broadcast(a, 0) }, nil
+	case "memcpy":
+		dst := tensor.Default.New(tensor.Comm, tensor.Float32, count)
+		return func() error { copy(dst.F32(), a.F32()); return nil }, nil
 	case "all_gather":
 		out := tensor.Default.New(tensor.Comm, tensor.Float32, count*n)
 		return func() error { return g.AllGather(a, out) }, nil

@@ -31,7 +31,7 @@ func TestBusFactor(t *testing.T) {
 	f, _ = BusFactor("broadcast", 4)
 	assert.Equal(t, 1.0, f)
 	_, err := BusFactor("gossip", 4)
-	assert.EqualError(t, err, `commbench: unknown op "gossip" (use one of all_reduce, all_gather, reduce_scatter, broadcast)`)
+	assert.EqualError(t, err, `commbench: unknown op "gossip" (use one of all_reduce, all_gather, reduce_scatter, broadcast, memcpy)`)
 }
 
 func TestRunJSON(t *testing.T) {

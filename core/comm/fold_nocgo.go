@@ -1,0 +1,15 @@
+//go:build !cgo
+
+package comm
+
+import (
+	"unsafe"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// foldSum sets dst to the sum of nsrc equally long sources, source k at
+// base[k*stride:], added in source order (fold.go; without cgo, in Go).
+func foldSum(dt tensor.DType, dst []byte, base unsafe.Pointer, stride, nsrc int) {
+	foldSumGo(dt, dst, base, stride, nsrc)
+}

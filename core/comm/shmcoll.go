@@ -1,0 +1,264 @@
+//go:build linux
+
+package comm
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// The collectives of a group that shares one segment (shmseg.go). Each
+// round of a collective is: wait until this round's half is free (every
+// rank finished the round two before), copy in, announce; wait for the
+// others' copies, fold the block this rank owns from all of them into place,
+// announce; wait for the others' folds, copy the results out. A fold adds
+// in rank order, so results are bitwise the same whatever the timing, on
+// every rank, and equal to the tcp backend's direct algorithm.
+//
+// Buffers up to segSmall take one round in which every rank folds the
+// whole buffer itself: one wait instead of two, which is what small
+// messages pay for.
+
+const segSmall = 32 << 10
+
+// descOf names an operation and its size for the agreement check.
+func descOf(c *opCtx, bytes int) uint64 { return uint64(c.op.code)<<56 | uint64(bytes) }
+
+// begin opens the next round: it waits until its half is free and records
+// what this rank's round is.
+func (s *shmSeg) begin(c *opCtx, desc uint64) (k uint64, h int, err error) {
+	k = s.round
+	h = int(k % 2)
+	if k >= 2 {
+		if err := s.waitAll(c, ctrRead, k-1); err != nil {
+			return 0, 0, err
+		}
+	}
+	s.desc(s.me, h).Store(desc)
+	return k, h, nil
+}
+
+// end closes round k for this rank: it will not read the round's data again.
+func (s *shmSeg) end(k uint64) {
+	s.ctr(s.me, ctrReduced).Store(k + 1)
+	s.post(ctrRead, k+1)
+	s.round++
+}
+
+// agree checks, after the copies of round k are in, that the ranks in
+// ranks (all when nil) run the same operation on the same size.
+func (s *shmSeg) agree(c *opCtx, h int, desc uint64, ranks []int) error {
+	check := func(p int) error {
+		if d := s.desc(p, h).Load(); d != desc {
+			return &protocolError{fmt.Sprintf(
+				"rank %d runs %s of %d bytes while this rank runs %s of %d bytes: ranks called different operations or passed tensors of different sizes",
+				c.g.ranks[p], opName(uint8(d>>56)), d&(1<<56-1), opName(c.op.code), desc&(1<<56-1))}
+		}
+		return nil
+	}
+	if ranks != nil {
+		for _, p := range ranks {
+			if err := check(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for p := 0; p < s.n; p++ {
+		if err := check(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// countSent counts, as what this rank sent, the bytes of its data that the
+// other ranks read from the segment: that is what a message would have
+// carried, so it equals the message algorithms' formulas (a ring
+// all-reduce's 2(N-1)/N of the buffer, (N-1)/N of the whole buffer for a
+// reduce-scatter or an all-gather).
+func (c *opCtx) countSent(n int) {
+	c.g.sent.Add(int64(n))
+	c.g.w.sent.Add(int64(n))
+}
+
+// allReduce leaves the reduction in buf on every rank, or only on root when
+// root >= 0 (Reduce; the others' buf is left as it was).
+func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, root int) error {
+	desc := descOf(c, len(buf))
+	esz := dt.Size()
+	wants := root < 0 || root == s.me
+	if len(buf) <= segSmall {
+		switch {
+		case root < 0:
+			c.countSent((s.n - 1) * len(buf))
+		case root != s.me:
+			c.countSent(len(buf))
+		}
+		k, h, err := s.begin(c, desc)
+		if err != nil {
+			return err
+		}
+		copy(s.half(s.me, h), buf)
+		s.post(ctrCopied, k+1)
+		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
+			return err
+		}
+		if err := s.agree(c, h, desc, nil); err != nil {
+			return err
+		}
+		if wants {
+			fold(dt, op, buf, s.base(h, 0), s.stride(), s.n, s.acc)
+			if op == Avg {
+				scaleBytes(dt, buf, s.n)
+			}
+		}
+		s.end(k)
+		return nil
+	}
+	for off := 0; off < len(buf); off += s.slot {
+		m := min(s.slot, len(buf)-off)
+		k, h, err := s.begin(c, desc)
+		if err != nil {
+			return err
+		}
+		copy(s.half(s.me, h), buf[off:off+m])
+		s.post(ctrCopied, k+1)
+		if segRoundHook != nil {
+			segRoundHook(k)
+		}
+		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
+			return err
+		}
+		if err := s.agree(c, h, desc, nil); err != nil {
+			return err
+		}
+		blk := splitBlocks(m/esz, s.n, esz)
+		mine := s.half(s.me, h)[blk[s.me]:blk[s.me+1]]
+		switch {
+		case root < 0:
+			c.countSent(m - len(mine) + (s.n-1)*len(mine))
+		case root != s.me:
+			c.countSent(m)
+		default:
+			c.countSent(m - len(mine))
+		}
+		fold(dt, op, mine, s.base(h, blk[s.me]), s.stride(), s.n, s.acc)
+		if op == Avg {
+			scaleBytes(dt, mine, s.n)
+		}
+		s.post(ctrReduced, k+1)
+		if wants {
+			if err := s.waitAll(c, ctrReduced, k+1); err != nil {
+				return err
+			}
+			for p := 0; p < s.n; p++ {
+				copy(buf[off+blk[p]:off+blk[p+1]], s.half(p, h)[blk[p]:blk[p+1]])
+			}
+		}
+		s.post(ctrRead, k+1)
+		s.round++
+	}
+	return nil
+}
+
+// reduceScatter leaves block me of the reduction of in (n blocks of
+// len(out) bytes) in out. A round carries a piece of every block from every
+// rank; the owner of a block folds its pieces straight into out.
+func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out []byte) error {
+	desc := descOf(c, len(in))
+	bs := len(out)
+	piece := (s.slot / s.n) &^ 63
+	c.countSent(len(in) - len(out))
+	for off := 0; off < bs; off += piece {
+		m := min(piece, bs-off)
+		k, h, err := s.begin(c, desc)
+		if err != nil {
+			return err
+		}
+		mine := s.half(s.me, h)
+		for b := 0; b < s.n; b++ {
+			copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
+		}
+		s.post(ctrCopied, k+1)
+		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
+			return err
+		}
+		if err := s.agree(c, h, desc, nil); err != nil {
+			return err
+		}
+		fold(dt, op, out[off:off+m], s.base(h, s.me*piece), s.stride(), s.n, s.acc)
+		s.end(k)
+	}
+	if op == Avg {
+		scaleBytes(dt, out, s.n)
+	}
+	return nil
+}
+
+// allGatherV copies every rank's in into its place (bytes off[r]..off[r+1]
+// of out), in rounds of up to a half from each rank.
+func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
+	desc := descOf(c, len(out))
+	copy(out[off[s.me]:off[s.me+1]], in)
+	longest := 0
+	for p := 0; p < s.n; p++ {
+		longest = max(longest, off[p+1]-off[p])
+	}
+	c.countSent((s.n - 1) * len(in))
+	for o := 0; o < longest; o += s.slot {
+		k, h, err := s.begin(c, desc)
+		if err != nil {
+			return err
+		}
+		if o < len(in) {
+			copy(s.half(s.me, h), in[o:min(o+s.slot, len(in))])
+		}
+		s.post(ctrCopied, k+1)
+		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
+			return err
+		}
+		if err := s.agree(c, h, desc, nil); err != nil {
+			return err
+		}
+		for p := 0; p < s.n; p++ {
+			if lp := off[p+1] - off[p]; p != s.me && o < lp {
+				m := min(s.slot, lp-o)
+				copy(out[off[p]+o:off[p]+o+m], s.half(p, h)[:m])
+			}
+		}
+		s.end(k)
+	}
+	return nil
+}
+
+// broadcast copies root's buf through root's halves into every rank's.
+func (s *shmSeg) broadcast(c *opCtx, buf []byte, root int) error {
+	desc := descOf(c, len(buf))
+	if s.me == root {
+		c.countSent((s.n - 1) * len(buf))
+	}
+	for o := 0; o < len(buf); o += s.slot {
+		m := min(s.slot, len(buf)-o)
+		k, h, err := s.begin(c, desc)
+		if err != nil {
+			return err
+		}
+		if s.me == root {
+			copy(s.half(root, h), buf[o:o+m])
+		}
+		s.post(ctrCopied, k+1)
+		if s.me != root {
+			if err := s.waitOne(c, root, ctrCopied, k+1); err != nil {
+				return err
+			}
+			if err := s.agree(c, h, desc, []int{root}); err != nil {
+				return err
+			}
+			copy(buf[o:o+m], s.half(root, h)[:m])
+		}
+		s.end(k)
+	}
+	return nil
+}

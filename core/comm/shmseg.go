@@ -1,0 +1,378 @@
+//go:build linux
+
+package comm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// A group whose ranks all share one host runs its collectives through one
+// shared-memory segment instead of messages: every rank copies its data in
+// once, the owner of each block folds it straight out of every rank's copy,
+// and everyone reads the results out once (shmcoll.go). This file makes the
+// segment and moves ranks from one round to the next.
+//
+// The segment is one tmpfs file that group rank 0 creates and unlinks at
+// once, keeping only a descriptor; the others open it through
+// /proc/<pid>/fd/<fd>, so it never has a name that could outlive the job,
+// even when every process is killed. It is set up by the group's first
+// collective (groups are made without talking to each other) with three
+// small messages over the connections, and used by every later one.
+//
+// Layout: a control area (a futex word, a sleeper count, then one cache
+// line pair per rank with its progress counters), then per rank two halves
+// of slotBytes each. Large collectives move in rounds of at most one half;
+// round k uses half k%2, so ranks fill the next round while the slowest
+// still reads the last.
+
+const (
+	segLine      = 128 // per-rank control: two cache lines, never shared
+	segCtlFirst  = 64  // the futex word and the sleeper count come first
+	segMinSlot   = 64 << 10
+	segPoll      = 10 * time.Millisecond // how often a sleeping waiter checks deadline and peers
+	segSpin      = 200                   // checks before a waiter sleeps
+	setupStep    = 1 << 31               // message steps of the setup exchange
+	segDescWords = 2                     // per half: what the rank's current op is
+)
+
+// Progress counters of a rank: how many rounds (counted over the group's
+// life) it has copied in, folded, and finished reading. Every rank advances
+// all three by one per round, so they agree on what round k means.
+const (
+	ctrCopied = iota
+	ctrReduced
+	ctrRead
+	ctrCount
+)
+
+// segRoundHook, when set (tests), runs on every rank once its copy of an
+// all-reduce round is in, with the round's number.
+var segRoundHook func(round uint64)
+
+type shmSeg struct {
+	mem   []byte
+	n, me int
+	slot  int // bytes of one half
+	data  int // offset of the first slot
+	round uint64
+	acc   []byte // scratch tile of non-sum folds
+}
+
+// segLayout returns the control bytes (whole pages) and the half size for
+// a group of n ranks and chunk size chunk. A half holds two chunks (1 MiB
+// by default): every round costs the ranks two or three waits for each
+// other, which on a busy host means a trip through the scheduler, so rounds
+// are longer than the chunks of a message.
+func segLayout(n, chunk int) (ctl, slot int) {
+	ctl = (segCtlFirst + n*segLine + 4095) &^ 4095
+	slot = (max(2*chunk, segMinSlot) + 4095) &^ 4095
+	return ctl, slot
+}
+
+func (s *shmSeg) tick() *atomic.Uint32    { return (*atomic.Uint32)(unsafe.Pointer(&s.mem[0])) }
+func (s *shmSeg) sleepers() *atomic.Int32 { return (*atomic.Int32)(unsafe.Pointer(&s.mem[4])) }
+func (s *shmSeg) ctr(r, which int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&s.mem[segCtlFirst+r*segLine+8*which])) //nolint:gosec
+}
+
+// desc is where rank r describes the operation of its rounds in half h, so
+// that a rank that reads it knows the others agree on what they move.
+func (s *shmSeg) desc(r, h int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&s.mem[segCtlFirst+r*segLine+64+8*h]))
+}
+
+// half is rank r's half h.
+func (s *shmSeg) half(r, h int) []byte {
+	off := s.data + (2*r+h)*s.slot
+	return s.mem[off : off+s.slot : off+s.slot]
+}
+
+// base is the address of byte off of rank 0's half h; rank r's is
+// stride() bytes further, which is how a fold addresses every rank's copy.
+func (s *shmSeg) base(h, off int) unsafe.Pointer {
+	return unsafe.Pointer(&s.mem[s.data+h*s.slot+off])
+}
+
+func (s *shmSeg) stride() int { return 2 * s.slot }
+
+// post sets this rank's counter which to v and wakes the sleepers.
+func (s *shmSeg) post(which int, v uint64) {
+	s.ctr(s.me, which).Store(v)
+	s.tick().Add(1)
+	if s.sleepers().Load() > 0 {
+		futexWakeAll(s.tick())
+	}
+}
+
+// waitAll returns once every other rank's counter which reached v. While
+// waiting it spins a little, then sleeps on the futex word, looking every
+// segPoll at the deadline and at whether the peer it waits for died or gave
+// up: a rank killed mid-collective fails the others at once, a stopped one
+// at the deadline.
+func (s *shmSeg) waitAll(c *opCtx, which int, v uint64) error {
+	for p := 0; p < s.n; p++ {
+		if p != s.me {
+			if err := s.waitOne(c, p, which, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// waitOne returns once rank p's counter which reached v.
+func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
+	ctr := s.ctr(p, which)
+	for spins := 0; ctr.Load() < v; spins++ {
+		if spins < segSpin {
+			if spins%16 == 15 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		if err := c.segAlive(p); err != nil {
+			return err
+		}
+		// Count in, then look again: post stores the counter before it
+		// bumps the tick and reads the count, so either this look sees the
+		// counter or post sees the sleeper and wakes the futex (which
+		// returns at once if the tick moved).
+		s.sleepers().Add(1)
+		t := s.tick().Load()
+		if ctr.Load() < v {
+			futexWait(s.tick(), t, min(segPoll, max(time.Until(c.deadline), time.Millisecond)))
+		}
+		s.sleepers().Add(-1)
+	}
+	return nil
+}
+
+// segAlive is nil while group rank p may still arrive: the deadline has not
+// passed, p is alive, and no member gave up this operation.
+func (c *opCtx) segAlive(p int) error {
+	wr := c.g.ranks[p]
+	if !time.Now().Before(c.deadline) {
+		return &waitError{peer: wr, timeout: true}
+	}
+	box := c.g.w.tr.inbox()
+	if why, dead := box.deadReason(wr); dead {
+		return &waitError{peer: wr, why: why}
+	}
+	for _, w := range c.watch {
+		if n := box.note(w, c.g.id); n != nil && n.Seq >= c.op.seq {
+			return &waitError{peer: w, note: n}
+		}
+	}
+	if lv, ok := c.g.w.tr.(interface{ peerFailure(int) error }); ok {
+		return lv.peerFailure(wr)
+	}
+	return nil
+}
+
+func (s *shmSeg) unmap() {
+	if s.mem != nil {
+		_ = syscall.Munmap(s.mem)
+		s.mem = nil
+	}
+}
+
+func futexWakeAll(addr *atomic.Uint32) {
+	const futexWakeOp = 1
+	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1<<30, 0, 0, 0)
+}
+
+// segmentHost is the transport of a backend whose ranks can share memory:
+// sameHost says whether every one of the given world ranks runs on this
+// host with shared memory enabled.
+type segmentHost interface {
+	sameHost(worldRanks []int) bool
+}
+
+func (t *tcpTransport) sameHost(ranks []int) bool {
+	if !t.shmOn || len(t.hostIDs) != t.size {
+		return false
+	}
+	id := t.hostIDs[ranks[0]]
+	for _, r := range ranks {
+		if id == "" || t.hostIDs[r] != id {
+			return false
+		}
+	}
+	return true
+}
+
+// segment returns the group's shared-memory segment, setting it up on the
+// first call, or nil when the group works over messages. Every rank calls
+// it at the same collective, so the setup's messages pair up.
+func (g *group) segment(c *opCtx) (*shmSeg, error) {
+	switch g.segState {
+	case segOn:
+		return g.seg, nil
+	case segOff:
+		return nil, nil
+	}
+	g.segState = segOff
+	sh, ok := g.w.tr.(segmentHost)
+	if !ok || len(g.ranks) < 2 || !sh.sameHost(g.ranks) {
+		return nil, nil
+	}
+	s, err := setupSegment(c)
+	if err != nil || s == nil {
+		return nil, err
+	}
+	g.seg, g.segState = s, segOn
+	return s, nil
+}
+
+// setupSegment: rank 0 creates and maps the segment and sends every rank
+// where to find it (pid and descriptor, zero when it could not); each maps
+// it and answers 0 or 1; rank 0 sends the verdict to all. Only when every
+// rank mapped it is it used; otherwise the group stays on messages, and the
+// ranks that failed say why in one log line.
+func setupSegment(c *opCtx) (*shmSeg, error) {
+	n, me := c.size(), c.me()
+	ctl, slot := segLayout(n, c.g.w.opts.ChunkBytes)
+	size := ctl + 2*n*slot
+	s := &shmSeg{n: n, me: me, slot: slot, data: ctl, acc: make([]byte, foldTile)}
+	var problem error
+	if me == 0 {
+		fd, mem, err := createSegment(size)
+		if err != nil {
+			problem = err
+		} else {
+			defer syscall.Close(fd)
+			s.mem = mem
+		}
+		var where [16]byte
+		if err == nil {
+			binary.LittleEndian.PutUint64(where[:], uint64(os.Getpid()))
+			binary.LittleEndian.PutUint64(where[8:], uint64(fd))
+		}
+		ok := err == nil
+		for p := 1; p < n; p++ {
+			if err := c.sendMsg(chDebug, p, setupStep, tensor.Int32, where[:]); err != nil {
+				s.unmap()
+				return nil, err
+			}
+		}
+		var reply [4]byte
+		for p := 1; p < n; p++ {
+			if err := c.recvSetup(p, setupStep+1, reply[:]); err != nil {
+				s.unmap()
+				return nil, err
+			}
+			ok = ok && reply[0] == 1
+		}
+		if ok {
+			reply[0] = 1
+		} else {
+			reply[0] = 0
+		}
+		for p := 1; p < n; p++ {
+			if err := c.sendMsg(chDebug, p, setupStep+2, tensor.Int32, reply[:]); err != nil {
+				s.unmap()
+				return nil, err
+			}
+		}
+		if !ok {
+			s.unmap()
+			s = nil
+		}
+	} else {
+		var where [16]byte
+		if err := c.recvSetup(0, setupStep, where[:]); err != nil {
+			return nil, err
+		}
+		pid, fd := binary.LittleEndian.Uint64(where[:]), binary.LittleEndian.Uint64(where[8:])
+		var reply [4]byte
+		if pid != 0 {
+			mem, err := openSegment(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), size)
+			if err != nil {
+				problem = err
+			} else {
+				s.mem = mem
+				reply[0] = 1
+			}
+		}
+		if err := c.sendMsg(chDebug, 0, setupStep+1, tensor.Int32, reply[:]); err != nil {
+			s.unmap()
+			return nil, err
+		}
+		if err := c.recvSetup(0, setupStep+2, reply[:]); err != nil {
+			s.unmap()
+			return nil, err
+		}
+		if reply[0] != 1 {
+			s.unmap()
+			s = nil
+		}
+	}
+	if problem != nil {
+		fmt.Fprintf(c.g.w.opts.Log, "comm: rank %d: group %q: shared memory unavailable, its collectives use messages: %v\n",
+			c.g.ranks[me], c.g.name, problem)
+	}
+	return s, nil
+}
+
+// recvSetup receives a message of the setup exchange. Like the
+// fingerprints of Debug mode it travels on the debug channel, so it counts
+// as no payload of the group.
+func (c *opCtx) recvSetup(peer int, step uint32, dst []byte) error {
+	return c.recvMsg(chDebug, peer, step, tensor.Int32, len(dst), func(off int, chunk []byte, _ bool) error {
+		copy(dst[off:], chunk)
+		return nil
+	})
+}
+
+// createSegment makes the segment file, reserves its memory (a full tmpfs
+// fails here rather than with SIGBUS later), maps it and unlinks it: from
+// then on only the descriptor and the mappings hold it.
+func createSegment(size int) (int, []byte, error) {
+	var tag [8]byte
+	_, _ = rand.Read(tag[:])
+	path := fmt.Sprintf("%s/tinyacc-seg-%d-%s", shmDir, os.Getpid(), hex.EncodeToString(tag[:]))
+	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, nil, err
+	}
+	_ = syscall.Unlink(path)
+	if err := syscall.Fallocate(fd, 0, 0, int64(size)); err != nil {
+		syscall.Close(fd)
+		return -1, nil, fmt.Errorf("reserving %d bytes in %s: %w", size, shmDir, err)
+	}
+	mem, err := syscall.Mmap(fd, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		syscall.Close(fd)
+		return -1, nil, err
+	}
+	return fd, mem, nil
+}
+
+// openSegment maps the segment another rank created, through its
+// descriptor's /proc entry.
+func openSegment(path string, size int) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("%s has %d bytes, want %d (ranks disagree on the chunk size)", path, st.Size, size)
+	}
+	return syscall.Mmap(fd, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+}
