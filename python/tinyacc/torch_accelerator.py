@@ -128,25 +128,25 @@ class TorchState:
         finally:
             eng.set_sync(self.acc._sync)
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+    def _engine_of(self, parameters, what):
+        """The prepared engine whose model holds every one of parameters,
+        and those parameters as a list."""
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         params = list(parameters)
         ids = {id(p) for p in params}
         for mod, eng in self.engines:
             if ids <= {id(p) for p in mod.parameters()}:
-                return eng.clip_grad_norm_(params, max_norm, norm_type)
-        raise ValueError("tinyacc: clip_grad_norm_ takes parameters of one prepared model")
+                return eng, params
+        raise ValueError(f"tinyacc: {what} takes parameters of one prepared model")
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        eng, params = self._engine_of(parameters, "clip_grad_norm_")
+        return eng.clip_grad_norm_(params, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters, clip_value):
-        if isinstance(parameters, torch.Tensor):
-            parameters = [parameters]
-        params = list(parameters)
-        ids = {id(p) for p in params}
-        for mod, eng in self.engines:
-            if ids <= {id(p) for p in mod.parameters()}:
-                return eng.clip_grad_value_(params, clip_value)
-        raise ValueError("tinyacc: clip_grad_value_ takes parameters of one prepared model")
+        eng, params = self._engine_of(parameters, "clip_grad_value_")
+        return eng.clip_grad_value_(params, clip_value)
 
     # -- state -------------------------------------------------------------
 
