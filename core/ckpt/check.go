@@ -4,8 +4,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -50,12 +52,7 @@ func (ix *Index) check(dir string) error {
 			return err
 		}
 	}
-	names := make([]string, 0, len(ix.Files))
-	for name := range ix.Files {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(ix.Files)) {
 		fi := ix.Files[name]
 		if !plainName(name) {
 			return bad("files names %s, which is not the name of a file of the checkpoint's directory", quoteCut(name, 64))
@@ -67,12 +64,7 @@ func (ix *Index) check(dir string) error {
 			return bad("files[%q].bytes is %d", name, fi.Bytes)
 		}
 	}
-	tensors := make([]string, 0, len(ix.Tensors))
-	for name := range ix.Tensors {
-		tensors = append(tensors, name)
-	}
-	sort.Strings(tensors)
-	for _, name := range tensors {
+	for _, name := range slices.Sorted(maps.Keys(ix.Tensors)) {
 		ti := ix.Tensors[name]
 		if ti == nil {
 			return bad("tensors[%q] is null", name)
