@@ -178,8 +178,12 @@ func (c *opCtx) elapsed(timedOut bool) time.Duration {
 	return d.Round(time.Microsecond)
 }
 
-// probeTimeout bounds how long explaining a failure may take on top of it.
-const probeTimeout = time.Second
+// probeTimeout bounds how long explaining a failure may take on top of it,
+// and again how long telling the others may take. A live rank answers a
+// probe from its reader goroutine within milliseconds, so a fraction of a
+// second tells it from a stopped one, and a job with a silent rank ends
+// within its deadline and a second, process exits included.
+const probeTimeout = 300 * time.Millisecond
 
 // findMissing returns the world ranks of the group that are dead or never
 // started this operation, with the reason for each, in rank order. Live
