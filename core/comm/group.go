@@ -88,6 +88,9 @@ type group struct {
 	// Only the collective queue touches them.
 	seg      *shmSeg
 	segState uint8
+	// spread is how a group over several hosts shares memory within each
+	// (spread.go), set up by the same first collective; nil otherwise.
+	spread *spreadColl
 }
 
 const (
@@ -323,6 +326,9 @@ func (g *group) Close() error {
 	if g.seg != nil {
 		g.seg.unmap()
 		g.seg = nil
+	}
+	if g.spread != nil {
+		g.spread.unmap()
 	}
 	if g.isWorld {
 		return g.w.tr.close(true)
