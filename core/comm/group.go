@@ -231,6 +231,7 @@ func (g *group) execute(o *op) {
 	c := &opCtx{g: g, op: o, start: time.Now()}
 	c.deadline = c.start.Add(g.w.opts.Timeout)
 	if o.ch == chColl {
+		c.deadline = c.deadline.Add(-probeShare(g.w.opts.Timeout))
 		g.started.Store(o.seq)
 		c.watch = make([]int, 0, len(g.ranks)-1)
 		for r, wr := range g.ranks {
