@@ -188,7 +188,11 @@ func stepsUpTo(n int) []int {
 
 // killRank sends SIGKILL to the rank process with RANK=rank among the
 // children of the launcher (started from any of its threads).
-func killRank(launcher, rank int) error {
+func killRank(launcher, rank int) error { return signalRank(launcher, rank, syscall.SIGKILL) }
+
+// signalRank sends sig to the rank process with RANK=rank among the
+// children of the launcher.
+func signalRank(launcher, rank int, sig syscall.Signal) error {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", launcher))
 	for _, task := range tasks {
 		b, err := os.ReadFile(task)
@@ -203,7 +207,7 @@ func killRank(launcher, rank int) error {
 			}
 			for _, kv := range strings.Split(string(env), "\x00") {
 				if kv == "RANK="+strconv.Itoa(rank) {
-					return syscall.Kill(pid, syscall.SIGKILL)
+					return syscall.Kill(pid, sig)
 				}
 			}
 		}

@@ -108,6 +108,9 @@ func allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte) error {
 		}
 		return s.allReduce(c, dt, op, buf, -1)
 	}
+	if sp := c.g.spread; sp != nil {
+		return sp.allReduce(c, dt, op, buf, -1)
+	}
 	n := c.size()
 	if n > 1 {
 		if len(buf) <= smallBytes {
@@ -146,6 +149,9 @@ func reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out []byte) error
 			return err
 		}
 		return s.reduceScatter(c, dt, op, in, out)
+	}
+	if sp := c.g.spread; sp != nil {
+		return sp.reduceScatter(c, dt, op, in, out)
 	}
 	n, me := c.size(), c.me()
 	bs := len(out)
@@ -218,6 +224,9 @@ func allGatherV(c *opCtx, dt tensor.DType, in, out []byte, off []int) error {
 		}
 		return s.allGatherV(c, in, out, off)
 	}
+	if sp := c.g.spread; sp != nil {
+		return sp.allGatherV(c, in, out, off)
+	}
 	n, me := c.size(), c.me()
 	copy(out[off[me]:off[me+1]], in)
 	if n == 1 {
@@ -253,6 +262,9 @@ func broadcast(c *opCtx, dt tensor.DType, buf []byte, root int) error {
 			return err
 		}
 		return s.broadcast(c, buf, root)
+	}
+	if sp := c.g.spread; sp != nil {
+		return sp.broadcast(c, buf, root)
 	}
 	n, me := c.size(), c.me()
 	if n == 1 {
@@ -294,6 +306,9 @@ func reduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, root int) error 
 			return err
 		}
 		return s.allReduce(c, dt, op, buf, root)
+	}
+	if sp := c.g.spread; sp != nil {
+		return sp.allReduce(c, dt, op, buf, root)
 	}
 	n, me := c.size(), c.me()
 	if n > 1 {

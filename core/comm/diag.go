@@ -178,8 +178,18 @@ func (c *opCtx) elapsed(timedOut bool) time.Duration {
 	return d.Round(time.Microsecond)
 }
 
-// probeTimeout bounds how long explaining a failure may take on top of it.
-const probeTimeout = time.Second
+// probeTimeout bounds how long explaining a failure may take, and again how
+// long telling the others may take. A live rank answers a probe from its
+// reader goroutine within milliseconds, so a fraction of a second tells it
+// from a stopped one.
+const probeTimeout = 300 * time.Millisecond
+
+// probeShare is the part of a collective's timeout kept for probing the
+// ranks that did not arrive: a collective waits for them until timeout less
+// this share, then probes until the timeout itself, so a rank that stops
+// answering fails its peers within comm.timeout, explanation included, and
+// the job ends right after.
+func probeShare(timeout time.Duration) time.Duration { return min(probeTimeout, timeout/2) }
 
 // findMissing returns the world ranks of the group that are dead or never
 // started this operation, with the reason for each, in rank order. Live
@@ -194,7 +204,11 @@ func (c *opCtx) findMissing(probe bool) ([]int, []string) {
 		arrived = map[int]bool{}
 		wg      sync.WaitGroup
 	)
-	deadline := time.Now().Add(min(probeTimeout, c.g.w.opts.Timeout))
+	// Until the operation's timeout, and some time however late this is.
+	deadline := c.start.Add(c.g.w.opts.Timeout)
+	if least := time.Now().Add(probeShare(c.g.w.opts.Timeout) / 3); least.After(deadline) {
+		deadline = least
+	}
 	for r, wr := range c.g.ranks {
 		if r == c.me() {
 			continue

@@ -88,6 +88,9 @@ type group struct {
 	// Only the collective queue touches them.
 	seg      *shmSeg
 	segState uint8
+	// spread is how a group over several hosts shares memory within each
+	// (spread.go), set up by the same first collective; nil otherwise.
+	spread *spreadColl
 }
 
 const (
@@ -228,6 +231,7 @@ func (g *group) execute(o *op) {
 	c := &opCtx{g: g, op: o, start: time.Now()}
 	c.deadline = c.start.Add(g.w.opts.Timeout)
 	if o.ch == chColl {
+		c.deadline = c.deadline.Add(-probeShare(g.w.opts.Timeout))
 		g.started.Store(o.seq)
 		c.watch = make([]int, 0, len(g.ranks)-1)
 		for r, wr := range g.ranks {
@@ -323,6 +327,9 @@ func (g *group) Close() error {
 	if g.seg != nil {
 		g.seg.unmap()
 		g.seg = nil
+	}
+	if g.spread != nil {
+		g.spread.unmap()
 	}
 	if g.isWorld {
 		return g.w.tr.close(true)

@@ -23,6 +23,14 @@ func shmRingBytes(chunk int) int {
 	return (n + shmHeaderBytes - 1) &^ (shmHeaderBytes - 1)
 }
 
+// ringMapFlags maps a ring whole at once. Frames move through a ring's
+// space in order, so a lazily mapped ring would enter a rank's resident
+// memory page by page over thousands of steps (the pages themselves exist
+// from fallocate on): a slow climb that looks like a leak until the whole
+// ring has been used once. Populated, the ring counts in full from the
+// start and resident memory stays flat.
+const ringMapFlags = syscall.MAP_SHARED | syscall.MAP_POPULATE
+
 // createRing makes and maps the ring file of one incoming direction. The
 // space is reserved with fallocate so that a full /dev/shm fails here rather
 // than with SIGBUS on first touch.
@@ -37,7 +45,7 @@ func createRing(path string, peer, dataBytes int) (*shmRing, error) {
 		_ = syscall.Unlink(path)
 		return nil, fmt.Errorf("reserving %d bytes in %s: %w", size, shmDir, err)
 	}
-	mem, err := syscall.Mmap(fd, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(fd, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, ringMapFlags)
 	if err != nil {
 		_ = syscall.Unlink(path)
 		return nil, err
@@ -61,7 +69,7 @@ func openRing(path string, peer int) (*shmRing, error) {
 	if st.Size <= shmHeaderBytes || st.Size > shmHeaderBytes+shmMaxRing {
 		return nil, fmt.Errorf("%s has %d bytes, not a ring", path, st.Size)
 	}
-	mem, err := syscall.Mmap(fd, 0, int(st.Size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(fd, 0, int(st.Size), syscall.PROT_READ|syscall.PROT_WRITE, ringMapFlags)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -222,4 +223,56 @@ func TestShmNoFilesLeftByKilledProcesses(t *testing.T) {
 			t.Errorf("ring file %s of exited process %d was left behind", f, pid)
 		}
 	}
+}
+
+// residentBytes is the Rss that /proc/self/smaps gives for the mapping
+// that starts at addr.
+func residentBytes(addr uintptr) (int, error) {
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return 0, err
+	}
+	start := fmt.Sprintf("%x-", addr)
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			in = strings.HasPrefix(f[0], start)
+			continue
+		}
+		if in && strings.HasPrefix(line, "Rss:") {
+			var kb int
+			if _, err := fmt.Sscanf(strings.TrimPrefix(line, "Rss:"), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("%q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no mapping at %#x in /proc/self/smaps", addr)
+}
+
+// Every ring is resident in full, on both sides, before its first frame:
+// a rank's memory does not climb page by page as frames move through the
+// rings over a long run.
+func TestShmRingsResidentFromSetup(t *testing.T) {
+	require.NoError(t, runTCP(t, 3, Options{}, func(g Group) error {
+		tr := tcpOf(g)
+		rings := 0
+		for _, r := range append(append([]*shmRing{}, tr.shmIn...), tr.shmOut...) {
+			if r == nil {
+				continue
+			}
+			rings++
+			rss, err := residentBytes(uintptr(unsafe.Pointer(&r.mem[0])))
+			if err != nil {
+				return err
+			}
+			if rss != len(r.mem) {
+				return fmt.Errorf("ring with rank %d: %d of %d bytes resident", r.peer, rss, len(r.mem))
+			}
+		}
+		if rings != 4 {
+			return fmt.Errorf("%d rings, want one each way with each of 2 peers", rings)
+		}
+		return nil
+	}))
 }

@@ -53,7 +53,7 @@ func (s *shmSeg) agree(c *opCtx, h int, desc uint64, ranks []int) error {
 		if d := s.desc(p, h).Load(); d != desc {
 			return &protocolError{fmt.Sprintf(
 				"rank %d runs %s of %d bytes while this rank runs %s of %d bytes: ranks called different operations or passed tensors of different sizes",
-				c.g.ranks[p], opName(uint8(d>>56)), d&(1<<56-1), opName(c.op.code), desc&(1<<56-1))}
+				c.g.ranks[s.ranks[p]], opName(uint8(d>>56)), d&(1<<56-1), opName(c.op.code), desc&(1<<56-1))}
 		}
 		return nil
 	}
@@ -198,14 +198,25 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 }
 
 // allGatherV copies every rank's in into its place (bytes off[r]..off[r+1]
-// of out), in rounds of up to a half from each rank.
+// of out).
 func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
-	desc := descOf(c, len(out))
-	copy(out[off[s.me]:off[s.me+1]], in)
-	longest := 0
-	for p := 0; p < s.n; p++ {
-		longest = max(longest, off[p+1]-off[p])
+	parts := make([][]byte, s.n)
+	for p := range parts {
+		parts[p] = out[off[p]:off[p+1]]
 	}
+	return s.allGatherParts(c, in, parts)
+}
+
+// allGatherParts copies member p's in into parts[p] on every member, in
+// rounds of up to a half from each.
+func (s *shmSeg) allGatherParts(c *opCtx, in []byte, parts [][]byte) error {
+	total, longest := 0, 0
+	for _, part := range parts {
+		total += len(part)
+		longest = max(longest, len(part))
+	}
+	desc := descOf(c, total)
+	copy(parts[s.me], in)
 	c.countSent((s.n - 1) * len(in))
 	for o := 0; o < longest; o += s.slot {
 		k, h, err := s.begin(c, desc)
@@ -222,10 +233,10 @@ func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
-		for p := 0; p < s.n; p++ {
-			if lp := off[p+1] - off[p]; p != s.me && o < lp {
-				m := min(s.slot, lp-o)
-				copy(out[off[p]+o:off[p]+o+m], s.half(p, h)[:m])
+		for p, part := range parts {
+			if p != s.me && o < len(part) {
+				m := min(s.slot, len(part)-o)
+				copy(part[o:o+m], s.half(p, h)[:m])
 			}
 		}
 		s.end(k)
@@ -233,20 +244,29 @@ func (s *shmSeg) allGatherV(c *opCtx, in, out []byte, off []int) error {
 	return nil
 }
 
-// broadcast copies root's buf through root's halves into every rank's.
+// broadcast copies root's buf through root's halves into every member's.
 func (s *shmSeg) broadcast(c *opCtx, buf []byte, root int) error {
-	desc := descOf(c, len(buf))
 	if s.me == root {
 		c.countSent((s.n - 1) * len(buf))
 	}
-	for o := 0; o < len(buf); o += s.slot {
-		m := min(s.slot, len(buf)-o)
+	return s.scatter(c, len(buf), buf, root, 0, buf)
+}
+
+// scatter passes the total bytes of root's src through root's halves; every
+// other member keeps its window of them, bytes lo..lo+len(dst), in dst. A
+// broadcast is a scatter whose windows are the whole. The caller counts
+// what root sent.
+func (s *shmSeg) scatter(c *opCtx, total int, src []byte, root, lo int, dst []byte) error {
+	desc := descOf(c, total)
+	hi := lo + len(dst)
+	for o := 0; o < total; o += s.slot {
+		m := min(s.slot, total-o)
 		k, h, err := s.begin(c, desc)
 		if err != nil {
 			return err
 		}
 		if s.me == root {
-			copy(s.half(root, h), buf[o:o+m])
+			copy(s.half(root, h), src[o:o+m])
 		}
 		s.post(ctrCopied, k+1)
 		if s.me != root {
@@ -256,7 +276,9 @@ func (s *shmSeg) broadcast(c *opCtx, buf []byte, root int) error {
 			if err := s.agree(c, h, desc, []int{root}); err != nil {
 				return err
 			}
-			copy(buf[o:o+m], s.half(root, h)[:m])
+			if a, b := max(o, lo), min(o+m, hi); a < b {
+				copy(dst[a-lo:b-lo], s.half(root, h)[a-o:b-o])
+			}
 		}
 		s.end(k)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -62,9 +63,10 @@ var segRoundHook func(round uint64)
 
 type shmSeg struct {
 	mem   []byte
-	n, me int
-	slot  int // bytes of one half
-	data  int // offset of the first slot
+	n, me int   // members, and this rank's index among them
+	ranks []int // group rank of each member (all of the group's on one host)
+	slot  int   // bytes of one half
+	data  int   // offset of the first slot
 	round uint64
 	acc   []byte // scratch tile of non-sum folds
 }
@@ -141,7 +143,7 @@ func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 			}
 			continue
 		}
-		if err := c.segAlive(p); err != nil {
+		if err := c.segAlive(s.ranks[p]); err != nil {
 			return err
 		}
 		// Count in, then look again: post stores the counter before it
@@ -193,27 +195,35 @@ func futexWakeAll(addr *atomic.Uint32) {
 }
 
 // segmentHost is the transport of a backend whose ranks can share memory:
-// sameHost says whether every one of the given world ranks runs on this
-// host with shared memory enabled.
+// hostsOf splits the given world ranks by host (indexes into worldRanks,
+// hosts in order of their first rank), or is nil when shared memory is off.
 type segmentHost interface {
-	sameHost(worldRanks []int) bool
+	hostsOf(worldRanks []int) [][]int
 }
 
-func (t *tcpTransport) sameHost(ranks []int) bool {
+// hostsOf implements segmentHost. A rank without a host identity shares
+// memory with no one: it is a host of its own.
+func (t *tcpTransport) hostsOf(ranks []int) [][]int {
 	if !t.shmOn || len(t.hostIDs) != t.size {
-		return false
+		return nil
 	}
-	id := t.hostIDs[ranks[0]]
-	for _, r := range ranks {
-		if id == "" || t.hostIDs[r] != id {
-			return false
+	var hosts [][]int
+	at := map[string]int{}
+	for i, r := range ranks {
+		id := t.hostIDs[r]
+		if h, ok := at[id]; ok && id != "" {
+			hosts[h] = append(hosts[h], i)
+			continue
 		}
+		at[id] = len(hosts)
+		hosts = append(hosts, []int{i})
 	}
-	return true
+	return hosts
 }
 
 // segment returns the group's shared-memory segment, setting it up on the
-// first call, or nil when the group works over messages. Every rank calls
+// first call, or nil when the group works over messages or spans hosts (then
+// g.spread, set up by the same call, says how: spread.go). Every rank calls
 // it at the same collective, so the setup's messages pair up.
 func (g *group) segment(c *opCtx) (*shmSeg, error) {
 	switch g.segState {
@@ -224,10 +234,19 @@ func (g *group) segment(c *opCtx) (*shmSeg, error) {
 	}
 	g.segState = segOff
 	sh, ok := g.w.tr.(segmentHost)
-	if !ok || len(g.ranks) < 2 || !sh.sameHost(g.ranks) {
+	if !ok || len(g.ranks) < 2 {
 		return nil, nil
 	}
-	s, err := setupSegment(c)
+	hosts := sh.hostsOf(g.ranks)
+	if len(hosts) > 1 {
+		sp, err := setupSpread(c, hosts)
+		g.spread = sp
+		return nil, err
+	}
+	if hosts == nil {
+		return nil, nil
+	}
+	s, err := setupSegment(c, hosts[0])
 	if err != nil || s == nil {
 		return nil, err
 	}
@@ -235,16 +254,17 @@ func (g *group) segment(c *opCtx) (*shmSeg, error) {
 	return s, nil
 }
 
-// setupSegment: rank 0 creates and maps the segment and sends every rank
-// where to find it (pid and descriptor, zero when it could not); each maps
-// it and answers 0 or 1; rank 0 sends the verdict to all. Only when every
-// rank mapped it is it used; otherwise the group stays on messages, and the
-// ranks that failed say why in one log line.
-func setupSegment(c *opCtx) (*shmSeg, error) {
-	n, me := c.size(), c.me()
+// setupSegment makes the segment of members (group ranks on one host, this
+// rank among them): the first creates and maps the segment and sends every
+// other where to find it (pid and descriptor, zero when it could not); each
+// maps it and answers 0 or 1; the first sends the verdict to all. Only when
+// every member mapped it is it used; otherwise the group stays on messages,
+// and the ranks that failed say why in one log line.
+func setupSegment(c *opCtx, members []int) (*shmSeg, error) {
+	n, me := len(members), slices.Index(members, c.me())
 	ctl, slot := segLayout(n, c.g.w.opts.ChunkBytes)
 	size := ctl + 2*n*slot
-	s := &shmSeg{n: n, me: me, slot: slot, data: ctl, acc: make([]byte, foldTile)}
+	s := &shmSeg{n: n, me: me, ranks: members, slot: slot, data: ctl, acc: make([]byte, foldTile)}
 	var problem error
 	if me == 0 {
 		fd, mem, err := createSegment(size)
@@ -261,14 +281,14 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 		}
 		ok := err == nil
 		for p := 1; p < n; p++ {
-			if err := c.sendMsg(chDebug, p, setupStep, tensor.Int32, where[:]); err != nil {
+			if err := c.sendMsg(chDebug, members[p], setupStep, tensor.Int32, where[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
 		}
 		var reply [4]byte
 		for p := 1; p < n; p++ {
-			if err := c.recvSetup(p, setupStep+1, reply[:]); err != nil {
+			if err := c.recvSetup(members[p], setupStep+1, reply[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
@@ -280,7 +300,7 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 			reply[0] = 0
 		}
 		for p := 1; p < n; p++ {
-			if err := c.sendMsg(chDebug, p, setupStep+2, tensor.Int32, reply[:]); err != nil {
+			if err := c.sendMsg(chDebug, members[p], setupStep+2, tensor.Int32, reply[:]); err != nil {
 				s.unmap()
 				return nil, err
 			}
@@ -291,7 +311,7 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 		}
 	} else {
 		var where [16]byte
-		if err := c.recvSetup(0, setupStep, where[:]); err != nil {
+		if err := c.recvSetup(members[0], setupStep, where[:]); err != nil {
 			return nil, err
 		}
 		pid, fd := binary.LittleEndian.Uint64(where[:]), binary.LittleEndian.Uint64(where[8:])
@@ -305,11 +325,11 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 				reply[0] = 1
 			}
 		}
-		if err := c.sendMsg(chDebug, 0, setupStep+1, tensor.Int32, reply[:]); err != nil {
+		if err := c.sendMsg(chDebug, members[0], setupStep+1, tensor.Int32, reply[:]); err != nil {
 			s.unmap()
 			return nil, err
 		}
-		if err := c.recvSetup(0, setupStep+2, reply[:]); err != nil {
+		if err := c.recvSetup(members[0], setupStep+2, reply[:]); err != nil {
 			s.unmap()
 			return nil, err
 		}
@@ -320,7 +340,7 @@ func setupSegment(c *opCtx) (*shmSeg, error) {
 	}
 	if problem != nil {
 		fmt.Fprintf(c.g.w.opts.Log, "comm: rank %d: group %q: shared memory unavailable, its collectives use messages: %v\n",
-			c.g.ranks[me], c.g.name, problem)
+			c.g.ranks[c.me()], c.g.name, problem)
 	}
 	return s, nil
 }

@@ -28,3 +28,23 @@ func (*shmSeg) allGatherV(*opCtx, []byte, []byte, []int) error {
 func (*shmSeg) broadcast(*opCtx, []byte, int) error {
 	panic("unreachable: no segment without shared memory")
 }
+
+type spreadColl struct{}
+
+func (*spreadColl) unmap() {}
+
+func (*spreadColl) allReduce(*opCtx, tensor.DType, ReduceOp, []byte, int) error {
+	panic("unreachable: no segment without shared memory")
+}
+
+func (*spreadColl) reduceScatter(*opCtx, tensor.DType, ReduceOp, []byte, []byte) error {
+	panic("unreachable: no segment without shared memory")
+}
+
+func (*spreadColl) allGatherV(*opCtx, []byte, []byte, []int) error {
+	panic("unreachable: no segment without shared memory")
+}
+
+func (*spreadColl) broadcast(*opCtx, []byte, int) error {
+	panic("unreachable: no segment without shared memory")
+}
