@@ -219,3 +219,24 @@ func (a *Allocator) DropPool() {
 	a.free = map[poolKey][]any{}
 	a.mu.Unlock()
 }
+
+// NewShell returns a tensor of the given shape with no storage yet: a
+// parameter described before a rank knows which part of it it holds.
+// Allocate gives it storage; ops on it allocate their outputs from a.
+func (a *Allocator) NewShell(cat Category, dtype DType, shape ...int) *Tensor {
+	return &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, home: a}
+}
+
+// Allocate gives a tensor without storage (NewShell, DropStorage) zeroed
+// storage of its shape and category from its home allocator.
+func (t *Tensor) Allocate() {
+	if t.HasStorage() {
+		panic(fmt.Sprintf("tensor: Allocate on %s, which has storage", t))
+	}
+	a := t.home
+	if a == nil {
+		a = Default
+	}
+	s := a.New(t.cat, t.dtype, t.shape...)
+	t.f32, t.f64, t.i32, t.alloc = s.f32, s.f64, s.i32, a
+}
