@@ -97,8 +97,6 @@ func (o *Pipeline) Prepare(t *trainer.Trainer) error {
 	if wte := t.Model.Param("wte.weight"); wte != nil {
 		t.KeepGradReady(wte)
 	}
-	// Training memory, not the whole model that existed before Prepare.
-	t.Alloc.ResetPeak()
 	// Trace times are per process; this event ties them to the wall
 	// clock so `tinyacc pp draw --trace` lines ranks up.
 	span := t.Trace.Begin(clockEvent, "pp-clock", trace.Compute).With("unix_us", float64(time.Now().UnixMicro())).
