@@ -111,7 +111,9 @@ var constructLayouts = []struct {
 	apply func(c *config.Config)
 }{
 	{"tp4", func(c *config.Config) { c.Parallel.TP, c.Parallel.DP = 4, 1 }},
-	{"pp4 1f1b", func(c *config.Config) { c.Parallel.PP, c.Parallel.DP, c.Train.BatchSize, c.Train.GradAccum = 4, 1, 1, 4 }},
+	{"pp4 1f1b", func(c *config.Config) {
+		c.Parallel.PP, c.Parallel.DP, c.Train.BatchSize, c.Train.GradAccum = 4, 1, 1, 4
+	}},
 	{"zero3 dp4", func(c *config.Config) { c.Zero.Stage, c.Train.BatchSize = 3, 1 }},
 }
 

@@ -41,15 +41,15 @@ type Result struct {
 	Params map[string][]float64
 	// Local is what this rank holds of each parameter it holds, and Specs
 	// says which part that is.
-	Local  map[string][]float64
-	Specs  map[string]*place.Spec
+	Local map[string][]float64
+	Specs map[string]*place.Spec
 	// Initial is what this rank held of each parameter once trainer.New
 	// returned, before any step, laid out as InitialSpecs says.
 	Initial      map[string][]float64
 	InitialSpecs map[string]*place.Spec
-	Coord  place.Coord
-	Memory trainer.MemoryReport
-	Trace  []trace.Event `json:"-"`
+	Coord        place.Coord
+	Memory       trainer.MemoryReport
+	Trace        []trace.Event `json:"-"`
 	// DType is train.dtype of the run: it picks the bounds (BoundsOf).
 	DType string
 }
