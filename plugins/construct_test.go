@@ -97,6 +97,11 @@ func assertConstructionBounded(t *testing.T, cfg config.Config, rs []constructed
 		require.Less(t, c.held, whole*45/100, "%s, rank %d: holds %d of the model's %d parameter bytes", what, r, c.held, whole)
 		require.LessOrEqual(t, c.usage.TotalPeak, c.usage.Total+c.largest,
 			"%s, rank %d: construction peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.TotalPeak, c.usage.Total, c.largest)
+		// The optimizer state comes last and is larger than any part, so
+		// the bound on the total alone would let the parameters be built
+		// whole one at a time before it: their own peak is held too.
+		require.LessOrEqual(t, c.usage.Peak[tensor.Params], params+c.largest,
+			"%s, rank %d: parameters peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.Peak[tensor.Params], params, c.largest)
 		t.Logf("%s rank %d: construction peak %d B, holds %d B (parameters %d of the model's %d), largest part %d B",
 			what, r, c.usage.TotalPeak, c.usage.Total, c.held, whole, c.largest)
 	}
