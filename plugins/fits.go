@@ -17,7 +17,9 @@ type Fit struct {
 	PerRank int64  // the most bytes a rank of it needs (ProcessBytes)
 }
 
-func (f Fit) String() string { return fmt.Sprintf("%s (%s per rank)", f.Flags, trainer.FormatBytes(f.PerRank)) }
+func (f Fit) String() string {
+	return fmt.Sprintf("%s (%s per rank)", f.Flags, trainer.FormatBytes(f.PerRank))
+}
 
 // Fits lists the layouts of world ranks (every split into tp × pp × cp ×
 // dp, with each ZeRO stage where dp > 1) that the config accepts and whose
