@@ -12,6 +12,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -149,5 +150,60 @@ func TestConstructionHoldsOnlyLocalParts(t *testing.T) {
 			assertConstructionBounded(t, from, construct(t, from, 4, ""), l.name+" init_from")
 			assertConstructionBounded(t, cfg, construct(t, cfg, 4, saved), l.name+" resume")
 		})
+	}
+}
+
+// TestLoadWeightsIntoEveryLayout: a weights file one process saved (with
+// another seed) loaded into a built trainer of tensor parallel 2, a
+// pipeline of 2 and ZeRO-3 over 2 ranks (Trainer.LoadWeights, the bindings'
+// load once a model is prepared) gives every rank exactly the file's
+// numbers in every part it holds, the parts covering every element.
+func TestLoadWeightsIntoEveryLayout(t *testing.T) {
+	dir := t.TempDir()
+	other := ptest.Config()
+	other.Train.Seed += 11
+	one, err := trainer.New(other, trainer.Options{Train: ptest.Corpus()})
+	require.NoError(t, err)
+	path := filepath.Join(dir, "w.safetensors")
+	require.NoError(t, trainer.SaveWeights(one.Model, path))
+	want := ptest.Result{Initial: ptest.LoadParams(t, path)}
+	for _, l := range []struct {
+		name  string
+		apply func(c *config.Config)
+	}{
+		{"tp2", func(c *config.Config) { c.Parallel.TP, c.Parallel.DP = 2, 1 }},
+		{"pp2", func(c *config.Config) { c.Parallel.PP, c.Parallel.DP, c.Train.GradAccum = 2, 1, 2 }},
+		{"zero3 dp2", func(c *config.Config) { c.Zero.Stage = 3 }},
+	} {
+		cfg := ptest.Config()
+		l.apply(&cfg)
+		got := make([]ptest.Result, 2)
+		err := comm.RunLocal(2, comm.Options{Timeout: 60e9}, func(g comm.Group) error {
+			ps, m, err := Build(cfg, g)
+			if err != nil {
+				return err
+			}
+			tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 2})
+			if err != nil {
+				return err
+			}
+			if err := tr.LoadWeights(path); err != nil {
+				return err
+			}
+			r := ptest.Result{Initial: map[string][]float64{}, InitialSpecs: map[string]*place.Spec{}, Coord: tr.Coord()}
+			for _, p := range tr.Model.Params() {
+				h, err := tr.Holding(p)
+				if err != nil {
+					return err
+				}
+				if h.Value.Data != nil {
+					r.Initial[p.Name], r.InitialSpecs[p.Name] = h.Value.Data.Float64s(), h.Value.Spec.Clone()
+				}
+			}
+			got[g.Rank()] = r
+			return nil
+		})
+		require.NoError(t, err, l.name)
+		ptest.AssertInitial(t, want, got, l.name+" after LoadWeights")
 	}
 }

@@ -135,6 +135,33 @@ func LoadWeights(m *nn.GPT, path string) error {
 	return nil
 }
 
+// LoadWeights copies a weights file (as the function LoadWeights reads)
+// into every part of every parameter this rank holds, wherever it lives
+// (Holding: a tensor-parallel shard, a pipeline stage, ZeRO's flat
+// shards), reading only those parts' byte ranges. The file is checked
+// whole against the model, and every part read for non-finite values,
+// before any parameter changes. It is not collective.
+func (t *Trainer) LoadWeights(path string) error {
+	w, err := openWeights(path, t.Model.Config)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	c := t.Coord()
+	for _, p := range t.Model.Params() {
+		h, err := t.Holding(p)
+		if err != nil {
+			return err
+		}
+		if h.Value.Data != nil {
+			if err := w.verify(h.Value.Spec, c, h.Value.Data.DType()); err != nil {
+				return err
+			}
+		}
+	}
+	return t.fillParams(w.fill)
+}
+
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.
 func ModelConfigFromMetadata(meta map[string]string) (nn.GPTConfig, bool) {
 	var c nn.GPTConfig
