@@ -187,8 +187,9 @@ func (a *Allocator) Usage() Usage {
 	return Usage{Current: a.cur, Peak: a.peak, Total: a.total, TotalPeak: a.tpeak}
 }
 
-// ResetPeak sets every peak to the current value, e.g. after set-up so the
-// peak reflects training steps only.
+// ResetPeak sets every peak to the current value, for a caller measuring
+// one phase on its own. The trainer never calls it: its memory report
+// covers construction, loading and the steps.
 func (a *Allocator) ResetPeak() {
 	a.mu.Lock()
 	a.peak = a.cur
