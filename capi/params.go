@@ -144,15 +144,17 @@ func apiModelSave(h int64, path string) error {
 }
 
 // apiModelLoad reads weights saved by tinyacc or Hugging Face GPT-2 files.
+// A model prepared in a session reads, on each rank, only the byte ranges
+// of the parts that rank holds (ZeRO-3's shards included).
 func apiModelLoad(h int64, path string) error {
 	m, err := get[modelObj](h)
 	if err != nil {
 		return err
 	}
-	for _, p := range m.model.Params() {
-		if !p.HasStorage() {
-			return fail(errUnsupported, "load %s: parameter %s is sharded across the ranks (zero.stage 3); load the weights before prepare, or use zero.stage 0 to 2", path, p.Name)
-		}
+	if s := m.sess; s != nil && len(s.t.Plugins) > 0 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return wrap(errIO, s.t.LoadWeights(path))
 	}
 	return wrap(errIO, trainer.LoadWeights(m.model, path))
 }

@@ -127,8 +127,8 @@ int tinyacc_model_new(tinyacc_handle config, tinyacc_handle *model);
 int tinyacc_model_save(tinyacc_handle model, const char *path);
 
 /* Reads weights from safetensors (tinyacc or Hugging Face GPT-2 files).
- * Under ZeRO-3 the prepared model holds only shards: load before prepare
- * (TINYACC_ERR_UNSUPPORTED after). */
+ * Once the model is prepared in a session, each rank reads only the byte
+ * ranges of the parts it holds (ZeRO-3's shards included). */
 int tinyacc_model_load(tinyacc_handle model, const char *path);
 
 /* Number of parameter tensors. */

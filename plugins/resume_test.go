@@ -139,9 +139,10 @@ func TestResumeMatrix(t *testing.T) {
 	}
 }
 
-// TestCheckpointMemoryIsBounded: under ZeRO-3 at dp 4, saving and loading
-// a checkpoint add at most this rank's own shard plus the largest single
-// tensor to what the rank holds (measured through the allocator).
+// TestCheckpointMemoryIsBounded: under ZeRO-3 at dp 4, saving a
+// checkpoint adds at most this rank's own shard plus the largest single
+// tensor to what the rank holds, and loading one adds no more than rank
+// 0's check buffer (measured through the allocator).
 func TestCheckpointMemoryIsBounded(t *testing.T) {
 	z3 := layouts[8]
 	dir := filepath.Join(t.TempDir(), "ckpt")
@@ -167,8 +168,9 @@ func TestCheckpointMemoryIsBounded(t *testing.T) {
 		bound := shard + largest
 		require.Positive(t, shard)
 		require.LessOrEqual(t, saved[r].Memory.SavePeakBytes, bound, "rank %d: extra bytes while saving", r)
-		require.Positive(t, loaded[r].Memory.LoadPeakBytes, "rank %d: loading reads its pieces through the allocator", r)
-		require.LessOrEqual(t, loaded[r].Memory.LoadPeakBytes, bound, "rank %d: extra bytes while loading", r)
+		// Loading reads each piece's byte ranges straight into the rank's
+		// parts; only rank 0's checks borrow a buffer (of 4096 elements).
+		require.LessOrEqual(t, loaded[r].Memory.LoadPeakBytes, min(bound, 4096*es), "rank %d: extra bytes while loading", r)
 	}
 }
 

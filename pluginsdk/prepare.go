@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -26,7 +27,9 @@ func (s *server) prepare(req *PrepareReq) (*PrepareResp, error) {
 	s.arena = a
 	cfg := req.Config
 	alloc := tensor.NewAllocator()
-	model, err := trainer.BuildModel(cfg, alloc)
+	// The mirror's parameters are views of the host's arena: described
+	// only, never built.
+	model, err := nn.Describe(trainer.GPTConfig(cfg), trainer.DTypeOf(cfg), alloc)
 	if err != nil {
 		return nil, fmt.Errorf("building the model mirror: %w", err)
 	}

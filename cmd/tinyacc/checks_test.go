@@ -113,3 +113,25 @@ func TestSampleRefusesBadSettings(t *testing.T) {
 		require.Equal(t, "tinyacc: sample: --"+c.want+"\n", stderr, "checked before the file is read")
 	}
 }
+
+// A run whose estimate exceeds memory.limit is refused before any rank
+// starts, with a second line naming the layouts of the same ranks that
+// the estimate says fit; a run under its limit starts.
+func TestMemoryLimitRefusesBeforeWork(t *testing.T) {
+	code, stdout, stderr := runCLI("train", "--nproc", "4", "--model.n_layer=8", "--model.n_embd=256", "--model.n_head=4",
+		"--model.block_size=16", "--train.batch_size=1", "--data.max_bytes=65536", "--memory.limit=360MiB")
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout, "no rank started")
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	require.Len(t, lines, 2, stderr)
+	require.True(t, strings.HasPrefix(lines[0], "tinyacc: memory: rank 0 needs about "), lines[0])
+	require.Contains(t, lines[0], "but the limit is 90.0 MiB per rank (360.0 MiB shared by 4 ranks on this host) from memory.limit=360MiB")
+	require.True(t, strings.HasPrefix(lines[1], "fits: "), lines[1])
+	require.Contains(t, lines[1], "parallel.tp=4 (")
+	require.NotContains(t, lines[1], "zero.stage=1 (", "ZeRO-1 keeps every parameter and gradient on every rank")
+
+	code, stdout, stderr = runCLI("train", "--model.n_layer=1", "--model.n_embd=32", "--model.block_size=16",
+		"--train.steps=1", "--train.eval_every=0", "--data.max_bytes=65536", "--memory.limit=2GiB")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "step 1/1")
+}

@@ -56,7 +56,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 	} else {
 		fmt.Fprintln(stdout, "memory.limit=0: no check")
 	}
-	return trainer.CheckMemory(es, limit, world, source)
+	return plugins.CheckMemory(r.Config, world, es, limit, world, source)
 }
 
 // memoryLimit is memory.limit in bytes (0: no check) and how it was found.
@@ -85,7 +85,7 @@ func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Write
 	if err != nil {
 		return err
 	}
-	if err := trainer.CheckMemory(es, limit, local, source); err != nil {
+	if err := plugins.CheckMemory(cfg, world, es, limit, local, source); err != nil {
 		return err
 	}
 	if n := runtime.NumCPU(); nproc > n {

@@ -340,6 +340,15 @@ func (r *Reader) Numel(name string) int {
 	return e.numel
 }
 
+// Tensors describes every tensor of the file, by name, as Inspect does.
+func (r *Reader) Tensors() map[string]Info {
+	out := make(map[string]Info, len(r.entries))
+	for name, e := range r.entries {
+		out[name] = Info{DType: string(e.dt), Shape: e.shape}
+	}
+	return out
+}
+
 // Read fills dst (float32 or float64, as many elements as the stored
 // tensor, any shape) with tensor name, converting from the stored dtype.
 func (r *Reader) Read(name string, dst *tensor.Tensor) error {
@@ -349,6 +358,21 @@ func (r *Reader) Read(name string, dst *tensor.Tensor) error {
 	}
 	if e.numel != dst.Numel() {
 		return fmt.Errorf("ckpt: tensor %q of %s has %d elements, not the %d expected", name, r.path, e.numel, dst.Numel())
+	}
+	return r.ReadRange(name, 0, e.numel, dst, 0)
+}
+
+// ReadRange fills elements [at, at+n) of dst (float32 or float64) with
+// elements [from, from+n) of the stored tensor name (flattened row-major),
+// converting from the stored dtype as Read does. Only those bytes are
+// read: a rank loads the part of a tensor it holds, never the whole.
+func (r *Reader) ReadRange(name string, from, n int, dst *tensor.Tensor, at int) error {
+	e, ok := r.entries[name]
+	if !ok {
+		return fmt.Errorf("ckpt: %s holds no tensor %q", r.path, name)
+	}
+	if from < 0 || n < 0 || from+n > e.numel || at < 0 || at+n > dst.Numel() {
+		return fmt.Errorf("ckpt: elements [%d, %d) of tensor %q of %s (%d elements) into [%d, %d) of %d", from, from+n, name, r.path, e.numel, at, at+n, dst.Numel())
 	}
 	var store any
 	switch dst.DType() {
@@ -366,14 +390,14 @@ func (r *Reader) Read(name string, dst *tensor.Tensor) error {
 		return fmt.Errorf("ckpt: cannot read into %s", dst)
 	}
 	es := int64(e.dt.size())
-	raw := make([]byte, min(int64(e.numel), chunkElems)*es)
-	for at := int64(0); at < int64(e.numel); at += chunkElems {
-		n := min(int64(e.numel)-at, chunkElems)
-		buf := raw[:n*es]
-		if _, err := r.f.ReadAt(buf, r.dataStart+e.begin+at*es); err != nil {
+	raw := make([]byte, min(int64(n), chunkElems)*es)
+	for k := int64(0); k < int64(n); k += chunkElems {
+		m := min(int64(n)-k, chunkElems)
+		buf := raw[:m*es]
+		if _, err := r.f.ReadAt(buf, r.dataStart+e.begin+(int64(from)+k)*es); err != nil {
 			return fmt.Errorf("ckpt: tensor %q of %s: reading data: %w", name, r.path, err)
 		}
-		decode(e.dt, buf, store, int(at))
+		decode(e.dt, buf, store, at+int(k))
 	}
 	return nil
 }

@@ -2,8 +2,8 @@ package nn
 
 import (
 	"fmt"
-	"math"
 
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -111,11 +111,12 @@ type Head struct {
 	Out HeadLoss // TiedHead unless a plugin replaced it
 }
 
-// NewGPT builds the whole model with GPT-2 initialisation: weights
-// normal(0, 0.02), the residual projections scaled by 1/sqrt(2·n_layer),
-// biases zero, LayerNorm weights one. Each parameter's numbers depend only
-// on (seed, name). Parameters come from alloc (nil = tensor.Default), and
-// so do the activations computed from them.
+// NewGPT builds the whole model with GPT-2 initialisation (see initOf):
+// weights normal(0, 0.02), the residual projections scaled by
+// 1/sqrt(2·n_layer), biases zero, LayerNorm weights one. Each parameter's
+// numbers depend only on (seed, name, element index). Parameters come
+// from alloc (nil = tensor.Default), and so do the activations computed
+// from them.
 func NewGPT(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocator) (*GPT, error) {
 	return NewStage(cfg, seed, dtype, alloc, [][2]int{{0, cfg.NLayer}})
 }
@@ -126,6 +127,28 @@ func NewGPT(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocat
 // ends at the last block. Its parameters equal the whole model's of the
 // same names.
 func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Allocator, ranges [][2]int) (*GPT, error) {
+	m, err := DescribeStage(cfg, dtype, alloc, ranges)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range m.Params() {
+		p.Allocate()
+		cfg.InitPart(seed, p.Spec, place.Single, p)
+	}
+	return m, nil
+}
+
+// Describe is the whole model without storage: every parameter has its
+// name, global shape and placement (replicated) but no elements. A
+// trainer describes the model first, lets the plugins say where each
+// parameter lives, then gives each rank storage for its own parts only
+// and fills them (InitPart, or a file's byte ranges).
+func Describe(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator) (*GPT, error) {
+	return DescribeStage(cfg, dtype, alloc, [][2]int{{0, cfg.NLayer}})
+}
+
+// DescribeStage is NewStage without storage (see Describe).
+func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, ranges [][2]int) (*GPT, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -143,18 +166,13 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 		alloc = tensor.Default
 	}
 	newP := func(mod *Module, local string, shape ...int) *tensor.Tensor {
-		p := alloc.New(tensor.Params, dtype, shape...)
+		p := alloc.NewShell(tensor.Params, dtype, shape...)
 		return mod.AddParam(local, p).RequiresGrad()
 	}
-	const std = 0.02
-	projStd := std / math.Sqrt(2*float64(cfg.NLayer))
-
 	if ranges[0][0] == 0 {
 		e := &Embed{Module: NewModule("embed", "")}
 		e.Wte = newP(e.Module, "wte.weight", cfg.VocabSize, C)
 		e.Wpe = newP(e.Module, "wpe.weight", cfg.BlockSize, C)
-		FillNormal(e.Wte, seed, std)
-		FillNormal(e.Wpe, seed, std)
 		e.Layer = &TokenPosEmbedding{Wte: e.Wte, Wpe: e.Wpe}
 		m.Embed = e
 	}
@@ -175,12 +193,6 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 			fcB := newP(b.Module, "mlp.c_fc.bias", 4*C)
 			mlpW := newP(b.Module, "mlp.c_proj.weight", 4*C, C)
 			mlpB := newP(b.Module, "mlp.c_proj.bias", C)
-			Fill(b.Ln1W, 1)
-			Fill(b.Ln2W, 1)
-			FillNormal(attnW, seed, std)
-			FillNormal(fcW, seed, std)
-			FillNormal(projW, seed, projStd)
-			FillNormal(mlpW, seed, projStd)
 			b.Attn, b.AttnProj = &Dense{attnW, attnB}, &Dense{projW, projB}
 			b.Fc, b.MlpProj = &Dense{fcW, fcB}, &Dense{mlpW, mlpB}
 			b.Core = &CausalAttention{NHead: cfg.NHead}
@@ -193,7 +205,6 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 		h := &Head{Module: NewModule("head", "")}
 		h.LnW = newP(h.Module, "ln_f.weight", C)
 		h.LnB = newP(h.Module, "ln_f.bias", C)
-		Fill(h.LnW, 1)
 		h.Norm = &LayerNorm{W: h.LnW, B: h.LnB}
 		if m.Embed != nil {
 			h.Wte = m.Embed.Wte
@@ -201,7 +212,6 @@ func NewStage(cfg GPTConfig, seed int64, dtype tensor.DType, alloc *tensor.Alloc
 			// The last stage keeps its own copy of the tied table; it
 			// starts equal to the first stage's (same seed and name).
 			h.Wte = newP(h.Module, "wte.weight", cfg.VocabSize, C)
-			FillNormal(h.Wte, seed, std)
 		}
 		h.Out = &TiedHead{Wte: h.Wte}
 		m.Head = h

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -200,5 +201,40 @@ func TestPositionsReachEmbeddingAndAttention(t *testing.T) {
 		for c := 0; c < C; c++ {
 			require.Equal(t, m.Embed.Wte.At(int(idx.I32()[r])*C+c)+m.Embed.Wpe.At(p*C+c), x.At(r*C+c), "row %d col %d", r, c)
 		}
+	}
+}
+
+// TestInitJumpsToAnyElement: the generator computes element i directly,
+// equal to walking the sequence, and a part filled through its placement
+// holds exactly the whole tensor's elements at its global indices.
+func TestInitJumpsToAnyElement(t *testing.T) {
+	r := NewRand(7, "h.0.mlp.c_fc.weight")
+	walk := NewRand(7, "h.0.mlp.c_fc.weight")
+	for i := 0; i < 1000; i++ {
+		require.Equal(t, walk.Normal(), r.NormalAt(i), "element %d", i)
+	}
+	cfg := GPTConfig{NLayer: 2, NHead: 2, NEmbd: 8, BlockSize: 4, VocabSize: 13}
+	whole, err := NewGPT(cfg, 3, tensor.Float32, tensor.NewAllocator())
+	require.NoError(t, err)
+	for _, p := range whole.Params() {
+		want := tensor.NewAllocator().New(tensor.Params, tensor.Float32, p.Shape()...)
+		want.Name = p.Name
+		std, v := cfg.initOf(p.Name)
+		if std > 0 {
+			FillNormal(want, 3, std)
+		} else {
+			Fill(want, v)
+		}
+		require.Equal(t, want.F32(), p.F32(), p.Name)
+	}
+	// Rows [5, 9) of wte, flattened and cut to elements [3, 20).
+	spec := place.NewSpec("wte.weight", []int{13, 8})
+	spec.Along[place.TP] = place.Placement{Kind: place.Shard, Dim: 0, Offset: 5, Length: 4}
+	spec.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: 3, Length: 17}
+	c := place.Coord{Size: [place.NumAxes]int{1, 1, 1, 1}}
+	part := tensor.NewAllocator().New(tensor.Params, tensor.Float32, 17)
+	cfg.InitPart(3, spec, c, part)
+	for k := 0; k < 17; k++ {
+		require.Equal(t, whole.Embed.Wte.F32()[5*8+3+k], part.F32()[k], "element %d", k)
 	}
 }

@@ -187,8 +187,9 @@ func (a *Allocator) Usage() Usage {
 	return Usage{Current: a.cur, Peak: a.peak, Total: a.total, TotalPeak: a.tpeak}
 }
 
-// ResetPeak sets every peak to the current value, e.g. after set-up so the
-// peak reflects training steps only.
+// ResetPeak sets every peak to the current value, for a caller measuring
+// one phase on its own. The trainer never calls it: its memory report
+// covers construction, loading and the steps.
 func (a *Allocator) ResetPeak() {
 	a.mu.Lock()
 	a.peak = a.cur
@@ -218,4 +219,25 @@ func (a *Allocator) DropPool() {
 	a.mu.Lock()
 	a.free = map[poolKey][]any{}
 	a.mu.Unlock()
+}
+
+// NewShell returns a tensor of the given shape with no storage yet: a
+// parameter described before a rank knows which part of it it holds.
+// Allocate gives it storage; ops on it allocate their outputs from a.
+func (a *Allocator) NewShell(cat Category, dtype DType, shape ...int) *Tensor {
+	return &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, home: a}
+}
+
+// Allocate gives a tensor without storage (NewShell, DropStorage) zeroed
+// storage of its shape and category from its home allocator.
+func (t *Tensor) Allocate() {
+	if t.HasStorage() {
+		panic(fmt.Sprintf("tensor: Allocate on %s, which has storage", t))
+	}
+	a := t.home
+	if a == nil {
+		a = Default
+	}
+	s := a.New(t.cat, t.dtype, t.shape...)
+	t.f32, t.f64, t.i32, t.alloc = s.f32, s.f64, s.i32, a
 }

@@ -72,9 +72,11 @@ func Numel(ps []nn.ParamShape) int64 {
 // besides.
 type MemoryEstimate struct {
 	MemoryReport
-	// SetupPeakBytes is the most the set-up holds beyond training's
-	// steady state (the unsharded model and optimizer a plugin then
-	// shards, say), 0 when set-up never exceeds the training peak.
+	// SetupPeakBytes is the most construction and loading hold beyond
+	// training's peak. Construction by placement (construct.go) holds the
+	// rank's parts, its gradient buffers and its optimizer state, read
+	// straight into place, so this is 0 unless those alone exceed the
+	// training peak.
 	SetupPeakBytes int64 `json:"setup_peak_bytes"`
 	// DataBytes is the corpus held in memory (text and its tokens; 0 for
 	// memory-mapped token shards, whose pages the kernel may drop).
@@ -162,6 +164,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 				return nil, err
 			}
 		}
+		e.SetupPeakBytes = max(0, e.ParamsBytes+e.GradsBytes+e.OptimBytes-e.PeakBytes)
 		out[r] = e
 	}
 	return out, nil
@@ -275,9 +278,9 @@ func CheckMemory(es []MemoryEstimate, limit int64, local int, source string) err
 			change string
 		}{
 			{"activations", e.ActPeak, "lower train.batch_size (raise train.grad_accum to keep the global batch) or model.block_size"},
-			{"optimizer state", e.OptimBytes, "shard it over more ranks with zero.stage=1 or more"},
-			{"gradients", e.GradsBytes, "shard them with zero.stage=2 or more"},
-			{"parameters", e.ParamsBytes, "shard them with zero.stage=3, or a smaller model (model.n_layer, model.n_embd, model.vocab_size)"},
+			{"optimizer state", e.OptimBytes, "shard it over the ranks (zero.stage, parallel.tp, parallel.pp)"},
+			{"gradients", e.GradsBytes, "shard them over the ranks (zero.stage, parallel.tp, parallel.pp)"},
+			{"parameters", e.ParamsBytes, "shard them over the ranks (zero.stage=3, parallel.tp, parallel.pp), or a smaller model (model.n_layer, model.n_embd, model.vocab_size)"},
 			{"data", e.DataBytes, "lower data.max_bytes, or pre-tokenize the corpus into shards (tinyacc tokenize) which are memory-mapped"},
 			{"set-up", e.SetupPeakBytes, "a smaller model"},
 			{"communication buffers", e.CommBytes, "smaller ddp.bucket_mb"},
@@ -292,6 +295,10 @@ func CheckMemory(es []MemoryEstimate, limit int64, local int, source string) err
 	}
 	return nil
 }
+
+// FormatBytes writes a size as the memory messages do: MiB, or GiB from
+// 1 GiB on.
+func FormatBytes(b int64) string { return mib(b) }
 
 func mib(b int64) string {
 	if b >= 1<<30 {

@@ -160,25 +160,34 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 }
 
 // checkStored reads n elements of tensor key and reports the first that
-// is not finite, or (for exp_avg_sq, a mean of squares) negative.
+// is not finite, or (for exp_avg_sq, a mean of squares) negative. It
+// reads through a buffer of at most checkChunk elements (16 KiB in
+// float32), so checking a piece as large as a whole tensor costs rank 0
+// no tensor-sized buffer.
 func (t *Trainer) checkStored(r *ckpt.Reader, key, kind string, n int) error {
-	buf := t.Alloc.NewUninit(tensor.Comm, t.DType(), n)
+	buf := t.Alloc.NewUninit(tensor.Comm, t.DType(), min(n, checkChunk))
 	defer buf.Release()
-	if err := r.Read(key, buf); err != nil {
-		return err
-	}
-	if i, bad := firstNonFinite(buf); bad {
-		return fmt.Errorf("element %d is %v", i, buf.At(i))
-	}
-	if kind == "exp_avg_sq" {
-		for i := 0; i < n; i++ {
-			if v := buf.At(i); v < 0 {
-				return fmt.Errorf("element %d is %v, but exp_avg_sq is a mean of squares", i, v)
+	for at := 0; at < n; at += checkChunk {
+		m := min(n-at, checkChunk)
+		if err := r.ReadRange(key, at, m, buf, 0); err != nil {
+			return err
+		}
+		if i, bad := firstNonFinite(buf.Span(0, m)); bad {
+			return fmt.Errorf("element %d is %v", at+i, buf.At(i))
+		}
+		if kind == "exp_avg_sq" {
+			for i := 0; i < m; i++ {
+				if v := buf.At(i); v < 0 {
+					return fmt.Errorf("element %d is %v, but exp_avg_sq is a mean of squares", at+i, v)
+				}
 			}
 		}
 	}
 	return nil
 }
+
+// checkChunk is the elements checkStored reads at a time.
+const checkChunk = 1 << 12
 
 // tiles reports whether runs (global element ranges) cover [0, numel)
 // exactly once: a gap would leave elements unloaded, an overlap means
@@ -296,8 +305,9 @@ func runsOf(s *place.Spec, c place.Coord) []run {
 }
 
 // fill writes into dst (laid out as spec says for this rank) every element
-// it holds, reading only the stored pieces that overlap it, one at a
-// time, through an allocator buffer of that piece's size.
+// it holds, reading from the stored pieces that overlap it only the byte
+// ranges it holds, straight into dst: loading adds no buffer of a
+// piece's size, whatever layout wrote the checkpoint.
 func (t *Trainer) fill(readers map[string]*ckpt.Reader, dir, what string, dst *tensor.Tensor, spec *place.Spec, c place.Coord, parts []ckpt.Part) error {
 	want := runsOf(spec, c)
 	need := 0
@@ -328,21 +338,13 @@ func (t *Trainer) fill(readers map[string]*ckpt.Reader, dir, what string, dst *t
 		if err != nil {
 			return err
 		}
-		buf := t.Alloc.NewUninit(tensor.Comm, dst.DType(), max(0, r.Numel(p.Key)))
-		if err := r.Read(p.Key, buf); err != nil {
-			buf.Release()
-			return fmt.Errorf("%s: %w", what, err)
-		}
 		for _, pr := range pairs {
 			d, s := pr[0], pr[1]
-			if dst.DType() == tensor.Float32 {
-				copy(dst.F32()[d.l:d.l+d.n], buf.F32()[s.l:s.l+s.n])
-			} else {
-				copy(dst.F64()[d.l:d.l+d.n], buf.F64()[s.l:s.l+s.n])
+			if err := r.ReadRange(p.Key, s.l, s.n, dst, d.l); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
 			}
 			got += d.n
 		}
-		buf.Release()
 	}
 	if got != need {
 		return errors.New(what + fmt.Sprintf(": the checkpoint covers %d of the %d elements this rank holds", got, need))

@@ -149,16 +149,32 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 			return nil, err
 		}
 	}
-	t.Model, err = BuildModel(cfg, t.Alloc)
-	if err != nil {
+	// Construction by placement (construct.go): describe, place, then
+	// allocate and fill this rank's parts only.
+	fill := initialValues(GPTConfig(cfg), cfg.Train.Seed)
+	if cfg.InitFrom != "" {
+		w, err := openWeights(cfg.InitFrom, GPTConfig(cfg))
+		if err != nil {
+			return nil, err
+		}
+		defer w.Close()
+		fill = w.fill
+	}
+	if t.Model, err = nn.Describe(GPTConfig(cfg), DTypeOf(cfg), t.Alloc); err != nil {
 		return nil, err
 	}
 	if err := t.loadData(); err != nil {
 		return nil, err
 	}
-	t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
 	if err := t.prepare(); err != nil {
 		return nil, err
+	}
+	t.materialize()
+	if err := t.fillParams(fill); err != nil {
+		return nil, err
+	}
+	if t.Opt == nil {
+		t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
 	}
 	// Run opens metrics_file once it knows the step it starts from.
 	if t.Rank == 0 {

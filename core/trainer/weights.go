@@ -3,12 +3,12 @@ package trainer
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -110,59 +110,56 @@ func skippedName(name string) bool {
 	return strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") || name == "lm_head.weight"
 }
 
-// LoadWeights copies the tensors of a safetensors file into m's parameters.
-// A "transformer." prefix (Hugging Face GPT2LMHeadModel) is accepted. Names
-// the model lacks, parameters the file lacks and shape mismatches are
-// errors listing every offender.
+// LoadWeights copies the tensors of a safetensors file into m's parameters,
+// each reading only the bytes of the part it holds. A "transformer."
+// prefix (Hugging Face GPT2LMHeadModel) is accepted. Names the model
+// lacks, parameters the file lacks and shape mismatches are errors listing
+// every offender, and a non-finite value is refused, all before any
+// parameter changes.
 func LoadWeights(m *nn.GPT, path string) error {
-	ts, _, err := ckpt.Load(path)
+	w, err := openWeights(path, m.Config)
 	if err != nil {
-		return fmt.Errorf("init_from: %w", err)
-	}
-	byName := map[string]*tensor.Tensor{}
-	for name, t := range ts {
-		name = strings.TrimPrefix(name, "transformer.")
-		if skippedName(name) {
-			continue
-		}
-		byName[name] = t
-	}
-	names := make([]string, 0, len(byName))
-	for name := range byName {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	if err := checkFiniteTensors("init_from "+path, names, byName); err != nil {
 		return err
 	}
-	var problems []string
+	defer w.Close()
 	for _, p := range m.Params() {
-		t, ok := byName[p.Name]
-		if !ok {
-			problems = append(problems, fmt.Sprintf("missing %s %v", p.Name, p.Shape()))
-			continue
-		}
-		delete(byName, p.Name)
-		if !slices.Equal(t.Shape(), p.Shape()) {
-			problems = append(problems, fmt.Sprintf("%s has shape %v in the file but %v in the model", p.Name, t.Shape(), p.Shape()))
-			continue
-		}
-		for i := 0; i < p.Numel(); i++ {
-			p.Set(i, t.At(i))
+		if err := w.verify(p.Spec, place.Single, p.DType()); err != nil {
+			return err
 		}
 	}
-	var extra []string
-	for name := range byName {
-		extra = append(extra, name)
-	}
-	sort.Strings(extra)
-	for _, name := range extra {
-		problems = append(problems, "unknown tensor "+name)
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("init_from %s does not fit the model (check model.* against the file): %s", path, strings.Join(problems, "; "))
+	for _, p := range m.Params() {
+		if err := w.fill(p.Spec, place.Single, p); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// LoadWeights copies a weights file (as the function LoadWeights reads)
+// into every part of every parameter this rank holds, wherever it lives
+// (Holding: a tensor-parallel shard, a pipeline stage, ZeRO's flat
+// shards), reading only those parts' byte ranges. The file is checked
+// whole against the model, and every part read for non-finite values,
+// before any parameter changes. It is not collective.
+func (t *Trainer) LoadWeights(path string) error {
+	w, err := openWeights(path, t.Model.Config)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	c := t.Coord()
+	for _, p := range t.Model.Params() {
+		h, err := t.Holding(p)
+		if err != nil {
+			return err
+		}
+		if h.Value.Data != nil {
+			if err := w.verify(h.Value.Spec, c, h.Value.Data.DType()); err != nil {
+				return err
+			}
+		}
+	}
+	return t.fillParams(w.fill)
 }
 
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.

@@ -94,11 +94,14 @@ func (d *DDP) Prepare(t *trainer.Trainer) error {
 		return fmt.Errorf("ddp: parallel.dp is %d but data-parallel group %q has %d ranks; set parallel.dp to %d or 0",
 			dp, data.Name(), data.Size(), data.Size())
 	}
-	// Initial weights already depend only on (seed, name); broadcasting
-	// anyway keeps replicas identical whatever the caller loaded.
+	// A described parameter (trainer.New) has no values yet: the trainer
+	// fills it after Prepare from (seed, name, element index) or the
+	// byte ranges of init_from, the same numbers on every rank. Values a
+	// caller built (NewWith) are broadcast, so replicas start identical
+	// whatever each caller loaded.
 	for _, p := range t.Model.Params() {
 		if !p.HasStorage() {
-			return fmt.Errorf("ddp: parameter %s has no storage; ddp must come before plugins that shard parameters", p.Name)
+			continue
 		}
 		span := t.Trace.Begin("broadcast "+p.Name, "comm", trace.Comm).With("bytes", p.Bytes())
 		err := d.g.Broadcast(p, 0)

@@ -37,6 +37,8 @@
 // into the buckets (PyTorch's no_sync); only the last micro-batch of a step
 // communicates, so the traffic per step does not grow with accumulation.
 //
-// Both forms also broadcast the initial parameters from rank 0, average the
-// reported loss over ranks and gather every rank's memory report.
+// Both forms also broadcast from rank 0 the initial parameters a caller
+// built (NewWith; trainer.New fills every rank with the same numbers after
+// Prepare, so there is nothing to send), average the reported loss over
+// ranks and gather every rank's memory report.
 package ddp

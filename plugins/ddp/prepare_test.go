@@ -9,6 +9,8 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/data"
+	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -35,9 +37,11 @@ func numParams(c config.Config) int64 {
 	return int64(c.Model.VocabSize*C + c.Model.BlockSize*C + c.Model.NLayer*(12*C*C+13*C) + 2*C)
 }
 
-// TestPrepareBroadcastsRankZero gives every rank a different seed: after
+// TestPrepareBroadcastsRankZero gives every rank a model built with its
+// own seed (NewWith: a caller's weights, as the bindings pass them): after
 // Prepare every rank holds the weights rank 0's seed makes, and reads its
-// own slice of the data.
+// own slice of the data. (trainer.New fills every rank from one seed after
+// Prepare, so there is nothing to broadcast there.)
 func TestPrepareBroadcastsRankZero(t *testing.T) {
 	want, err := trainer.New(ptest.Config(), trainer.Options{Train: ptest.Corpus()})
 	require.NoError(t, err)
@@ -52,7 +56,16 @@ func TestPrepareBroadcastsRankZero(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps})
+					alloc := tensor.NewAllocator()
+					m, err := trainer.BuildModel(cfg, alloc)
+					if err != nil {
+						return err
+					}
+					l, err := data.NewLoader(ptest.Corpus(), cfg.Model.BlockSize, cfg.Data.Order, cfg.Train.Seed)
+					if err != nil {
+						return err
+					}
+					tr, err := trainer.NewWith(cfg, m, trainer.BuildOptimizer(cfg, m.Params(), alloc), l, nil, trainer.Options{Plugins: ps, Alloc: alloc})
 					if err != nil {
 						return err
 					}

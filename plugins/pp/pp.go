@@ -83,9 +83,11 @@ func (o *Pipeline) Schedule() *Schedule { return o.sched }
 // Split is the number of blocks of each model chunk.
 func (o *Pipeline) Split() []int { return o.split }
 
-// Prepare keeps this rank's stage of the model (trainer.SetModel frees
-// the rest and rebuilds the optimizer over what is left) and marks the
-// tied wte, whose gradient RunStep finishes itself.
+// Prepare keeps this rank's stage of the model and marks the tied wte,
+// whose gradient RunStep finishes itself. On a described model
+// (trainer.New) the other stages never get storage; a model built with
+// its weights (NewWith) has the rest freed by trainer.SetModel and its
+// optimizer rebuilt over what is left.
 func (o *Pipeline) Prepare(t *trainer.Trainer) error {
 	stage, err := keepStage(t.Model, o.split, o.sched.P, o.rank)
 	if err != nil {
@@ -97,8 +99,6 @@ func (o *Pipeline) Prepare(t *trainer.Trainer) error {
 	if wte := t.Model.Param("wte.weight"); wte != nil {
 		t.KeepGradReady(wte)
 	}
-	// Training memory, not the whole model that existed before Prepare.
-	t.Alloc.ResetPeak()
 	// Trace times are per process; this event ties them to the wall
 	// clock so `tinyacc pp draw --trace` lines ranks up.
 	span := t.Trace.Begin(clockEvent, "pp-clock", trace.Compute).With("unix_us", float64(time.Now().UnixMicro())).

@@ -30,8 +30,8 @@ func (p *Plugin) Name() string { return p.Info.Name }
 // picks the rendezvous and tells the others over g.
 func (p *Plugin) SetGroup(g comm.Group) { p.group = g }
 
-// Prepare lays the parameters and gradients out in a new arena (values
-// copied in; the model's tensors become views of it), sends the plugin the
+// Prepare lays the parameters and gradients out in a new arena (values,
+// if any yet, copied in; the model's tensors become views of it), sends the plugin the
 // layout, the config and a rendezvous, and adopts what the plugin's Prepare
 // decided: where the gradients lie now and which data slice this rank reads.
 func (p *Plugin) Prepare(t *trainer.Trainer) error {
@@ -40,8 +40,8 @@ func (p *Plugin) Prepare(t *trainer.Trainer) error {
 	var used int64
 	req := pluginsdk.PrepareReq{Config: t.Cfg, Rank: t.Rank, World: t.World, HostPID: os.Getpid()}
 	for _, q := range params {
-		if q.DType() != tensor.Float32 || !q.HasStorage() {
-			return fmt.Errorf("process plugin %s: parameter %s is %s without storage or not float32; plugins that re-lay parameters must come after process plugins", p.Info.Name, q.Name, q.DType())
+		if q.DType() != tensor.Float32 {
+			return fmt.Errorf("process plugin %s: parameter %s is %s, not float32", p.Info.Name, q.Name, q.DType())
 		}
 		req.Params = append(req.Params, pluginsdk.Param{Name: q.Name, Shape: q.Shape(), Value: used, Grad: used + q.Bytes(), DTypeFloat32: true})
 		used += 2 * q.Bytes()
@@ -62,7 +62,9 @@ func (p *Plugin) Prepare(t *trainer.Trainer) error {
 		if err != nil {
 			return err
 		}
-		value.CopyFrom(q)
+		if q.HasStorage() {
+			value.CopyFrom(q)
+		} // else a described parameter: the trainer fills it in the arena
 		q.Alias(value, 0)
 		g, err := a.F32(req.Params[i].Grad, q.Shape()...)
 		if err != nil {

@@ -41,11 +41,15 @@ type Result struct {
 	Params map[string][]float64
 	// Local is what this rank holds of each parameter it holds, and Specs
 	// says which part that is.
-	Local  map[string][]float64
-	Specs  map[string]*place.Spec
-	Coord  place.Coord
-	Memory trainer.MemoryReport
-	Trace  []trace.Event `json:"-"`
+	Local map[string][]float64
+	Specs map[string]*place.Spec
+	// Initial is what this rank held of each parameter once trainer.New
+	// returned, before any step, laid out as InitialSpecs says.
+	Initial      map[string][]float64
+	InitialSpecs map[string]*place.Spec
+	Coord        place.Coord
+	Memory       trainer.MemoryReport
+	Trace        []trace.Event `json:"-"`
 	// DType is train.dtype of the run: it picks the bounds (BoundsOf).
 	DType string
 }
@@ -115,10 +119,13 @@ func Single(t testing.TB, cfg config.Config) Result {
 	var steps []trainer.StepMetrics
 	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	require.NoError(t, err)
+	initial, specs, err := held(tr)
+	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
 	r, err := collect(tr, steps, nil)
 	require.NoError(t, err)
+	r.Initial, r.InitialSpecs = initial, specs
 	return r
 }
 
@@ -135,10 +142,35 @@ func runRank(cfg config.Config, world comm.Group, build Build, rec *trace.Record
 	if err != nil {
 		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
 	}
+	initial, specs, err := held(tr)
+	if err != nil {
+		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
+	}
 	if _, err := tr.Run(context.Background()); err != nil {
 		return Result{}, fmt.Errorf("rank %d: %w", world.Rank(), err)
 	}
-	return collect(tr, steps, rec)
+	r, err := collect(tr, steps, rec)
+	r.Initial, r.InitialSpecs = initial, specs
+	return r, err
+}
+
+// held copies what the rank holds of each parameter now, and says which
+// part that is. It allocates nothing from the rank's allocator and
+// communicates nothing, so it can run between construction and the first
+// step without changing either.
+func held(tr *trainer.Trainer) (map[string][]float64, map[string]*place.Spec, error) {
+	values, specs := map[string][]float64{}, map[string]*place.Spec{}
+	for _, p := range tr.Model.Params() {
+		h, err := tr.Holding(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		if h.Value.Data != nil {
+			values[p.Name] = h.Value.Data.Float64s()
+			specs[p.Name] = h.Value.Spec.Clone()
+		}
+	}
+	return values, specs, nil
 }
 
 // Parallel trains cfg on n ranks of the given backend ("local" or "tcp",
@@ -347,12 +379,47 @@ func Check(t testing.TB, want Result, got []Result, what string) Worst {
 func CheckWithin(t testing.TB, want Result, got []Result, what string, b Bounds) Worst {
 	t.Helper()
 	var w Worst
+	AssertInitial(t, want, got, what)
 	for r := range got {
 		w.Add(AssertWithin(t, want, got[r], fmt.Sprintf("%s, rank %d", what, r), b))
 	}
 	AssertReplicas(t, got, what)
 	t.Logf("%s [%s]: %s", what, want.DType, w)
 	return w
+}
+
+// AssertInitial holds the weights every rank of a layout starts from to
+// one process's, bitwise: each element a rank holds once trainer.New
+// returned is compared with the element of the same global index in
+// want's, and the parts the ranks own (place.Spec.Owns) must cover every
+// global element exactly once, so no element goes unchecked.
+func AssertInitial(t testing.TB, want Result, got []Result, what string) {
+	t.Helper()
+	require.NotEmpty(t, want.Initial, "%s: the reference recorded no initial weights", what)
+	owned := map[string]int{}
+	for r, res := range got {
+		for name, local := range res.Initial {
+			global, ok := want.Initial[name]
+			require.True(t, ok, "%s, rank %d: parameter %s is not one process's", what, r, name)
+			spec := res.InitialSpecs[name]
+			spec.Runs(res.Coord, func(g, l, n int) {
+				for k := 0; k < n; k++ {
+					if math.Float64bits(local[l+k]) != math.Float64bits(global[g+k]) {
+						require.Failf(t, "initial weights differ", "%s, rank %d: %s element %d is %v at step 0, one process %v",
+							what, r, name, g+k, local[l+k], global[g+k])
+					}
+				}
+			})
+			own, err := spec.Owns(res.Coord)
+			require.NoError(t, err, "%s, rank %d: %s", what, r, name)
+			if own {
+				owned[name] += spec.HeldElements(res.Coord)
+			}
+		}
+	}
+	for name, global := range want.Initial {
+		require.Equal(t, len(global), owned[name], "%s: the ranks own %d of the %d elements of %s at step 0", what, owned[name], len(global), name)
+	}
 }
 
 // AssertReplicas checks that replicas are bitwise identical inside their

@@ -82,10 +82,10 @@ func Check(c nn.GPTConfig, n int, sp bool) error {
 //	ln_f           part of the sequence, their gradients summed
 //
 // LayerNorm weights, the row-parallel biases and wpe stay whole on every
-// rank (replicated along TP). The optimizer is rebuilt over the new
-// parameters and the allocator's peaks reset, so the memory report shows
-// this rank's part only. Weights loaded before (init_from) are kept: each
-// part is cut from the whole tensor.
+// rank (replicated along TP). On a described model (trainer.New) the parts
+// are placed without storage: the trainer allocates and fills only them.
+// A model built with its weights (NewWith) has each part cut from the
+// whole tensor, and its optimizer rebuilt over the parts.
 func (p *TP) Prepare(t *trainer.Trainer) error {
 	g := p.m.TP()
 	n, r := g.Size(), g.Rank()
@@ -188,7 +188,6 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 			q.Grad.Release()
 		}
 	}
-	t.Alloc.ResetPeak()
 	return nil
 }
 
@@ -228,7 +227,16 @@ func shard(a *tensor.Allocator, c place.Coord, mod *nn.Module, q *tensor.Tensor,
 		dst.Name = q.Name
 		return dst
 	}
-	s := cut(q, tensor.Params).RequiresGrad()
+	var s *tensor.Tensor
+	if q.HasStorage() {
+		s = cut(q, tensor.Params)
+	} else {
+		// A described parameter (construction by placement): the trainer
+		// allocates and fills this part once every plugin has placed it.
+		s = a.NewShell(tensor.Params, q.DType(), spec.LocalShape()...)
+		s.Name = q.Name
+	}
+	s.RequiresGrad()
 	s.Spec = spec
 	if q.Grad != nil {
 		s.Grad = cut(q.Grad, tensor.Grads)

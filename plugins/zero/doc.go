@@ -70,9 +70,10 @@
 // still being reduce-scattered), plus the embed unit, held for the whole
 // pass because of the tie. Micro-batches after the first of a step also
 // borrow one shard-sized comm buffer while their reduce-scatter runs.
-// Prepare resets the allocator's peaks once the unsharded set-up buffers
-// are freed, so the report shows the training steady state. TestMemory
-// holds all of this to the byte.
+// Nothing unsharded exists at set-up: Prepare runs on the described
+// model (trainer.New) and allocates stage 3's shards only, so the peaks
+// the report shows cover construction too. TestMemory holds all of this
+// to the byte.
 //
 // # Order and errors
 //

@@ -85,11 +85,13 @@ func (z *Zero) Stage() int { return z.stage }
 // Layout is the flat layout of the model's parameters (nil before Prepare).
 func (z *Zero) Layout() *Layout { return z.lay }
 
-// Prepare lays the parameters out in flat per-unit buffers identical on
-// every rank (broadcast from rank 0), shards what the stage shards and
-// replaces the optimizer with one over this rank's shard. It ends by
-// resetting the allocator's peaks: the unsharded parameters and optimizer
-// state of set-up are gone, and the memory report should show training.
+// Prepare lays the parameters out in flat per-unit buffers, shards what
+// the stage shards and replaces the optimizer with one over this rank's
+// shard. On a described model (trainer.New) nothing else exists yet: the
+// buffers are allocated here, stage 3 allocating its shards only, and the
+// trainer fills them through Hold. A model built with its weights
+// (NewWith) is copied in and broadcast from rank 0, so every rank starts
+// from the same numbers whatever each caller loaded.
 func (z *Zero) Prepare(t *trainer.Trainer) error {
 	z.t = t
 	t.DataRank, t.DataSize = z.g.Rank(), z.g.Size()
@@ -109,25 +111,46 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 			z.owner[r.Param] = us
 		}
 	}
-	// The optimizer built by the trainer holds state for every parameter;
-	// it is replaced, so its buffers go back to the allocator.
-	for _, s := range t.Opt.State() {
-		s.Release()
+	// An optimizer the caller built holds state for every parameter; it
+	// is replaced, so its buffers go back to the allocator.
+	if t.Opt != nil {
+		for _, s := range t.Opt.State() {
+			s.Release()
+		}
 	}
 	z.opt = newShardOptimizer(t.Cfg, lay, z.units, t.Alloc)
 	t.Opt = z.opt
 	if z.stage >= 2 {
 		z.addHooks()
 	}
-	t.Alloc.ResetPeak()
 	return nil
 }
 
-// layOut copies u's parameters into a flat buffer, broadcasts it from rank
-// 0 and either aliases the parameters into it (stages 1, 2) or keeps only
-// this rank's shard (stage 3).
+// layOut gives u its flat buffers: stages 1 and 2 alias the parameters
+// into a full flat buffer, stage 3 keeps only this rank's shard. Values a
+// caller built are copied in and broadcast from rank 0; a described
+// unit's (no storage) are filled later by the trainer, and stage 3 then
+// never holds more than its shard.
 func (z *Zero) layOut(u *unitState) error {
 	a := z.t.Alloc
+	lo := z.lay.Lo(u.Unit)
+	described := false
+	for _, r := range u.Ranges {
+		described = described || !r.Param.HasStorage()
+	}
+	if described {
+		if z.stage <= 2 {
+			u.flat = a.New(tensor.Params, z.t.DType(), u.Size)
+			u.shard = u.flat.Span(lo, lo+u.Shard)
+			for _, r := range u.Ranges {
+				r.Param.Alias(u.flat, r.Offset)
+			}
+		} else {
+			u.shard = a.New(tensor.Params, z.t.DType(), u.Shard)
+		}
+		z.layOutGrads(u)
+		return nil
+	}
 	flat := a.New(tensor.Params, z.t.DType(), u.Size)
 	for _, r := range u.Ranges {
 		flat.Span(r.Offset, r.Offset+r.Numel).CopyFrom(r.Param)
@@ -136,7 +159,6 @@ func (z *Zero) layOut(u *unitState) error {
 	if err != nil {
 		return fmt.Errorf("zero: broadcast of the initial parameters of unit %s: %w", u.Name, err)
 	}
-	lo := z.lay.Lo(u.Unit)
 	if z.stage <= 2 {
 		u.flat = flat
 		u.shard = flat.Span(lo, lo+u.Shard)
@@ -152,6 +174,14 @@ func (z *Zero) layOut(u *unitState) error {
 		}
 		flat.Release()
 	}
+	z.layOutGrads(u)
+	return nil
+}
+
+// layOutGrads gives u its gradient buffers: the full flat gradient in
+// stage 1, this rank's shard of it in stages 2 and 3.
+func (z *Zero) layOutGrads(u *unitState) {
+	a, lo := z.t.Alloc, z.lay.Lo(u.Unit)
 	if z.stage == 1 {
 		// The full gradient lives all step; this rank's averaged slice is
 		// written back into its own range of it (stage12.go), so stage 1
@@ -162,7 +192,6 @@ func (z *Zero) layOut(u *unitState) error {
 	} else {
 		u.shardGrad = a.New(tensor.Grads, u.shard.DType(), u.Shard)
 	}
-	return nil
 }
 
 // setGradViews points every parameter's Grad at its range of u.grad, so

@@ -147,6 +147,8 @@ class GPT:
         check(lib.tinyacc_model_save(self.handle, encode(str(path))))
 
     def load(self, path):
+        """Reads safetensors (tinyacc's or Hugging Face GPT-2's). Once the
+        model is prepared, each rank reads only the parts it holds."""
         check(lib.tinyacc_model_load(self.handle, encode(str(path))))
 
     # -- running --------------------------------------------------------------

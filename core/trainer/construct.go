@@ -1,0 +1,187 @@
+package trainer
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// Construction by placement. New never builds the whole model on a rank:
+//
+//  1. describe: nn.Describe gives every parameter its name, global shape
+//     and a replicated placement, and no storage;
+//  2. place: the plugins' Prepare hooks run on the description and say
+//     where each parameter lives (tensor parallel registers shards, a
+//     pipeline keeps its stage, ZeRO lays its units out in flat buffers
+//     and keeps its shard), allocating only what they hold;
+//  3. allocate: every parameter no plugin holds gets storage for its
+//     local part (materialize);
+//  4. fill: every part this rank holds, found through Holding as for
+//     any other use of a parameter's value, is written from the initial
+//     values (a function of seed, name and element index) or from the
+//     byte ranges of init_from that hold it;
+//  5. the optimizer is built over the local parts, unless a plugin
+//     built its own (ZeRO's over its shard).
+//
+// So a rank's allocator never holds more than its own parts plus what a
+// plugin states it borrows, during construction as during training.
+
+// materialize gives storage to every parameter that has none and that no
+// Holder keeps elsewhere: its local part, of the shape its placement left.
+func (t *Trainer) materialize() {
+	for _, p := range t.Model.Params() {
+		if p.HasStorage() || t.heldByPlugin(p) {
+			continue
+		}
+		p.Allocate()
+	}
+}
+
+// heldByPlugin reports whether a Holder plugin keeps p's value.
+func (t *Trainer) heldByPlugin(p *tensor.Tensor) bool {
+	for _, pl := range t.Plugins {
+		if hd, ok := pl.(Holder); ok {
+			if _, ok := hd.Hold(t, p); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// partFiller writes the global elements of parameter spec.Name that the
+// rank at c holds into data, laid out as spec says.
+type partFiller func(spec *place.Spec, c place.Coord, data *tensor.Tensor) error
+
+// fillParams writes every part of every parameter this rank holds.
+func (t *Trainer) fillParams(fill partFiller) error {
+	c := t.Coord()
+	for _, p := range t.Model.Params() {
+		h, err := t.Holding(p)
+		if err != nil {
+			return err
+		}
+		if h.Value.Data == nil {
+			continue
+		}
+		if err := fill(h.Value.Spec, c, h.Value.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// initialValues fills parts with the model's initial values under seed.
+func initialValues(m nn.GPTConfig, seed int64) partFiller {
+	return func(spec *place.Spec, c place.Coord, data *tensor.Tensor) error {
+		m.InitPart(seed, spec, c, data)
+		return nil
+	}
+}
+
+// weightsFile is a weights file (SaveWeights, or Hugging Face GPT-2's)
+// opened for reading the parts of its tensors a rank holds.
+type weightsFile struct {
+	path string
+	r    *ckpt.Reader
+	key  map[string]string // parameter name -> the file's tensor name
+}
+
+// openWeights opens path and checks, from its header alone, that it holds
+// every parameter of the model m with its shape and nothing else (a
+// "transformer." prefix, the attention masks and the tied lm_head of
+// Hugging Face files are accepted): a file that does not fit is refused
+// before any parameter is allocated, naming every offender.
+func openWeights(path string, m nn.GPTConfig) (*weightsFile, error) {
+	r, err := ckpt.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("init_from: %w", err)
+	}
+	w := &weightsFile{path: path, r: r, key: map[string]string{}}
+	infos := map[string]ckpt.Info{}
+	for key, info := range r.Tensors() {
+		name := strings.TrimPrefix(key, "transformer.")
+		if skippedName(name) {
+			continue
+		}
+		infos[name] = info
+		w.key[name] = key
+	}
+	var problems []string
+	for _, ps := range m.ParamShapes() {
+		info, ok := infos[ps.Name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("missing %s %v", ps.Name, ps.Shape))
+			continue
+		}
+		delete(infos, ps.Name)
+		if !slices.Equal(info.Shape, ps.Shape) {
+			problems = append(problems, fmt.Sprintf("%s has shape %v in the file but %v in the model", ps.Name, info.Shape, ps.Shape))
+		}
+	}
+	var extra []string
+	for name := range infos {
+		extra = append(extra, name)
+	}
+	sort.Strings(extra)
+	for _, name := range extra {
+		problems = append(problems, "unknown tensor "+name)
+	}
+	if len(problems) > 0 {
+		r.Close()
+		return nil, fmt.Errorf("init_from %s does not fit the model (check model.* against the file): %s", path, strings.Join(problems, "; "))
+	}
+	return w, nil
+}
+
+func (w *weightsFile) Close() error { return w.r.Close() }
+
+// fill reads, run by run, only the bytes of the elements the part holds,
+// straight into its data, and refuses a non-finite value (naming its
+// global element index).
+func (w *weightsFile) fill(spec *place.Spec, c place.Coord, data *tensor.Tensor) error {
+	key := w.key[spec.Name]
+	var err error
+	spec.Runs(c, func(g, l, n int) {
+		if err != nil {
+			return
+		}
+		if err = w.r.ReadRange(key, g, n, data, l); err != nil {
+			err = fmt.Errorf("init_from: %w", err)
+			return
+		}
+		if i, bad := firstNonFinite(data.Span(l, l+n)); bad {
+			err = fmt.Errorf("init_from %s: tensor %s holds a non-finite value (element %d = %v)", w.path, spec.Name, g+i, data.At(l+i))
+		}
+	})
+	return err
+}
+
+// verify reads the part as fill would, into scratch memory, so that a
+// caller loading into live parameters refuses a bad file before it
+// changes any of them.
+func (w *weightsFile) verify(spec *place.Spec, c place.Coord, dtype tensor.DType) error {
+	var err error
+	spec.Runs(c, func(g, l, n int) {
+		if err != nil {
+			return
+		}
+		var scratch *tensor.Tensor
+		if dtype == tensor.Float64 {
+			scratch = tensor.FromF64(make([]float64, n), n)
+		} else {
+			scratch = tensor.FromF32(make([]float32, n), n)
+		}
+		// The spec at the scratch's own run: global elements [g, g+n).
+		one := place.NewSpec(spec.Name, []int{g + n})
+		one.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: g, Length: n}
+		err = w.fill(one, place.Single, scratch)
+	})
+	return err
+}

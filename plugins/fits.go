@@ -1,0 +1,122 @@
+package plugins
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+)
+
+// Fit is a layout of the same ranks whose estimate fits a memory limit:
+// the flags that turn the run into it, and its largest rank's need.
+type Fit struct {
+	Flags   string // e.g. "parallel.tp=4" or "zero.stage=3"
+	PerRank int64  // the most bytes a rank of it needs (ProcessBytes)
+}
+
+func (f Fit) String() string {
+	return fmt.Sprintf("%s (%s per rank)", f.Flags, trainer.FormatBytes(f.PerRank))
+}
+
+// Fits lists the layouts of world ranks (every split into tp × pp × cp ×
+// dp, with each ZeRO stage where dp > 1) that the config accepts and whose
+// estimate gives every rank at most perRank bytes, least memory first.
+// Each is named by the flags that differ from cfg's: what a refused run
+// can be changed to, computed rather than guessed.
+func Fits(cfg config.Config, world int, perRank int64) []Fit {
+	var out []Fit
+	for _, tp := range divisors(world) {
+		for _, pp := range divisors(world / tp) {
+			for _, cp := range divisors(world / (tp * pp)) {
+				dp := world / (tp * pp * cp)
+				for stage := 0; stage <= 3; stage++ {
+					if stage > 0 && dp == 1 {
+						break
+					}
+					c := cfg
+					c.Parallel.TP, c.Parallel.PP, c.Parallel.CP, c.Zero.Stage = tp, pp, cp, stage
+					if cfg.Parallel.DP != 0 {
+						c.Parallel.DP = dp
+					}
+					flags := changedFlags(cfg, c)
+					if flags == "" || c.Validate() != nil {
+						continue // the run itself, or a layout the config refuses
+					}
+					es, err := Estimate(c, world)
+					if err != nil {
+						continue
+					}
+					var need int64
+					for _, e := range es {
+						need = max(need, e.ProcessBytes())
+					}
+					if need <= perRank {
+						out = append(out, Fit{Flags: flags, PerRank: need})
+					}
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Fit) int { return cmp.Compare(a.PerRank, b.PerRank) })
+	return out
+}
+
+// changedFlags names, as flags, the layout keys whose values differ.
+func changedFlags(was, now config.Config) string {
+	var fs []string
+	for _, k := range []struct {
+		key      string
+		was, now int
+	}{
+		{"parallel.dp", was.Parallel.DP, now.Parallel.DP}, {"parallel.tp", was.Parallel.TP, now.Parallel.TP},
+		{"parallel.pp", was.Parallel.PP, now.Parallel.PP}, {"parallel.cp", was.Parallel.CP, now.Parallel.CP},
+		{"zero.stage", was.Zero.Stage, now.Zero.Stage},
+	} {
+		if k.was != k.now {
+			fs = append(fs, fmt.Sprintf("%s=%d", k.key, k.now))
+		}
+	}
+	return strings.Join(fs, " ")
+}
+
+func divisors(n int) []int {
+	var out []int
+	for d := 1; d <= n; d++ {
+		if n%d == 0 {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// maxFits is how many layouts a refusal names.
+const maxFits = 4
+
+// CheckMemory refuses a run of cfg on world ranks whose estimate es does
+// not fit memory.limit (limit bytes shared by the local ranks of a host,
+// source saying where it came from): trainer.CheckMemory's line naming the
+// rank and the biggest item, then a line naming the layouts of the same
+// ranks that would fit (at most maxFits, least memory first), or saying
+// that none does.
+func CheckMemory(cfg config.Config, world int, es []trainer.MemoryEstimate, limit int64, local int, source string) error {
+	err := trainer.CheckMemory(es, limit, local, source)
+	if err == nil {
+		return nil
+	}
+	fits := Fits(cfg, world, limit/int64(max(local, 1)))
+	if len(fits) == 0 {
+		return fmt.Errorf("%w\nfits: no layout of %d ranks; a smaller model or batch, more ranks, or more memory", err, world)
+	}
+	names := make([]string, 0, maxFits)
+	for _, f := range fits[:min(len(fits), maxFits)] {
+		names = append(names, f.String())
+	}
+	more := ""
+	if len(fits) > maxFits {
+		more = fmt.Sprintf(" (and %d more)", len(fits)-maxFits)
+	}
+	return fmt.Errorf("%w\nfits: %s%s", err, strings.Join(names, ", "), more)
+}

@@ -1,0 +1,78 @@
+package plugins
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// need is the most memory a rank of cfg on world ranks is estimated to
+// need.
+func need(t *testing.T, cfg config.Config, world int) int64 {
+	t.Helper()
+	es, err := Estimate(cfg, world)
+	require.NoError(t, err)
+	var n int64
+	for _, e := range es {
+		n = max(n, e.ProcessBytes())
+	}
+	return n
+}
+
+// TestMemoryLimitNamesTheLayoutsThatFit: a data-parallel run over 4 ranks
+// whose parameters and optimizer state dominate is refused under a limit
+// that ZeRO-3 and tensor parallel 4 fit and ZeRO-1 does not. The layouts
+// that fit include those two, by their flags and with their own
+// estimates, and not ZeRO-1; the refusal's second line names the four
+// that need least, least first. Under the limit of its own estimate the
+// run is accepted.
+func TestMemoryLimitNamesTheLayoutsThatFit(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.NHead, cfg.Model.VocabSize = 8, 256, 4, 256
+	cfg.Train.BatchSize, cfg.Data.MaxBytes = 1, 1<<16
+	with := func(f func(c *config.Config)) config.Config {
+		c := cfg
+		f(&c)
+		return c
+	}
+	z1 := need(t, with(func(c *config.Config) { c.Zero.Stage = 1 }), 4)
+	z3 := need(t, with(func(c *config.Config) { c.Zero.Stage = 3 }), 4)
+	tp4 := need(t, with(func(c *config.Config) { c.Parallel.TP = 4 }), 4)
+	own := need(t, cfg, 4)
+	require.Less(t, z3, z1)
+	require.Less(t, tp4, z1)
+	perRank := max(z3, tp4)
+	require.Less(t, perRank, z1)
+
+	es, err := Estimate(cfg, 4)
+	require.NoError(t, err)
+	err = CheckMemory(cfg, 4, es, 4*perRank, 4, "test")
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Len(t, lines, 2, err.Error())
+	require.True(t, strings.HasPrefix(lines[0], "memory: rank 0 needs about "+trainer.FormatBytes(own)), lines[0])
+	fits := Fits(cfg, 4, perRank)
+	var names []string
+	for _, f := range fits {
+		names = append(names, f.String())
+		require.LessOrEqual(t, f.PerRank, perRank, f.Flags)
+	}
+	require.Contains(t, names, "zero.stage=3 ("+trainer.FormatBytes(z3)+" per rank)")
+	require.Contains(t, names, "parallel.tp=4 ("+trainer.FormatBytes(tp4)+" per rank)")
+	for _, f := range fits {
+		require.NotEqual(t, "zero.stage=1", f.Flags, "ZeRO-1 needs %s per rank", trainer.FormatBytes(z1))
+	}
+	for i := 1; i < len(fits); i++ {
+		require.LessOrEqual(t, fits[i-1].PerRank, fits[i].PerRank, "least memory first")
+	}
+	require.Greater(t, len(fits), 4)
+	require.Equal(t, "fits: "+strings.Join(names[:4], ", ")+" (and "+strconv.Itoa(len(fits)-4)+" more)", lines[1])
+
+	require.NoError(t, CheckMemory(cfg, 4, es, 4*own, 4, "test"), "a run under the limit starts")
+}
