@@ -20,6 +20,10 @@ type MoEConfig struct {
 	CapacityFactor float64
 	AuxLossCoef    float64 // weight of the load-balancing loss
 	ZLossCoef      float64 // weight of the router z-loss
+	// AuxScale is the weight of one forward's auxiliary losses in the
+	// step's loss: 1/train.grad_accum, as each micro-batch's language-model
+	// loss weighs (0 counts as 1).
+	AuxScale float64
 }
 
 // Validate reports a configuration the layers cannot be built with.
@@ -91,7 +95,10 @@ type MoEStats struct {
 // router and each expert's c_fc normal(0, std), c_proj normal(0, projStd),
 // biases zero.
 func newMoE(cfg MoEConfig, newP func(local string, shape ...int) *tensor.Tensor, C int, seed int64, std, projStd float64) *MoE {
-	m := &MoE{Cfg: cfg, AuxScale: 1}
+	m := &MoE{Cfg: cfg, AuxScale: cfg.AuxScale}
+	if m.AuxScale == 0 {
+		m.AuxScale = 1
+	}
 	m.Router = newP("mlp.router.weight", C, cfg.Experts)
 	FillNormal(m.Router, seed, std)
 	for e := 0; e < cfg.Experts; e++ {
@@ -252,4 +259,28 @@ func (m *MoE) TakeStats() MoEStats {
 	s := m.Stats
 	m.Stats = MoEStats{}
 	return s
+}
+
+// moeExtraParams is what the MoE blocks add to the dense model's parameter
+// count with experts experts each: per MoE block a router (C·E) and
+// experts-1 more MLPs of 8C²+5C.
+func (c GPTConfig) moeExtraParams(experts int) int64 {
+	if c.MoE.Experts == 0 {
+		return 0
+	}
+	C := int64(c.NEmbd)
+	var blocks int64
+	for i := 0; i < c.NLayer; i++ {
+		if c.MoE.IsMoE(i) {
+			blocks++
+		}
+	}
+	return blocks * (C*int64(c.MoE.Experts) + int64(experts-1)*(8*C*C+5*C))
+}
+
+// ActiveParams is the parameters one token's forward uses: NumParams with
+// top_k of each MoE block's experts instead of all of them (the router
+// counted); equal to NumParams for a dense model.
+func (c GPTConfig) ActiveParams() int64 {
+	return c.NumParams() - c.moeExtraParams(c.MoE.Experts) + c.moeExtraParams(c.MoE.TopK)
 }

@@ -222,3 +222,82 @@ func TestMoEConfigErrors(t *testing.T) {
 	}
 	assert.NoError(t, MoEConfig{}.Validate(), "dense")
 }
+
+// A GPT whose second block is a mixture of experts: every parameter
+// gradient, in float64, against central finite differences of the training
+// loss, the language-model loss plus the blocks' load-balancing and z
+// losses (read from the layer's statistics), which reach backward through
+// the block's output.
+func TestMoEGPTGradCheck(t *testing.T) {
+	cfg := tiny()
+	cfg.MoE = MoEConfig{Experts: 3, TopK: 2, Every: 2, AuxLossCoef: 0.2, ZLossCoef: 0.05}
+	m, err := NewGPT(cfg, 3, tensor.Float64, nil)
+	require.NoError(t, err)
+	require.Nil(t, m.Blocks()[0].MoE, "block 0 stays dense with every=2")
+	require.NotNil(t, m.Blocks()[1].MoE)
+	var n int64
+	var shapes []string
+	for _, p := range m.Params() {
+		n += int64(p.Numel())
+		shapes = append(shapes, fmt.Sprint(p.Name, p.Shape()))
+	}
+	var want []string
+	for _, s := range cfg.ParamShapes() {
+		want = append(want, fmt.Sprint(s.Name, s.Shape))
+	}
+	assert.Equal(t, want, shapes, "ParamShapes lists what the model builds")
+	assert.Equal(t, cfg.NumParams(), n, "NumParams counts what the model builds")
+	C := int64(cfg.NEmbd)
+	assert.Equal(t, cfg.NumParams()-(8*C*C+5*C), cfg.ActiveParams(), "top-2 of 3 experts: one MLP fewer per token")
+	for _, p := range m.Params() {
+		r := NewRand(11, p.Name)
+		for i := 0; i < p.Numel(); i++ {
+			p.Set(i, p.At(i)+0.3*r.Normal())
+		}
+	}
+	moe := m.Blocks()[1].MoE
+	idx := tensor.FromI32([]int32{1, 5, 3, 9, 0, 2, 4, 4, 7, 10, 6, 1}, 2, 6)
+	tgt := tensor.FromI32([]int32{5, 3, 9, 0, 2, 8, 4, 7, 10, 6, 1, 3}, 2, 6)
+	loss, err := m.Loss(idx, tgt, Pass{})
+	require.NoError(t, err)
+	_, err = tensor.Backward(loss, nil, tensor.BackwardOptions{})
+	require.NoError(t, err)
+	s := moe.TakeStats()
+	require.Positive(t, s.Aux)
+	require.Positive(t, s.Z)
+	assert.Equal(t, int64(12*2), s.Load[0]+s.Load[1]+s.Load[2], "every token goes to two experts")
+	f := func() float64 {
+		l, err := m.Loss(idx, tgt, Pass{})
+		require.NoError(t, err)
+		st := moe.TakeStats()
+		v := l.Scalar() + st.Aux + st.Z
+		tensor.FreeGraph(l)
+		return v
+	}
+	const h = 1e-5
+	for _, p := range m.Params() {
+		var diff, ref float64
+		step := 1
+		if p.Numel() > 64 {
+			step = 7
+		}
+		for i := 0; i < p.Numel(); i += step {
+			orig := p.At(i)
+			p.Set(i, orig+h)
+			fp := f()
+			p.Set(i, orig-h)
+			fm := f()
+			p.Set(i, orig)
+			num := (fp - fm) / (2 * h)
+			var got float64
+			if p.Grad != nil {
+				got = p.Grad.At(i)
+			}
+			d := got - num
+			diff += d * d
+			ref += num * num
+		}
+		rel := math.Sqrt(diff) / math.Max(math.Sqrt(ref), 1e-12)
+		require.Less(t, rel, 1e-6, "gradient of %s", p.Name)
+	}
+}

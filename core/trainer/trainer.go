@@ -83,6 +83,11 @@ type StepMetrics struct {
 	// group (comm.ByteCounter; 0 for one process or a backend that does
 	// not count).
 	CommBytes int64 `json:"comm_bytes,omitempty"`
+	// A mixture-of-experts model's step (moe.go; none for a dense model).
+	AuxLoss       float64   `json:"aux_loss,omitempty"`
+	ZLoss         float64   `json:"z_loss,omitempty"`
+	ExpertLoad    [][]int64 `json:"expert_load,omitempty"`
+	DroppedTokens int64     `json:"dropped_tokens,omitempty"`
 }
 
 // Trainer holds one rank's training state.
@@ -311,7 +316,7 @@ func (t *Trainer) SetModel(m *nn.GPT) error {
 // GPTConfig extracts the model shape from a run config.
 func GPTConfig(cfg config.Config) nn.GPTConfig {
 	return nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
-		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize}
+		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize, MoE: moeConfig(cfg)}
 }
 
 // BuildOptimizer creates the optimizer of cfg over params (weight decay
@@ -428,6 +433,7 @@ func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
 // forward and backward, then clipping and the update.
 func (t *Trainer) Step(step int) (StepMetrics, error) {
 	t.stepStart = time.Now()
+	t.takeMoEMetrics(step, nil) // forwards between steps (evaluation) count in none
 	bc, counting := t.world().(comm.ByteCounter)
 	var sent int64
 	if counting {
@@ -444,6 +450,7 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	m, err := t.Update(step, loss)
+	t.takeMoEMetrics(step, &m) // moe.go
 	if counting {
 		m.CommBytes = bc.RankSentBytes() - sent
 	}
