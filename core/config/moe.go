@@ -34,12 +34,13 @@ func (c *Config) validateMoE(v *validator) {
 	}
 }
 
-// checkMoEWorld: mixtures of experts train on one process for now; the
-// load-balancing statistics of several ranks and expert parallelism are
-// not wired into the parallel plugins yet.
+// checkMoEWorld: mixtures of experts train on one process or under data
+// parallel (DDP or ZeRO) in this build; tensor, pipeline and context
+// parallel do not split or place experts yet.
 func (c Config) checkMoEWorld(world int) error {
-	if c.Model.MoE.Experts > 0 && world > 1 {
-		return fmt.Errorf("config: model.moe.experts=%d trains on one process only in this build, but the job has %d ranks; run one process or set model.moe.experts=0", c.Model.MoE.Experts, world)
+	p := c.Parallel
+	if c.Model.MoE.Experts > 0 && world > 1 && (p.TP > 1 || p.PP > 1 || p.CP > 1) {
+		return fmt.Errorf("config: model.moe.experts=%d trains under data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", c.Model.MoE.Experts, p.TP, p.PP, p.CP)
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ func TestMoEKeysValidated(t *testing.T) {
 	c.Model.MoE.Experts = -2
 	assert.ErrorContains(t, c.Validate(), "config: model.moe.experts=-2 must be >= 0 (0 = a dense model)")
 	c.Model.MoE.Experts = 8
-	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 trains on one process only in this build, but the job has 4 ranks; run one process or set model.moe.experts=0")
-	assert.NoError(t, c.CheckWorld(1))
+	assert.NoError(t, c.CheckWorld(4), "data parallel")
+	c.Parallel.TP = 2
+	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
 }

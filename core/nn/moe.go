@@ -81,6 +81,14 @@ type MoE struct {
 	// Stats accumulates over forwards until the trainer reads and resets
 	// it at the end of a step.
 	Stats MoEStats
+	// Reduce, when set, sums in place, over the ranks that share each
+	// micro-batch (data × context parallel), the statistics the auxiliary
+	// losses are computed from; Ranks is how many they are. The losses are
+	// then those of the whole micro-batch, as one process computes them,
+	// and each rank's gradient of them is its share times Ranks, since the
+	// ranks' gradients are averaged.
+	Reduce func(v []float64) error
+	Ranks  int
 }
 
 // MoEStats is what one MoE layer saw since the last reset.
@@ -224,32 +232,51 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	}
 	m.Stats.Dropped += int64(rt.Dropped)
 	m.Stats.Forwards++
+	if m.Cfg.AuxLossCoef == 0 && m.Cfg.ZLossCoef == 0 {
+		return tensor.View(out, shape...), nil
+	}
+	// The statistics of the losses, summed over the micro-batch's ranks:
+	// assignments per expert, probability mass per expert, tokens, and
+	// Σ_t logsumexp(logits_t)².
+	st := make([]float64, 2*E+2)
+	for i := 0; i < E; i++ {
+		st[i] = float64(rt.Count[i])
+		for t := 0; t < N; t++ {
+			st[E+i] += probs.At(t*E + i)
+		}
+	}
+	st[2*E] = float64(N)
+	if m.Cfg.ZLossCoef > 0 {
+		for t := 0; t < N; t++ {
+			l := tensor.LogSumExpRow(logits, t)
+			st[2*E+1] += l * l
+		}
+	}
+	ranks := 1.0
+	if m.Reduce != nil {
+		if err := m.Reduce(st); err != nil {
+			return nil, fmt.Errorf("nn: MoE load-balancing statistics: %w", err)
+		}
+		ranks = float64(max(1, m.Ranks))
+	}
+	n := st[2*E]
 	if c := m.Cfg.AuxLossCoef; c > 0 {
-		// f_i = Count_i/(N·k), P_i = Σ_t p[t,i]/N; the loss is linear in
-		// p, with d/dp[t,i] = c·E·f_i/N.
+		// f_i = Count_i/(n·k), P_i = Σ_t p[t,i]/n; the loss is linear in
+		// p, with d/dp[t,i] = c·E·f_i/n.
 		var value float64
 		grad := make([]float64, E)
 		for i := 0; i < E; i++ {
-			f := float64(rt.Count[i]) / float64(N*k)
-			var s float64
-			for t := 0; t < N; t++ {
-				s += probs.At(t*E + i)
-			}
-			value += c * float64(E) * f * s / float64(N)
-			grad[i] = c * float64(E) * f / float64(N)
+			f := st[i] / (n * float64(k))
+			value += c * float64(E) * f * st[E+i] / n
+			grad[i] = ranks * c * float64(E) * f / n
 		}
 		m.Stats.Aux += value
 		out = tensor.WithLoss(out, tensor.RouterAuxLoss(probs, grad, value), m.AuxScale)
 	}
 	if c := m.Cfg.ZLossCoef; c > 0 {
-		var s float64
-		for t := 0; t < N; t++ {
-			l := tensor.LogSumExpRow(logits, t)
-			s += l * l
-		}
-		value := c * s / float64(N)
+		value := c * st[2*E+1] / n
 		m.Stats.Z += value
-		out = tensor.WithLoss(out, tensor.RouterZLoss(logits, c/float64(N), value), m.AuxScale)
+		out = tensor.WithLoss(out, tensor.RouterZLoss(logits, ranks*c/n, value), m.AuxScale)
 	}
 	return tensor.View(out, shape...), nil
 }

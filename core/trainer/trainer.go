@@ -162,6 +162,9 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 		return nil, err
 	}
 	t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
+	if err := t.wireMoE(); err != nil { // moe.go
+		return nil, err
+	}
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
@@ -433,7 +436,7 @@ func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
 // forward and backward, then clipping and the update.
 func (t *Trainer) Step(step int) (StepMetrics, error) {
 	t.stepStart = time.Now()
-	t.takeMoEMetrics(step, nil) // forwards between steps (evaluation) count in none
+	_ = t.takeMoEMetrics(step, nil) // forwards between steps (evaluation) count in none; only resets
 	bc, counting := t.world().(comm.ByteCounter)
 	var sent int64
 	if counting {
@@ -450,7 +453,9 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	m, err := t.Update(step, loss)
-	t.takeMoEMetrics(step, &m) // moe.go
+	if err == nil {
+		err = t.takeMoEMetrics(step, &m) // moe.go
+	}
 	if counting {
 		m.CommBytes = bc.RankSentBytes() - sent
 	}
