@@ -104,3 +104,41 @@ func TestMoECapacityDropsAndTrains(t *testing.T) {
 	}
 	assert.Less(t, lines[len(lines)-1]["loss"].(float64), lines[0]["loss"].(float64)-0.3)
 }
+
+// A MoE run checkpointed after step 3 and resumed there continues as the
+// uninterrupted run: the same losses, auxiliary losses and expert loads,
+// bit for bit (the experts and the router are parameters like any other,
+// so the checkpoint holds them without a special case).
+func TestMoEResumeContinuesUninterrupted(t *testing.T) {
+	cfg := moeConfig4()
+	cfg.Train.Steps, cfg.Train.LogEvery = 6, 1
+	whole := runMoE(t, cfg)
+	cfg.Checkpoint.Dir, cfg.Checkpoint.Every = filepath.Join(t.TempDir(), "ckpt"), 3
+	cfg.Train.Steps = 3
+	runMoE(t, cfg)
+	cfg.Train.Steps, cfg.Resume = 6, filepath.Join(cfg.Checkpoint.Dir, "step-0000003")
+	cfg.MetricsFile = filepath.Join(t.TempDir(), "resumed.jsonl")
+	tr, err := New(cfg, Options{Train: corpus[:4000], Val: corpus[4000:]})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.NoError(t, err)
+	f, err := os.Open(cfg.MetricsFile)
+	require.NoError(t, err)
+	defer f.Close()
+	var resumed []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		if m["kind"] == "train" {
+			resumed = append(resumed, m)
+		}
+	}
+	require.Len(t, resumed, 3, "steps 4..6")
+	for i, m := range resumed {
+		w := whole[3+i]
+		for _, k := range []string{"step", "loss", "grad_norm", "aux_loss", "z_loss", "expert_load"} {
+			assert.Equal(t, w[k], m[k], "step %v %s", w["step"], k)
+		}
+	}
+}
