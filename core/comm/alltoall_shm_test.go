@@ -97,8 +97,13 @@ func TestAllToAllVCountMismatch(t *testing.T) {
 	}
 }
 
-// The deadline through the segment, as over messages (alltoall_test.go).
-func TestAllToAllSegmentDeadline(t *testing.T) {
-	t.Setenv("TINYACC_SHM", "1")
-	checkA2ADeadline(t, runTCP)
+// The deadline on the tcp backend through the segment and over sockets,
+// as on the local backend (alltoall_test.go).
+func TestAllToAllTCPDeadline(t *testing.T) {
+	for _, shm := range []string{"1", "0"} {
+		t.Run("shm="+shm, func(t *testing.T) {
+			t.Setenv("TINYACC_SHM", shm)
+			checkA2ADeadline(t, runTCP)
+		})
+	}
 }
