@@ -99,3 +99,28 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 	require.Len(t, errs, 1)
 	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
 }
+
+// The estimate counts the experts: parameter, gradient and optimizer
+// bytes per rank equal the measured ones for a MoE model on one process
+// and under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
+// other parameters alike). Activations are not modelled for MoE blocks
+// yet; the gap is logged, not held.
+func TestMoEEstimateCountsExperts(t *testing.T) {
+	for _, row := range []struct{ world, zero int }{{1, 0}, {2, 1}, {2, 3}} {
+		t.Run(fmt.Sprintf("world %d zero %d", row.world, row.zero), func(t *testing.T) {
+			cfg := ptest.Config()
+			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
+			cfg.Train.Steps, cfg.Zero.Stage = 2, row.zero
+			est, err := Estimate(cfg, row.world)
+			require.NoError(t, err)
+			got := measure(t, cfg, row.world)
+			for r, m := range got {
+				e := est[r]
+				t.Logf("rank %d: params %d est %d | activations %d est %d (dense formula)", r, m.ParamsBytes, e.ParamsBytes, m.ActPeak, e.ActPeak)
+				require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+				require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
+				require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
+			}
+		})
+	}
+}
