@@ -195,6 +195,9 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 		return nil, err
 	}
 	t.Model, t.Opt, t.Train, t.Val = model, opt, train, val
+	if err := t.wireMoE(); err != nil { // moe.go
+		return nil, err
+	}
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
