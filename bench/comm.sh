@@ -4,7 +4,8 @@
 # shared memory), Open MPI (tinyacc's mpi backend, which hands every
 # collective to the MPI library under mpirun, with its default shared-memory
 # transport) and torch.distributed's gloo; all_reduce, all_gather,
-# reduce_scatter and broadcast at every size and rank count, plus a memcpy
+# reduce_scatter, broadcast and all_to_all (gloo: all_to_all_single) at every
+# size and rank count, plus a memcpy
 # row (every rank copying a buffer of the size at once, measured by the same
 # command) as the memory's own bandwidth. The backends take turns, REPEATS
 # times per op and rank count (each repeat starting with the next backend,
@@ -19,7 +20,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 NPROCS=${NPROCS:-2 4}
 REPEATS=${REPEATS:-3}
 SIZES=${SIZES:-64K,1M,4M,16M,64M}
-OPS=${OPS:-all_reduce all_gather reduce_scatter broadcast}
+OPS=${OPS:-all_reduce all_gather reduce_scatter broadcast all_to_all}
 BACKENDS=${BACKENDS:-tinyacc openmpi gloo}
 
 absent=""

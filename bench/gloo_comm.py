@@ -17,6 +17,10 @@ Each iteration is timed alone between barriers; an iteration takes as long as
 its slowest rank, and the reported time is the median over iterations, which
 a single stall (a page fault, a scheduler hiccup) cannot move.
 
+all_to_all is all_to_all_single; its size is what each rank sends (N blocks of
+count x 4 bytes, equal to what it receives) and its busbw factor (N-1)/N, the
+share of the buffer that leaves the rank.
+
 torch 1.13's gloo has no reduce_scatter. By default it is timed as the ring
 algorithm any bandwidth-optimal library uses (N-1 steps, each sending and
 receiving 1/N of the buffer over gloo send/recv, then adding), which moves
@@ -34,7 +38,7 @@ import time
 import torch
 import torch.distributed as dist
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -54,7 +58,7 @@ def parse_sizes(text):
 def bus_factor(op, n):
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
 
@@ -135,6 +139,20 @@ def make_op(op, nbytes, n, rank, native_rs, emulate):
 
         def check():
             return all(bool(torch.all(o == i + 1)) for i, o in enumerate(outs))
+        return run, (lambda: None), check, full
+
+    if op == "all_to_all":
+        # Block b of rank r holds r*N + b, so block r received here holds
+        # r*N + rank.
+        inp = (torch.arange(n, dtype=torch.float32) + rank * n).repeat_interleave(count)
+        out = torch.empty(count * n)
+
+        def run():
+            dist.all_to_all_single(out, inp)
+
+        def check():
+            want = torch.arange(n, dtype=torch.float32) * n + rank
+            return bool(torch.all(out.view(n, count) == want.view(n, 1)))
         return run, (lambda: None), check, full
 
     # reduce_scatter: block b of every rank holds b + rank, so block r sums

@@ -22,7 +22,7 @@ var benchmarks = []benchmark{
 	{"step", ` [--steps N] [--repeats R] [--threads 1,2] [--json]
       Time a training step of the same GPT in tinyacc and in PyTorch.`, benchStep},
 	{"comm", ` [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
-                     reduce_scatter|broadcast|memcpy] [--sizes 4K,64K,1M,16M,64M] [--json]
+                     reduce_scatter|broadcast|all_to_all|memcpy] [--sizes 4K,64K,1M,16M,64M] [--json]
       Time a collective: size, time, algbw and busbw (nccl-tests definitions).`, benchComm},
 	{"dp", ` [--nproc 2,4] [--steps N]
       DDP naive/bucketed and ZeRO-1/2/3 on N processes: ms/step, communication

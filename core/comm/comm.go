@@ -91,6 +91,17 @@ type Group interface {
 	// in.Numel() must equal counts[Rank()] and out holds their sum.
 	AllGatherV(in, out *tensor.Tensor, counts []int) error
 	AllGatherVAsync(in, out *tensor.Tensor, counts []int) Handle
+	// AllToAll sends block p of in (Size() equal blocks) to rank p and
+	// leaves the block rank r sent this rank at block r of out, which has
+	// in's size and does not overlap it.
+	AllToAll(in, out *tensor.Tensor) error
+	AllToAllAsync(in, out *tensor.Tensor) Handle
+	// AllToAllV is AllToAll with blocks of sendCounts[p] elements for rank
+	// p (in is their concatenation in rank order) and recvCounts[r] from
+	// rank r (out likewise); recvCounts[r] must equal rank r's
+	// sendCounts[Rank()]. Counts may be zero.
+	AllToAllV(in, out *tensor.Tensor, sendCounts, recvCounts []int) error
+	AllToAllVAsync(in, out *tensor.Tensor, sendCounts, recvCounts []int) Handle
 	// Broadcast copies root's t into t on every rank.
 	Broadcast(t *tensor.Tensor, root int) error
 	BroadcastAsync(t *tensor.Tensor, root int) Handle

@@ -34,6 +34,15 @@ type Config struct {
 		NEmbd     int `koanf:"n_embd"`     // residual stream width
 		BlockSize int `koanf:"block_size"` // context length in tokens
 		VocabSize int `koanf:"vocab_size"` // at least 256 for the byte tokenizer
+		// MoE makes feed-forward layers mixtures of experts (docs/moe.md).
+		MoE struct {
+			Experts        int     `koanf:"experts"`         // experts per MoE block; 0 = dense
+			TopK           int     `koanf:"top_k"`           // experts per token
+			Every          int     `koanf:"every"`           // every k-th block is MoE
+			CapacityFactor float64 `koanf:"capacity_factor"` // 0 = dropless
+			AuxLossCoef    float64 `koanf:"aux_loss_coef"`   // load-balancing loss weight
+			ZLossCoef      float64 `koanf:"z_loss_coef"`     // router z-loss weight
+		} `koanf:"moe"`
 	} `koanf:"model"`
 	Train struct {
 		Steps       int     `koanf:"steps"`        // optimizer steps
@@ -161,6 +170,7 @@ func Defaults() Config {
 	c.Model.NEmbd = 128
 	c.Model.BlockSize = 128
 	c.Model.VocabSize = 256
+	c.Model.MoE.TopK, c.Model.MoE.Every, c.Model.MoE.AuxLossCoef = 2, 1, 0.01
 
 	c.Train.Steps = 300
 	c.Train.BatchSize = 8

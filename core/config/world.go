@@ -19,5 +19,5 @@ func (c Config) CheckWorld(world int) error {
 	if other > 0 && world%other != 0 {
 		return fmt.Errorf("config: %d ranks do not divide into tp=%d × pp=%d × cp=%d", world, p.TP, p.PP, p.CP)
 	}
-	return nil
+	return c.checkMoEWorld(world) // moe.go
 }

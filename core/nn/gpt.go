@@ -14,6 +14,7 @@ type GPTConfig struct {
 	NEmbd     int
 	BlockSize int
 	VocabSize int
+	MoE       MoEConfig // mixture-of-experts blocks (moe.go); zero = dense
 }
 
 // Validate reports a configuration the model cannot be built with.
@@ -24,20 +25,20 @@ func (c GPTConfig) Validate() error {
 	case c.NEmbd%c.NHead != 0:
 		return fmt.Errorf("nn: n_embd=%d is not divisible by n_head=%d", c.NEmbd, c.NHead)
 	}
-	return nil
+	return c.MoE.Validate()
 }
 
 // NumParams is Ψ, the number of parameters (the tied head counted once).
 func (c GPTConfig) NumParams() int64 {
 	C, L := int64(c.NEmbd), int64(c.NLayer)
 	perBlock := 2*C + (C*3*C + 3*C) + (C*C + C) + 2*C + (C*4*C + 4*C) + (4*C*C + C)
-	return int64(c.VocabSize)*C + int64(c.BlockSize)*C + L*perBlock + 2*C
+	return int64(c.VocabSize)*C + int64(c.BlockSize)*C + L*perBlock + 2*C + c.moeExtraParams(c.MoE.Experts)
 }
 
 // FLOPsPerToken is the training cost of one token: 6Ψ for the matrix
 // products of forward and backward plus 6·L·C·T for attention.
 func (c GPTConfig) FLOPsPerToken() float64 {
-	return 6*float64(c.NumParams()) + 6*float64(c.NLayer*c.NEmbd*c.BlockSize)
+	return 6*float64(c.ActiveParams()) + 6*float64(c.NLayer*c.NEmbd*c.BlockSize)
 }
 
 // LayerNormEps is GPT-2's LayerNorm epsilon.
@@ -97,6 +98,7 @@ type Block struct {
 	AttnProj               Layer // attn.c_proj
 	Fc                     Layer // mlp.c_fc
 	MlpProj                Layer // mlp.c_proj
+	MoE                    *MoE  // the MLP's replacement in a MoE block (Fc, MlpProj nil)
 }
 
 // Head is the output stage: ln_f, then the head and loss layer.
@@ -189,12 +191,16 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 			projB := newP(b.Module, "attn.c_proj.bias", C)
 			b.Ln2W = newP(b.Module, "ln_2.weight", C)
 			b.Ln2B = newP(b.Module, "ln_2.bias", C)
-			fcW := newP(b.Module, "mlp.c_fc.weight", C, 4*C)
-			fcB := newP(b.Module, "mlp.c_fc.bias", 4*C)
-			mlpW := newP(b.Module, "mlp.c_proj.weight", 4*C, C)
-			mlpB := newP(b.Module, "mlp.c_proj.bias", C)
 			b.Attn, b.AttnProj = &Dense{attnW, attnB}, &Dense{projW, projB}
-			b.Fc, b.MlpProj = &Dense{fcW, fcB}, &Dense{mlpW, mlpB}
+			if cfg.MoE.IsMoE(i) {
+				b.MoE = newMoE(cfg.MoE, func(local string, shape ...int) *tensor.Tensor { return newP(b.Module, local, shape...) }, C)
+			} else {
+				fcW := newP(b.Module, "mlp.c_fc.weight", C, 4*C)
+				fcB := newP(b.Module, "mlp.c_fc.bias", 4*C)
+				mlpW := newP(b.Module, "mlp.c_proj.weight", 4*C, C)
+				mlpB := newP(b.Module, "mlp.c_proj.bias", C)
+				b.Fc, b.MlpProj = &Dense{fcW, fcB}, &Dense{mlpW, mlpB}
+			}
 			b.Core = &CausalAttention{NHead: cfg.NHead}
 			b.Norm1, b.Norm2 = &LayerNorm{W: b.Ln1W, B: b.Ln1B}, &LayerNorm{W: b.Ln2W, B: b.Ln2B}
 			c.Blocks = append(c.Blocks, b)
@@ -291,11 +297,13 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		}
 		x = tensor.Add(x, h)
 		h, err = b.Norm2.Forward(x, p)
-		if err == nil {
-			h, err = b.Fc.Forward(h, p)
-		}
-		if err == nil {
-			h, err = b.MlpProj.Forward(tensor.Gelu(h), p)
+		switch {
+		case err == nil && b.MoE != nil:
+			h, err = b.MoE.Forward(h, p)
+		case err == nil:
+			if h, err = b.Fc.Forward(h, p); err == nil {
+				h, err = b.MlpProj.Forward(tensor.Gelu(h), p)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s mlp: %w", b.Name(), err)
@@ -382,7 +390,12 @@ func (c GPTConfig) ParamShapes() []ParamShape {
 			ParamShape{p + "ln_1.weight", []int{C}}, ParamShape{p + "ln_1.bias", []int{C}},
 			ParamShape{p + "attn.c_attn.weight", []int{C, 3 * C}}, ParamShape{p + "attn.c_attn.bias", []int{3 * C}},
 			ParamShape{p + "attn.c_proj.weight", []int{C, C}}, ParamShape{p + "attn.c_proj.bias", []int{C}},
-			ParamShape{p + "ln_2.weight", []int{C}}, ParamShape{p + "ln_2.bias", []int{C}},
+			ParamShape{p + "ln_2.weight", []int{C}}, ParamShape{p + "ln_2.bias", []int{C}})
+		if c.MoE.IsMoE(i) {
+			out = append(out, c.MoE.paramShapes(p, C)...)
+			continue
+		}
+		out = append(out,
 			ParamShape{p + "mlp.c_fc.weight", []int{C, 4 * C}}, ParamShape{p + "mlp.c_fc.bias", []int{4 * C}},
 			ParamShape{p + "mlp.c_proj.weight", []int{4 * C, C}}, ParamShape{p + "mlp.c_proj.bias", []int{C}})
 	}

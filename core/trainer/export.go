@@ -36,6 +36,9 @@ func CheckpointModel(ix *ckpt.Index) (nn.GPTConfig, error) {
 			return c, err
 		}
 	}
+	if c.MoE, err = checkpointMoE(ix.Config); err != nil { // moe.go
+		return c, err
+	}
 	return c, c.Validate()
 }
 

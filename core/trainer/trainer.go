@@ -83,6 +83,11 @@ type StepMetrics struct {
 	// group (comm.ByteCounter; 0 for one process or a backend that does
 	// not count).
 	CommBytes int64 `json:"comm_bytes,omitempty"`
+	// A mixture-of-experts model's step (moe.go; none for a dense model).
+	AuxLoss       float64   `json:"aux_loss,omitempty"`
+	ZLoss         float64   `json:"z_loss,omitempty"`
+	ExpertLoad    [][]int64 `json:"expert_load,omitempty"`
+	DroppedTokens int64     `json:"dropped_tokens,omitempty"`
 }
 
 // Trainer holds one rank's training state.
@@ -166,6 +171,9 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 	if err := t.loadData(); err != nil {
 		return nil, err
 	}
+	if err := t.wireMoE(); err != nil { // moe.go
+		return nil, err
+	}
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
@@ -203,6 +211,9 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 		return nil, err
 	}
 	t.Model, t.Opt, t.Train, t.Val = model, opt, train, val
+	if err := t.wireMoE(); err != nil { // moe.go
+		return nil, err
+	}
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
@@ -327,7 +338,7 @@ func (t *Trainer) SetModel(m *nn.GPT) error {
 // GPTConfig extracts the model shape from a run config.
 func GPTConfig(cfg config.Config) nn.GPTConfig {
 	return nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
-		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize}
+		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize, MoE: moeConfig(cfg)}
 }
 
 // BuildOptimizer creates the optimizer of cfg over params (weight decay
@@ -444,6 +455,7 @@ func (t *Trainer) Params() []*tensor.Tensor { return t.Model.Params() }
 // forward and backward, then clipping and the update.
 func (t *Trainer) Step(step int) (StepMetrics, error) {
 	t.stepStart = time.Now()
+	_ = t.takeMoEMetrics(step, nil) // forwards between steps (evaluation) count in none; only resets
 	bc, counting := t.world().(comm.ByteCounter)
 	var sent int64
 	if counting {
@@ -460,6 +472,9 @@ func (t *Trainer) Step(step int) (StepMetrics, error) {
 		return StepMetrics{}, err
 	}
 	m, err := t.Update(step, loss)
+	if err == nil {
+		err = t.takeMoEMetrics(step, &m) // moe.go
+	}
 	if counting {
 		m.CommBytes = bc.RankSentBytes() - sent
 	}

@@ -19,7 +19,7 @@ import (
 // Ops lists the operations Run measures. memcpy is no collective: every
 // rank copies a buffer of the size into another at once, the bandwidth of
 // the memory that a collective on one host moves its data through.
-var Ops = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "memcpy"}
+var Ops = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "memcpy"}
 
 // BusFactor converts algorithm bandwidth to bus bandwidth for op on n ranks:
 // the fraction of the buffer each link carries, so a bus bandwidth near the
@@ -28,7 +28,7 @@ func BusFactor(op string, n int) (float64, error) {
 	switch op {
 	case "all_reduce":
 		return 2 * float64(n-1) / float64(n), nil
-	case "all_gather", "reduce_scatter":
+	case "all_gather", "reduce_scatter", "all_to_all":
 		return float64(n-1) / float64(n), nil
 	case "broadcast", "memcpy":
 		return 1, nil
@@ -47,7 +47,9 @@ type Result struct {
 }
 
 // Run measures op at every size (bytes of float32 data; for all_gather and
-// reduce_scatter the size is the full buffer, count×4×N) with warmup
+// reduce_scatter the size is the full buffer, count×4×N; for all_to_all
+// what each rank sends, N blocks of count×4, equal to what it receives)
+// with warmup
 // untimed iterations and iters timed ones, each between barriers, and takes
 // the median. Rank 0 writes a table, or one JSON object per size, to w.
 // Every rank of g must call Run with the same arguments.
@@ -65,14 +67,14 @@ func Run(g comm.Group, op string, sizes []int64, iters, warmup int, w io.Writer,
 	}
 	for _, size := range sizes {
 		count := int(size / 4)
-		if op == "all_gather" || op == "reduce_scatter" {
+		if op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" {
 			count = int(size / 4 / int64(n))
 		}
 		if count < 1 {
 			return fmt.Errorf("commbench: size %d bytes is too small for %s on %d ranks", size, op, n)
 		}
 		bytes := int64(count) * 4
-		if op == "all_gather" || op == "reduce_scatter" {
+		if op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" {
 			bytes *= int64(n)
 		}
 		step, err := prepare(g, op, count)
@@ -136,6 +138,10 @@ func prepare(g comm.Group, op string, count int) (func() error, error) {
 	case "reduce_scatter":
 		in := tensor.Default.New(tensor.Comm, tensor.Float32, count*n)
 		return func() error { return g.ReduceScatter(in, a, comm.Sum) }, nil
+	case "all_to_all":
+		in := tensor.Default.New(tensor.Comm, tensor.Float32, count*n)
+		out := tensor.Default.New(tensor.Comm, tensor.Float32, count*n)
+		return func() error { return g.AllToAll(in, out) }, nil
 	}
 	_, err := BusFactor(op, n)
 	return nil, err

@@ -30,8 +30,10 @@ func TestBusFactor(t *testing.T) {
 	assert.Equal(t, 0.75, f)
 	f, _ = BusFactor("broadcast", 4)
 	assert.Equal(t, 1.0, f)
+	f, _ = BusFactor("all_to_all", 4)
+	assert.Equal(t, 0.75, f)
 	_, err := BusFactor("gossip", 4)
-	assert.EqualError(t, err, `commbench: unknown op "gossip" (use one of all_reduce, all_gather, reduce_scatter, broadcast, memcpy)`)
+	assert.EqualError(t, err, `commbench: unknown op "gossip" (use one of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, memcpy)`)
 }
 
 func TestRunJSON(t *testing.T) {

@@ -1,0 +1,109 @@
+//go:build linux
+
+package comm
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// Exact results on the tcp backend at 2, 3 and 4 ranks, every dtype,
+// through the shared-memory segment (its 64 KiB halves make the largest
+// blocks take several rounds) and, with TINYACC_SHM=0, over sockets.
+func TestAllToAllTCP(t *testing.T) {
+	for _, shm := range []string{"1", "0"} {
+		for _, n := range []int{2, 3, 4} {
+			t.Run(fmt.Sprintf("shm=%s/n=%d", shm, n), func(t *testing.T) {
+				t.Setenv("TINYACC_SHM", shm)
+				require.NoError(t, runTCP(t, n, Options{ChunkBytes: 4096}, func(g Group) error {
+					if err := checkAllToAll(g, allDTypes); err != nil {
+						return err
+					}
+					if on := segmentOf(g) != nil; on != (shm == "1") {
+						return fmt.Errorf("rank %d: segment in use %v with TINYACC_SHM=%s", g.Rank(), on, shm)
+					}
+					return nil
+				}))
+			})
+		}
+	}
+}
+
+// 16 MiB from every rank of 4 in the default 1 MiB halves, equal and
+// uneven, exact.
+func TestAllToAllSegmentLarge(t *testing.T) {
+	t.Setenv("TINYACC_SHM", "1")
+	const n, blk = 4, 1 << 20
+	require.NoError(t, runTCP(t, n, Options{}, func(g Group) error {
+		me := g.Rank()
+		equal := []int{blk, blk, blk, blk}
+		in := a2aIn(tensor.Float32, me, equal)
+		out := tensor.Default.New(tensor.Comm, tensor.Float32, in.Numel())
+		if err := g.AllToAll(in, out); err != nil {
+			return err
+		}
+		if err := expectEq("all_to_all 16 MiB", out, a2aWant(me, equal)); err != nil {
+			return err
+		}
+		send, recv := make([]int, n), make([]int, n)
+		for p := range n {
+			send[p], recv[p] = a2aCount(me, p, n, 3*blk), a2aCount(p, me, n, 3*blk)
+		}
+		in = a2aIn(tensor.Float32, me, send)
+		out = tensor.Default.New(tensor.Comm, tensor.Float32, len(a2aWant(me, recv)))
+		if err := g.AllToAllV(in, out, send, recv); err != nil {
+			return err
+		}
+		return expectEq(fmt.Sprintf("all_to_all_v send %v", send), out, a2aWant(me, recv))
+	}))
+}
+
+// Receive counts that disagree with what the sender sends: through the
+// segment every rank fails with the same message before any data moves;
+// over sockets the receiver names the sender of the block of another size.
+func TestAllToAllVCountMismatch(t *testing.T) {
+	for _, shm := range []string{"1", "0"} {
+		t.Run("shm="+shm, func(t *testing.T) {
+			t.Setenv("TINYACC_SHM", shm)
+			const n = 3
+			err := runTCP(t, n, Options{}, func(g Group) error {
+				send := []int{2, 2, 2}
+				recv := []int{2, 2, 2}
+				if g.Rank() == 2 {
+					recv[0] = 5 // rank 0 sends it 2
+				}
+				total := 0
+				for _, k := range recv {
+					total += k
+				}
+				return g.AllToAllV(a2aIn(tensor.Float32, g.Rank(), send), tensor.Default.New(tensor.Comm, tensor.Float32, total), send, recv)
+			})
+			errs := rankErrors(err)
+			if shm == "1" {
+				require.Len(t, errs, n, "%v", err)
+				for r := range n {
+					assert.Equal(t, "rank "+strconv.Itoa(r)+`: comm: all_to_all_v on group "world" seq 1: rank 0 sends 8 bytes to rank 2, which expects 20: every rank's recvCounts[p] must equal rank p's sendCounts for it`, errs[r])
+				}
+				return
+			}
+			assert.Equal(t, `rank 2: comm: all_to_all_v on group "world" seq 1: rank 0 sent a message of a different size: chunk at byte 0 of length 8, last=true, but this rank expects 20 bytes (tensor sizes differ between ranks)`, errs[2])
+		})
+	}
+}
+
+// The deadline on the tcp backend through the segment and over sockets,
+// as on the local backend (alltoall_test.go).
+func TestAllToAllTCPDeadline(t *testing.T) {
+	for _, shm := range []string{"1", "0"} {
+		t.Run("shm="+shm, func(t *testing.T) {
+			t.Setenv("TINYACC_SHM", shm)
+			checkA2ADeadline(t, runTCP)
+		})
+	}
+}

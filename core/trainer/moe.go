@@ -1,0 +1,125 @@
+package trainer
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// moeConfig is the model.moe.* section as the model takes it.
+func moeConfig(cfg config.Config) nn.MoEConfig {
+	m := cfg.Model.MoE
+	if m.Experts == 0 {
+		return nn.MoEConfig{}
+	}
+	return nn.MoEConfig{Experts: m.Experts, TopK: m.TopK, Every: m.Every, CapacityFactor: m.CapacityFactor,
+		AuxLossCoef: m.AuxLossCoef, ZLossCoef: m.ZLossCoef, AuxScale: 1 / float64(max(1, cfg.Train.GradAccum))}
+}
+
+// takeMoEMetrics reads and resets the MoE blocks' statistics of step
+// (0-based) once its micro-batches have run, into m's fields (nil: only
+// reset). A step of a MoE model reports, beside the language-model loss
+// (which `loss` stays), the auxiliary losses added to the training loss,
+// summed over the MoE blocks and averaged over the step's micro-batches as
+// the loss is; the token-to-expert assignments a capacity dropped; and on
+// the steps that log a line (train.log_every) the tokens each expert
+// processed, one list per MoE block, summed over the micro-batches.
+func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
+	logLoad := (step+1)%max(1, t.Cfg.Train.LogEvery) == 0 || step == 0 || step == t.Cfg.Train.Steps-1
+	for _, b := range t.Model.Blocks() {
+		if b.MoE == nil {
+			continue
+		}
+		s := b.MoE.TakeStats()
+		if m == nil {
+			continue
+		}
+		if s.Forwards > 0 {
+			m.AuxLoss += s.Aux / float64(s.Forwards)
+			m.ZLoss += s.Z / float64(s.Forwards)
+		}
+		// Tokens per expert and drops, summed over the ranks that share
+		// the micro-batches (every rank takes part: the condition is the
+		// same everywhere).
+		counts := make([]float64, b.MoE.Cfg.Experts+1)
+		for e, n := range s.Load {
+			counts[e] = float64(n)
+		}
+		counts[len(counts)-1] = float64(s.Dropped)
+		if b.MoE.Reduce != nil {
+			if err := b.MoE.Reduce(counts); err != nil {
+				return fmt.Errorf("trainer: MoE expert load: %w", err)
+			}
+		}
+		m.DroppedTokens += int64(counts[len(counts)-1])
+		if logLoad {
+			load := make([]int64, b.MoE.Cfg.Experts)
+			for e := range load {
+				load[e] = int64(counts[e])
+			}
+			m.ExpertLoad = append(m.ExpertLoad, load)
+		}
+	}
+	return nil
+}
+
+// wireMoE hands the MoE blocks the data × context-parallel group, over
+// which their load-balancing statistics are summed. Experts are not split
+// by tensor or pipeline parallel (nor spread by expert parallel) in this
+// build, so a mesh with any of them is refused.
+func (t *Trainer) wireMoE() error {
+	if t.Cfg.Model.MoE.Experts == 0 || t.Mesh == nil {
+		return nil
+	}
+	sh := t.Mesh.Shape()
+	if sh.TP > 1 || sh.PP > 1 || sh.CP > 1 {
+		return fmt.Errorf("trainer: model.moe.experts=%d trains under data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP, sh.CP)
+	}
+	g := t.Mesh.DPCP()
+	if g == nil || g.Size() == 1 {
+		return nil
+	}
+	reduce := func(v []float64) error {
+		x := tensor.FromF64(v, len(v))
+		if err := g.AllReduce(x, comm.Sum); err != nil {
+			return err
+		}
+		copy(v, x.F64())
+		return nil
+	}
+	for _, b := range t.Model.Blocks() {
+		if b.MoE != nil {
+			b.MoE.Reduce, b.MoE.Ranks = reduce, g.Size()
+		}
+	}
+	return nil
+}
+
+// checkpointMoE returns the experts a checkpoint's index records
+// (model.moe.*; an index without them is of a dense model): what decides
+// the model's parameters, so export and the checkpoint tools see them.
+func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
+	var m nn.MoEConfig
+	for _, f := range []struct {
+		key string
+		dst *int
+	}{{"model.moe.experts", &m.Experts}, {"model.moe.top_k", &m.TopK}, {"model.moe.every", &m.Every}} {
+		v, ok := recorded[f.key]
+		if !ok {
+			return nn.MoEConfig{}, nil
+		}
+		n, err := strconv.Atoi(fmt.Sprint(v))
+		if err != nil {
+			return m, fmt.Errorf("ckpt: the index records %s=%v, not a whole number", f.key, v)
+		}
+		*f.dst = n
+	}
+	if m.Experts == 0 {
+		return nn.MoEConfig{}, nil
+	}
+	return m, nil
+}

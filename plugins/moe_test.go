@@ -1,0 +1,126 @@
+package plugins
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/mesh"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// moeMetrics reads the train lines of a metrics file: aux_loss, z_loss
+// and expert_load per step.
+func moeMetrics(t *testing.T, path string) []map[string]any {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		if m["kind"] == "train" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// A MoE GPT (4 experts, top-2, in every block, with load-balancing and z
+// losses that matter) under data parallel equals one process on the same
+// global batch, in float64 to the matrix's 1e-9: the statistics of the
+// auxiliary losses are summed over the data-parallel ranks, so every rank
+// computes the whole micro-batch's losses, and its share of their
+// gradient times dp survives the averaging. The logged aux_loss, z_loss
+// and expert_load equal one process's too (expert_load is summed over the
+// ranks).
+func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
+	base.Train.GradAccum = 2
+	one := base
+	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
+	want := ptest.Single(t, one)
+	wantM := moeMetrics(t, one.MetricsFile)
+	for _, row := range []struct {
+		dp, zero int
+	}{{2, 0}, {4, 0}, {2, 1}, {2, 3}} {
+		what := fmt.Sprintf("dp %d zero %d", row.dp, row.zero)
+		t.Run(what, func(t *testing.T) {
+			cfg := base
+			cfg.Parallel.DP, cfg.Zero.Stage = row.dp, row.zero
+			cfg.Train.BatchSize /= row.dp
+			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+			require.NoError(t, cfg.Validate())
+			got := ptest.Parallel(t, cfg, row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			ptest.Check(t, want, got, what)
+			gotM := moeMetrics(t, cfg.MetricsFile)
+			require.Len(t, gotM, len(wantM))
+			for i := range wantM {
+				for _, k := range []string{"aux_loss", "z_loss"} {
+					assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
+				}
+				assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
+			}
+		})
+	}
+}
+
+// Experts are not split by tensor, pipeline or context parallel yet: such
+// a layout is refused before training, naming the keys.
+func TestMoERefusesModelParallelLayouts(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Model.MoE.Experts = 4
+	cfg.Parallel.TP = 2
+	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	var errs []error
+	_ = comm.RunLocal(2, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := Build(cfg, g)
+		if err != nil {
+			return err
+		}
+		_, err = trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 2})
+		if g.Rank() == 0 {
+			errs = append(errs, err)
+		}
+		return nil
+	})
+	require.Len(t, errs, 1)
+	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+}
+
+// The estimate counts the experts: parameter, gradient and optimizer
+// bytes per rank equal the measured ones for a MoE model on one process
+// and under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
+// other parameters alike). Activations are not modelled for MoE blocks
+// yet; the gap is logged, not held.
+func TestMoEEstimateCountsExperts(t *testing.T) {
+	for _, row := range []struct{ world, zero int }{{1, 0}, {2, 1}, {2, 3}} {
+		t.Run(fmt.Sprintf("world %d zero %d", row.world, row.zero), func(t *testing.T) {
+			cfg := ptest.Config()
+			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
+			cfg.Train.Steps, cfg.Zero.Stage = 2, row.zero
+			est, err := Estimate(cfg, row.world)
+			require.NoError(t, err)
+			got := measure(t, cfg, row.world)
+			for r, m := range got {
+				e := est[r]
+				t.Logf("rank %d: params %d est %d | activations %d est %d (dense formula)", r, m.ParamsBytes, e.ParamsBytes, m.ActPeak, e.ActPeak)
+				require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+				require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
+				require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
+			}
+		})
+	}
+}
