@@ -191,7 +191,8 @@ func TestTraceCommunication(t *testing.T) {
 // reads no weight), and the
 // resident parameters stay within the shards plus two units (two
 // adjacent blocks, or the embed unit and the last block prefetched during
-// the head's backward) and the head's ln_f.
+// the head's backward) and the head's ln_f. The buffers set-up freed are
+// given back to the heap, not kept for reuse.
 func TestStage3ReleasesEveryUnit(t *testing.T) {
 	const n = 2
 	cfg := parallelConfig(3, n, 2)
@@ -216,6 +217,11 @@ func TestStage3ReleasesEveryUnit(t *testing.T) {
 		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
 		if err != nil {
 			return err
+		}
+		// Set-up released the unsharded parameters and optimizer state;
+		// none of it may stay in the allocator's free lists.
+		if b := tr.Alloc.PooledBytes(); b != 0 {
+			return fmt.Errorf("%d bytes of set-up buffers kept in the allocator's free lists", b)
 		}
 		wte := tr.Model.Embed.Wte
 		for _, mod := range tr.Model.Modules() {
