@@ -119,9 +119,11 @@ func dpFormulaBytes(psi float64, n, stage int) float64 {
 }
 
 // zeroWorkingSet is the transient memory plugins/zero documents beside the
-// formula: stage 2 holds the full gradients of the embed unit (kept for the
-// tied head) and of two adjacent blocks (one computed, one being
-// reduce-scattered); stage 3 holds as much again of gathered parameters.
+// formula: stage 2 holds the full gradients of the embed unit (the tied
+// head's contribution to wte's) and of two adjacent blocks (one computed,
+// one being reduce-scattered); stage 3 also holds gathered parameters: two
+// adjacent blocks, or wte with the head's ln_f and the last block
+// prefetched during the head's backward.
 func zeroWorkingSet(c nn.GPTConfig, stage int) float64 {
 	C := float64(c.NEmbd)
 	embed := float64(c.VocabSize+c.BlockSize) * C
@@ -131,7 +133,7 @@ func zeroWorkingSet(c nn.GPTConfig, stage int) float64 {
 	case 2:
 		return t
 	case 3:
-		return 2 * t
+		return t + 4*max(2*block, embed+block+2*C)
 	}
 	return 0
 }

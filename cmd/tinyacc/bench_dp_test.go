@@ -42,7 +42,10 @@ func TestZeroWorkingSet(t *testing.T) {
 	embed, block := 384.0*384, 12*384.0*384+13*384
 	require.Equal(t, 0.0, zeroWorkingSet(c, 1))
 	require.Equal(t, 4*(embed+2*block), zeroWorkingSet(c, 2))
-	require.Equal(t, 8*(embed+2*block), zeroWorkingSet(c, 3))
+	require.Equal(t, 4*(embed+2*block)+4*(2*block), zeroWorkingSet(c, 3))
+	wide := nn.GPTConfig{NLayer: 2, NHead: 2, NEmbd: 32, BlockSize: 16, VocabSize: 50257}
+	wEmbed, wBlock := float64(50257+16)*32, 12*32.0*32+13*32
+	require.Equal(t, 4*(wEmbed+2*wBlock)+4*(wEmbed+wBlock+2*32), zeroWorkingSet(wide, 3))
 }
 
 // The layout bench's formulas: dp all-reduces 4Ψ bytes and the loss, tp

@@ -50,6 +50,8 @@ type metricLine struct {
 	Grads  float64 `json:"grads_bytes"`
 	Optim  float64 `json:"optim_bytes"`
 	Act    float64 `json:"activations_peak_bytes"`
+	Peak   float64 `json:"peak_bytes"`
+	RSS    float64 `json:"rss_peak_bytes"`
 }
 
 // readMetrics reads every line of a metrics file (metrics_file).

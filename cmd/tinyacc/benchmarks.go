@@ -49,6 +49,11 @@ var benchmarks = []benchmark{
 	{"process", ` [--calls N] [--steps N] [--rounds R]
       What a plugin run as a process costs: one hook call's round trip, one
       GradReady notice, and ms/step of DDP compiled in against ddp.process.`, benchProcess},
+	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3] [--n_layer ...] [--json]
+      One training step per layout (1 process, zero-3 dp N, tp N, pp N 1f1b)
+      of GPT-2 medium's shape by default: per rank the resident peak (VmHWM)
+      beside the estimate, the Playbook formula plus stated buffers and one
+      process's peak on the same global batch, with the ratios.`, benchMemory},
 	{"torch", ` [--nproc N] [--steps N] [--repeats R] [--batch B] [--threads T]
       The same torch model on N processes through tinyacc's Accelerator and
       through torch DistributedDataParallel (gloo): ms/step and memory per

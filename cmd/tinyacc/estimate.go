@@ -93,3 +93,18 @@ func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Write
 	}
 	return nil
 }
+
+// limitHeap bounds this process's Go heap to the estimate of the ranks it
+// runs (trainer.LimitHeap): rank of a job of world ranks, or all of them
+// (rank -1, goroutine ranks). A config the estimate refuses is left to the
+// ranks, which refuse it with their own message.
+func limitHeap(cfg config.Config, world, rank int) {
+	es, err := plugins.Estimate(cfg, world)
+	if err != nil {
+		return
+	}
+	if rank >= 0 && rank < len(es) {
+		es = es[rank : rank+1]
+	}
+	trainer.LimitHeap(es)
+}

@@ -94,6 +94,7 @@ func trainWith(ctx context.Context, cfg config.Config, localRanks int, stdout io
 	switch {
 	case localRanks > 0:
 		cfg.Comm.Backend = "local"
+		limitHeap(cfg, localRanks, -1)
 		var mu sync.Mutex // ranks share stdout
 		out := &lockedWriter{w: stdout, mu: &mu}
 		return comm.RunLocal(localRanks, commOptions(cfg), func(g comm.Group) error {
@@ -104,11 +105,13 @@ func trainWith(ctx context.Context, cfg config.Config, localRanks int, stdout io
 		if err != nil {
 			return err
 		}
+		limitHeap(cfg, g.Size(), g.Rank())
 		if err := trainRank(ctx, cfg, g, stdout, isTerminal(stdout)); err != nil {
 			return fmt.Errorf("rank %d: %w", g.Rank(), err)
 		}
 		return g.Close()
 	}
+	limitHeap(cfg, 1, 0)
 	return trainRank(ctx, cfg, nil, stdout, isTerminal(stdout))
 }
 

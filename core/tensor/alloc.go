@@ -214,6 +214,18 @@ func (a *Allocator) WindowPeak() int64 {
 	return a.wpeak
 }
 
+// PooledBytes is the storage the free lists hold: released, so counted in
+// no category, but still in the heap until reused or DropPool.
+func (a *Allocator) PooledBytes() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var n int64
+	for k, l := range a.free {
+		n += int64(len(l)) * int64(k.n) * int64(k.dt.Size())
+	}
+	return n
+}
+
 // DropPool frees the cached buffers to the garbage collector.
 func (a *Allocator) DropPool() {
 	a.mu.Lock()

@@ -107,6 +107,40 @@ type Backprop struct {
 	deferred []deferredGrad
 	queued   map[*Tensor]int // leaf -> deferred contributions not yet matched
 	release  []*Tensor
+	// spent are the gradient contributions of the op that just ran,
+	// already added into their leaves' Grad: released as soon as the op
+	// is done, so at most one op's temporaries exist at a time.
+	spent []*Tensor
+}
+
+// accumulated stands, among the gradients an op's backward returns, for
+// a leaf input whose contribution the op already added into the leaf's
+// Grad (see leafGrad): gradients accumulate in place, and no temporary
+// the size of a weight exists beside the weight's gradient.
+var accumulated = &Tensor{}
+
+// leafGrad returns the buffer t's gradient accumulates in when t is a
+// leaf that takes a gradient, creating it (zeroed) on first use; nil
+// otherwise, and the op then returns a gradient of its own. An op that
+// adds into it returns accumulated for t.
+func (b *Backprop) leafGrad(t *Tensor) *Tensor {
+	if t == nil || !t.requiresGrad || t.node != nil {
+		return nil
+	}
+	if t.Grad == nil {
+		t.Grad = b.alloc.New(Grads, t.dtype, t.shape...)
+		t.Grad.Name = t.Name
+	}
+	return t.Grad
+}
+
+// releaseSpent gives the contributions of the op that just ran back to
+// the allocator.
+func (b *Backprop) releaseSpent() {
+	for _, t := range b.spent {
+		t.Release()
+	}
+	b.spent = b.spent[:0]
 }
 
 type deferredGrad struct {
@@ -147,7 +181,12 @@ func (d *Deferred) Run() {
 	}
 	b := d.b
 	for _, dg := range b.deferred {
-		b.accumulateLeaf(dg.leaf, dg.fn())
+		g := dg.fn()
+		if g == accumulated {
+			g = nil
+		}
+		b.accumulateLeaf(dg.leaf, g)
+		b.releaseSpent()
 	}
 	b.deferred = nil
 	b.finish()
@@ -216,6 +255,10 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 		keepG := false
 		for j, in := range t.node.inputs {
 			gi := ins[j]
+			if gi == accumulated {
+				b.accumulateLeaf(in, nil)
+				continue
+			}
 			if gi == nil {
 				if in != nil && in.node == nil {
 					if b.queued[in] > 0 {
@@ -258,6 +301,7 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 				grads[in] = gi
 			}
 		}
+		b.releaseSpent()
 		if opts.Release && !keepG {
 			b.release = append(b.release, g)
 		}
@@ -275,18 +319,13 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 	return &Deferred{}, nil
 }
 
-// accumulateLeaf adds one contribution (nil = none) to leaf.Grad and fires
-// GradReady after the last one.
+// accumulateLeaf adds one contribution (nil = none, or already added in
+// place) to leaf.Grad and fires GradReady after the last one. The
+// contribution is spent: it is released when its op is done.
 func (b *Backprop) accumulateLeaf(leaf, g *Tensor) {
 	if g != nil {
-		if leaf.Grad == nil {
-			leaf.Grad = b.alloc.New(Grads, leaf.dtype, leaf.shape...)
-			leaf.Grad.Name = leaf.Name
-		}
-		addInto(leaf.Grad, g)
-		if b.opts.Release {
-			b.release = append(b.release, g)
-		}
+		addInto(b.leafGrad(leaf), g)
+		b.spent = append(b.spent, g)
 	}
 	b.pending[leaf]--
 	if b.pending[leaf] == 0 && b.opts.GradReady != nil {

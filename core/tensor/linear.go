@@ -41,22 +41,22 @@ func Linear(x, w, b *Tensor) *Tensor {
 			}
 		}
 		weightGrad := func() *Tensor {
-			gw := like(w, w.shape...)
+			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				cpu.Gemm(true, false, in, out, rows, 1, x.f32, in, g.f32, out, 0, gw.f32, out)
+				cpu.Gemm(true, false, in, out, rows, 1, x.f32, in, g.f32, out, float32(beta), gw.f32, out)
 			} else {
-				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, 0, gw.f64, out)
+				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, beta, gw.f64, out)
 			}
-			return gw
+			return ret
 		}
 		biasGrad := func() *Tensor {
-			gb := zerosLike(b, b.shape...)
+			gb, _, ret := gradBuffer(bp, b)
 			if x.dtype == Float32 {
 				cpu.BiasGrad(g.f32, gb.f32, rows, out)
 			} else {
 				cpu.BiasGrad(g.f64, gb.f64, rows, out)
 			}
-			return gb
+			return ret
 		}
 		deferW := bp.DeferringWeights() && w.node == nil
 		if w.requiresGrad {
@@ -76,6 +76,18 @@ func Linear(x, w, b *Tensor) *Tensor {
 		return []*Tensor{gx, gw, gb}
 	}, x, w, b)
 	return y
+}
+
+// gradBuffer is where an op adds its contribution to the gradient of
+// input t: the leaf's own Grad (GEMMs accumulate into it with beta 1, and
+// the op returns accumulated), or else a fresh zeroed buffer the op
+// returns (beta 0 overwrites it).
+func gradBuffer(bp *Backprop, t *Tensor) (buf *Tensor, beta float64, ret *Tensor) {
+	if buf = bp.leafGrad(t); buf != nil {
+		return buf, 1, accumulated
+	}
+	buf = zerosLike(t, t.shape...)
+	return buf, 0, buf
 }
 
 func biasOf[T cpu.Float](b *Tensor) []T {
@@ -121,13 +133,13 @@ func MatMulT(x, w *Tensor) *Tensor {
 			}
 		}
 		weightGrad := func() *Tensor {
-			gw := like(w, w.shape...)
+			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				cpu.Gemm(true, false, out, in, rows, 1, g.f32, out, x.f32, in, 0, gw.f32, in)
+				cpu.Gemm(true, false, out, in, rows, 1, g.f32, out, x.f32, in, float32(beta), gw.f32, in)
 			} else {
-				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, 0, gw.f64, in)
+				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, beta, gw.f64, in)
 			}
-			return gw
+			return ret
 		}
 		if w.requiresGrad {
 			if bp.DeferringWeights() && w.node == nil {

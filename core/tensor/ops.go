@@ -191,14 +191,14 @@ func Embedding(w, idx *Tensor) *Tensor {
 	} else {
 		embedFwd(w.f64, idx.i32, out.f64, C)
 	}
-	record(out, "embedding", func(_ *Backprop, g *Tensor) []*Tensor {
-		gw := zerosLike(w, w.shape...)
+	record(out, "embedding", func(bp *Backprop, g *Tensor) []*Tensor {
+		gw, _, ret := gradBuffer(bp, w)
 		if w.dtype == Float32 {
 			embedBwd(g.f32, idx.i32, gw.f32, C)
 		} else {
 			embedBwd(g.f64, idx.i32, gw.f64, C)
 		}
-		return []*Tensor{gw}
+		return []*Tensor{ret}
 	}, w)
 	return out
 }
@@ -249,21 +249,22 @@ func AddPositions(x, wpe *Tensor, pos []int) *Tensor {
 	} else {
 		addPosFwd(x.f64, wpe.f64, out.f64, pos, B, T, C)
 	}
-	record(out, "add_positions", func(_ *Backprop, g *Tensor) []*Tensor {
-		var gx, gw *Tensor
+	record(out, "add_positions", func(bp *Backprop, g *Tensor) []*Tensor {
+		var gx, ret *Tensor
 		if x.requiresGrad {
 			gx = like(g, g.shape...)
 			gx.CopyFrom(g)
 		}
 		if wpe.requiresGrad {
-			gw = zerosLike(wpe, wpe.shape...)
+			var gw *Tensor
+			gw, _, ret = gradBuffer(bp, wpe)
 			if x.dtype == Float32 {
 				addPosBwd(g.f32, gw.f32, pos, B, T, C)
 			} else {
 				addPosBwd(g.f64, gw.f64, pos, B, T, C)
 			}
 		}
-		return []*Tensor{gx, gw}
+		return []*Tensor{gx, ret}
 	}, x, wpe)
 	return out
 }
@@ -317,14 +318,16 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 	} else {
 		cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, mean.f64, rstd.f64, rows, C, eps)
 	}
-	record(out, "layernorm", func(_ *Backprop, g *Tensor) []*Tensor {
-		gx, gw, gb := zerosLike(x, x.shape...), zerosLike(w, w.shape...), zerosLike(b, b.shape...)
+	record(out, "layernorm", func(bp *Backprop, g *Tensor) []*Tensor {
+		gx := zerosLike(x, x.shape...)
+		gw, _, retW := gradBuffer(bp, w)
+		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
 			cpu.LayerNormBackward(g.f32, x.f32, w.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
 		} else {
 			cpu.LayerNormBackward(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
 		}
-		return []*Tensor{gx, gw, gb}
+		return []*Tensor{gx, retW, retB}
 	}, x, w, b)
 	saveBuf(out, mean, rstd)
 	return out

@@ -343,7 +343,14 @@ func valLen(t *Trainer) int {
 	return t.Val.Len()
 }
 
-// WriteMemoryTable prints the per-rank memory table that ends a run.
+// WriteMemoryTable prints the per-rank memory table that ends a run. Each
+// column is the peak of one allocator category: params the parameters
+// (a sharded strategy's shards plus the units it has gathered), grads the
+// parameters' gradients (accumulated in place, plus the buffers a
+// strategy reduces from), optim the optimizer state, activations what
+// forward saves for backward plus the working buffers of one op (never a
+// weight-sized temporary), comm the buffers collectives borrow; peak is
+// the most of all of them at once, and rss peak the process's VmHWM.
 func WriteMemoryTable(w io.Writer, rs []MemoryReport) {
 	mib := func(b int64) string { return fmt.Sprintf("%.2f", float64(b)/(1<<20)) }
 	ckpt := false

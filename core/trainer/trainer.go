@@ -253,7 +253,10 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	return t, nil
 }
 
-// prepare runs the plugins' Prepare hooks, in order.
+// prepare runs the plugins' Prepare hooks, in order. The buffers set-up
+// released (a sharded strategy's unsharded copies) leave the allocator's
+// free lists afterwards: nothing in training reuses their sizes, and kept
+// there they would stay in the heap for the whole run.
 func (t *Trainer) prepare() error {
 	for _, p := range t.Plugins {
 		if pr, ok := p.(Preparer); ok {
@@ -262,6 +265,7 @@ func (t *Trainer) prepare() error {
 			}
 		}
 	}
+	t.Alloc.DropPool()
 	return nil
 }
 

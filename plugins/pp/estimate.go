@@ -97,41 +97,36 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //     the embedding's two B·T·C on the first, the logits and their
 //     softmax (2·B·T·V) and the final LayerNorm on the last;
 //   - full, during its backward: trainer.ActivationBytes's terms for the
-//     chunk's part of the model (36·B·T·C + B·H·T·T + 12·C·C per block,
-//     the embedding's on the first chunk, the head's and the loss's on
-//     the last) plus the received input and output gradient;
-//   - held, after a split backward until its W: full less the weight
-//     gradients (12·C·C per block, V·C for a table), which W forms: the
-//     deferred weight gradients keep the backward's graph and its
-//     gradients alive until then.
+//     chunk's part of the model (36·B·T·C + B·H·T·T per block, the
+//     embedding's on the first chunk, the head's and the loss's on the
+//     last) plus the received input and output gradient;
+//   - held, after a split backward until its W: full, since the deferred
+//     weight gradients keep the backward's graph and its gradients alive
+//     until then (W adds into the parameters' gradients in place).
 //
 // Under tensor parallel over n ranks the head- and MLP-internal parts
 // divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
 // block (q|k|v, the attention output, the MLP's hidden layer before and
-// after GELU) and 24 of the 36, the attention probabilities, the split
-// weight gradients, the vocabulary rows and the logits.
+// after GELU) and 24 of the 36, the attention probabilities and the
+// logits.
 func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
 	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
 	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
-	full = l * ((12+24/k)*b*t*c + b*h*t*t/k + 12*c*c/k)
+	full = l * ((12+24/k)*b*t*c + b*h*t*t/k)
 	if first {
 		saved += 2 * b * t * c
-		full += v*c/k + t*c + 2*b*t*c
+		full += 2 * b * t * c
 	} else {
 		saved += b * t * c
 		full += b * t * c
 	}
 	if last {
 		saved += 2*b*t*v/k + b*t*c + 2*b*t
-		full += v*c/k + 3*b*t*v/k + 4*b*t*c + 15*b*t
+		full += 3*b*t*v/k + 4*b*t*c + 15*b*t
 	} else {
 		full += b * t * c // the received output gradient
 	}
-	held = full - l*12*c*c/k
-	if first || last {
-		held -= v * c / k
-	}
-	return saved, full, held
+	return saved, full, full
 }
 
 // play runs rank r's list as RunStep does and returns the activation

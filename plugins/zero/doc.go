@@ -44,20 +44,24 @@
 // which its parameters and gradient buffer are released. When a unit
 // starts, the all-gather of the next unit (forward order, or backward
 // order during backward) is issued asynchronously so it overlaps the
-// unit's compute. Two choices save traffic and keep the tie correct: the
-// embed unit, whose wte the head also reads (logits), stays gathered from
-// its forward until its own backward is done; and the head, whose backward
-// immediately follows its forward, is not released in between. Traffic per
-// micro-batch: Ψ gathered for forward, Ψ less embed and head for backward,
-// Ψ reduce-scattered: about 3Ψ against stage 2's 2Ψ, the price of holding
-// Ψ/N parameters.
+// unit's compute. Every unit is released between its uses, the embed unit
+// included: the head, which reads the tied wte, gathers it for its
+// logits, keeps it through its backward (which immediately follows its
+// forward) and releases it when that is done (PostBackward); the
+// embedding's own backward reads no weight (a lookup's gradient is a
+// scatter), so the embed unit is not gathered for it. Only wte's
+// gradient buffer lives from the head's backward to the embedding's, the
+// head's contribution waiting for the embedding's. Traffic per
+// micro-batch: Ψ gathered for forward plus the embed unit again for the
+// logits, Ψ less embed and head for backward, Ψ reduce-scattered: about
+// 3Ψ against stage 2's 2Ψ, the price of holding Ψ/N parameters.
 //
 // # Memory (fp32, AdamW; P = padded Ψ)
 //
 //	          params                 grads                     optimizer
 //	stage 1   4P                     4P                        8Ψ/N
 //	stage 2   4P                     4P/N + T                  8Ψ/N
-//	stage 3   4P/N + T               4P/N + T                  8Ψ/N
+//	stage 3   4P/N + G               4P/N + T                  8Ψ/N
 //
 // The extra buffers beside the textbook formulas (docs/formulas.md):
 // stage 1 borrows shard-sized comm buffers for its reduce-scatters (a
@@ -65,10 +69,14 @@
 // into its range of the full gradient, so only comm memory grows, by 4P/N
 // at the step's end.
 // T = 4·(embed unit + the
-// largest two units adjacent in forward order) is the transient working
-// set of stages 2 and 3: the unit computed now and the one prefetched (or
-// still being reduce-scattered), plus the embed unit, held for the whole
-// pass because of the tie. Micro-batches after the first of a step also
+// largest two units adjacent in forward order) is the gradients' transient
+// working set of stages 2 and 3: the unit whose gradient is formed now and
+// the one still being reduce-scattered, plus the embed unit's, which holds
+// the tied head's contribution to wte's gradient until the embedding's
+// backward adds its own. G = 4·max(two adjacent units, embed unit + head
+// + last block) is stage 3's gathered parameters: the unit computed now
+// and the one prefetched, or, during the head's backward, the tied wte
+// and the last block prefetched. Micro-batches after the first of a step also
 // borrow one shard-sized comm buffer while their reduce-scatter runs.
 // Nothing unsharded exists at set-up: Prepare runs on the described
 // model (trainer.New) and allocates stage 3's shards only, so the peaks

@@ -49,7 +49,8 @@ func unitNumels(ps []nn.ParamShape) []int {
 
 // EstimateMemory implements trainer.MemoryEstimator with the table of
 // doc.go: P the padded parameters, N the group, T = 4·(embed unit + the
-// largest two adjacent units) the transient working set of stages 2 and 3.
+// largest two adjacent units) the gradients' transient working set of
+// stages 2 and 3, G stage 3's gathered parameters.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
 	numels := unitNumels(in.Params)
@@ -71,6 +72,12 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		pair = max(pair, sizes[i]+sizes[i+1])
 	}
 	transient := 4 * (embed + pair)
+	// Stage 3's gathered parameters: two adjacent units, or the embed
+	// unit, the head and the last block prefetched during its backward.
+	gathered := pair
+	if k := len(sizes); k >= 3 {
+		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
+	}
 	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
 	e.OptimBytes = perElem * owned
 	// Gradients the plugins before ZeRO added beyond the parameters'
@@ -83,7 +90,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	case 2:
 		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded/int64(n)+transient
 	case 3:
-		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+transient, 4*padded/int64(n)+transient
+		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+4*gathered, 4*padded/int64(n)+transient
 	}
 	e.GradsBytes += otherGrads
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {

@@ -43,9 +43,11 @@ type Unit struct {
 	// Uses lists the other units whose parameters this unit's forward and
 	// backward read: the head reads the embed unit's tied wte.
 	Uses []int
-	// Shared is set when a later unit uses this one, so it must stay
-	// gathered from its forward until its own backward is done.
-	Shared bool
+	// Lookup is set for the embed unit: its backward reads none of its
+	// parameters (a lookup's gradient is the output's gradient scattered
+	// into the table's rows, a position table's the rows' sum), so stage 3
+	// gathers it for its forward only.
+	Lookup bool
 }
 
 // Layout places every parameter of the model in per-unit flat buffers and
@@ -69,6 +71,7 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 	mods := m.Modules()
 	for i, mod := range mods {
 		u := &Unit{Index: i, Module: mod, Name: mod.Name()}
+		u.Lookup = m.Embed != nil && mod == m.Embed.Module
 		for _, p := range mod.Params() {
 			if _, dup := l.unitOf[p]; dup {
 				return nil, fmt.Errorf("zero: parameter %s belongs to two modules", p.Name)
@@ -95,7 +98,6 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 		head := l.Units[len(l.Units)-1]
 		if e, ok := l.unitOf[m.Head.Wte]; ok && e != head.Index {
 			head.Uses = append(head.Uses, e)
-			l.Units[e].Shared = true
 		}
 	}
 	return l, nil

@@ -40,8 +40,11 @@ func TestLayoutUnitsAndPadding(t *testing.T) {
 		{Name: "wte.weight", Param: m.Embed.Wte, Offset: 0, Numel: 88, Decay: true},
 		{Name: "wpe.weight", Param: m.Embed.Wpe, Offset: 88, Numel: 40, Decay: true},
 	}, e.Ranges)
-	require.True(t, e.Shared, "the head reads the embed unit's wte")
-	require.Equal(t, []int{0}, l.Units[3].Uses)
+	require.Equal(t, []int{0}, l.Units[3].Uses, "the head reads the embed unit's wte")
+	require.True(t, e.Lookup, "the embed unit's backward reads no parameter")
+	for _, u := range l.Units[1:] {
+		require.False(t, u.Lookup, u.Name)
+	}
 	require.Equal(t, 3, l.UnitOf(m.Head.LnB))
 	require.Equal(t, -1, l.UnitOf(tensor.New(tensor.Float32, 1)))
 	// Rank 1 owns embed elements [43, 86): part of wte only.
@@ -110,7 +113,7 @@ func TestLayoutOfStageChunks(t *testing.T) {
 		names = append(names, u.Name)
 	}
 	require.Equal(t, []string{"embed", "h.0", "h.2"}, names)
-	require.False(t, l.Units[0].Shared, "no head on this stage reads the embedding")
+	require.True(t, l.Units[0].Lookup, "the first stage's embed unit")
 
 	last, err := nn.NewStage(cfg, 1, tensor.Float32, tensor.NewAllocator(), [][2]int{{1, 2}, {3, 4}})
 	require.NoError(t, err)
@@ -124,4 +127,7 @@ func TestLayoutOfStageChunks(t *testing.T) {
 	head := l.Units[2]
 	require.Equal(t, "wte.weight", head.Ranges[2].Name, "the last stage's copy of the tied table")
 	require.Empty(t, head.Uses)
+	for _, u := range l.Units {
+		require.False(t, u.Lookup, "%s: the last stage has no embedding", u.Name)
+	}
 }

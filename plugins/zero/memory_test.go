@@ -1,6 +1,7 @@
 package zero
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -8,8 +9,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
+	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 )
 
@@ -49,6 +54,14 @@ func (s sizes) maxPair() int {
 	return m
 }
 
+// gathered is the most stage 3 gathers at once: two adjacent units, or
+// the embed unit with the head and the last block (prefetched during the
+// head's backward).
+func (s sizes) gathered() int {
+	L := len(s.others) - 1
+	return max(s.maxPair(), s.embed+s.others[L-1]+s.others[L])
+}
+
 // TestMemoryMatchesFormulas holds each rank's steady memory (the
 // allocator's peaks after Prepare) to the fp32 AdamW formulas:
 // params 4Ψ, grads 4Ψ, moments 8Ψ, each divided by N where the stage
@@ -56,7 +69,7 @@ func (s sizes) maxPair() int {
 //
 //	stage 1: none (the reduced shard is copied back into the full gradient)
 //	stage 2: grads = shard + the embed unit + two adjacent units in flight
-//	stage 3: params and grads = shard + the embed unit + two adjacent units
+//	stage 3: grads as stage 2; params = shard + the units gathered at once
 //
 // and padding (every unit rounded up to a multiple of N).
 func TestMemoryMatchesFormulas(t *testing.T) {
@@ -80,7 +93,7 @@ func TestMemoryMatchesFormulas(t *testing.T) {
 					params = row{4 * psi, 4 * P}
 					grads = row{4 * psi / N, 4*P/N + transient}
 				case 3:
-					params = row{4 * psi / N, 4*P/N + transient}
+					params = row{4 * psi / N, 4*P/N + 4*float64(s.gathered())}
 					grads = row{4 * psi / N, 4*P/N + transient}
 				}
 				runs := runRanks(t, cfg, n, stage)
@@ -122,9 +135,10 @@ func TestMemoryMatchesFormulas(t *testing.T) {
 
 // TestTraceCommunication checks that every collective is traced on the
 // comm track with its size, and that the traffic is the formulas': per
-// micro-batch stage 3 gathers the parameters twice (forward, and backward
-// but for the embed unit, kept from forward, and the head, whose backward
-// follows its forward) and reduce-scatters the gradients once, about 3Ψ;
+// micro-batch stage 3 gathers the parameters for forward, the embed unit
+// again for the head's logits, and the blocks for backward (the head's
+// backward follows its forward; the embedding's reads no weight), and
+// reduce-scatters the gradients once, about 3Ψ;
 // stages 1 and 2 reduce-scatter Ψ and all-gather Ψ per step, 2Ψ. Set-up
 // sends nothing: the initial values are computed where they are held.
 func TestTraceCommunication(t *testing.T) {
@@ -146,7 +160,7 @@ func TestTraceCommunication(t *testing.T) {
 			case 2:
 				wantAG, wantRS = steps*s.padded, steps*accum*s.padded
 			case 3:
-				wantAG, wantRS = steps*accum*(s.padded+blocks), steps*accum*s.padded
+				wantAG, wantRS = steps*accum*(s.padded+s.embed+blocks), steps*accum*s.padded
 			}
 			for r, res := range rs {
 				bytes := map[string]int{}
@@ -165,5 +179,79 @@ func TestTraceCommunication(t *testing.T) {
 				require.Equal(t, (8+16)*steps, bytes["all_reduce"], "rank %d: loss and grad-norm (with the stop flag) all-reduces", r)
 			}
 		})
+	}
+}
+
+// TestStage3ReleasesEveryUnit samples, at every module hook of every
+// micro-batch (after ZeRO's own), the parameter bytes the rank holds and
+// whether the tied table wte has storage. A vocabulary four times a
+// block's size makes wte the largest unit. Stage 3 gathers each unit for
+// its forward and its backward only: wte is held for the embedding's
+// forward and during the head's forward and backward and nowhere else (a
+// block's hooks never see it, nor does the embedding's backward, which
+// reads no weight), and the
+// resident parameters stay within the shards plus two units (two
+// adjacent blocks, or the embed unit and the last block prefetched during
+// the head's backward) and the head's ln_f. The buffers set-up freed are
+// given back to the heap, not kept for reuse.
+func TestStage3ReleasesEveryUnit(t *testing.T) {
+	const n = 2
+	cfg := parallelConfig(3, n, 2)
+	cfg.Model.VocabSize = 1024
+	cfg.Train.Steps = 2
+	s := unitSizes(cfg, n)
+	L := cfg.Model.NLayer
+	block, head := s.others[0], s.others[L]
+	require.Greater(t, s.embed, 2*block, "the test needs wte to dwarf a block")
+	bound := int64(4*s.padded/n + 4*max(s.maxPair(), s.embed+block+head))
+	type sample struct {
+		where  string
+		params int64
+		wte    bool
+	}
+	samples := make([][]sample, n)
+	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := build(3)(g)
+		if err != nil {
+			return err
+		}
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
+		if err != nil {
+			return err
+		}
+		// Set-up released the unsharded parameters and optimizer state;
+		// none of it may stay in the allocator's free lists.
+		if b := tr.Alloc.PooledBytes(); b != 0 {
+			return fmt.Errorf("%d bytes of set-up buffers kept in the allocator's free lists", b)
+		}
+		wte := tr.Model.Embed.Wte
+		for _, mod := range tr.Model.Modules() {
+			at := func(what string) nn.HookFunc {
+				return func(mod *nn.Module, info tensor.PassInfo) {
+					samples[g.Rank()] = append(samples[g.Rank()], sample{fmt.Sprintf("%s %s micro %d", mod.Name(), what, info.Micro),
+						tr.Alloc.Usage().Current[tensor.Params], wte.HasStorage()})
+				}
+			}
+			h := &mod.Hooks
+			h.PreForward = append(h.PreForward, at("pre-forward"))
+			h.PostForward = append(h.PostForward, at("post-forward"))
+			h.PreBackward = append(h.PreBackward, at("pre-backward"))
+			h.PostBackward = append(h.PostBackward, at("post-backward"))
+		}
+		_, err = tr.Run(context.Background())
+		return err
+	})
+	require.NoError(t, err)
+	for r, ss := range samples {
+		// 2 steps × 2 micro-batches: every module's forward hooks, every
+		// module's pre-backward and all but the embedding's post-backward
+		// (its input, token ids, takes no gradient).
+		require.Len(t, ss, 2*2*(4*(L+2)-1), "rank %d hook samples", r)
+		for _, x := range ss {
+			require.LessOrEqual(t, x.params, bound, "rank %d at %s: resident parameter bytes", r, x.where)
+			wantWte := strings.HasPrefix(x.where, "embed pre-forward") ||
+				(strings.HasPrefix(x.where, "head ") && !strings.HasPrefix(x.where, "head post-backward"))
+			require.Equal(t, wantWte, x.wte, "rank %d at %s: wte gathered", r, x.where)
+		}
 	}
 }

@@ -10,21 +10,27 @@ import (
 )
 
 // Stage 3 keeps only each unit's parameter shard. The module hooks gather a
-// unit's full parameters into a buffer its tensors are aliased to:
+// unit's full parameters into a buffer its tensors are aliased to, for its
+// forward and for its backward only:
 //
-//	PreForward   gather the unit (waiting for its prefetch), prefetch the next
-//	PostForward  release it, unless its backward is next (the last unit) or
-//	             a later unit reads it (the embed unit: the head's logits
-//	             use the tied wte)
+//	PreForward   gather the unit and the units it reads (the head: the
+//	             embed unit's tied wte), prefetch the next unit
+//	PostForward  release it, unless its backward is next (the last unit)
 //	PreBackward  give the unit (and the units it reads) gradient buffers,
-//	             gather it if released, prefetch the unit whose backward is next
+//	             gather it if released, prefetch the unit whose backward is
+//	             next; the embed unit's backward reads no parameter
+//	             (Unit.Lookup), so it is neither gathered nor prefetched
+//	PostBackward the head releases the units it read: wte is gathered
+//	             again for no one, and only its gradient buffer (the head's
+//	             contribution, which the embedding's adds to) stays until
+//	             the embed unit's backward
 //	GradReady    when the unit's gradients are final: reduce-scatter them and
 //	             release the parameters
 //
-// Keeping the embed unit gathered from its forward to its backward is the
-// simplest correct handling of the tie: it costs one unit of memory for the
-// whole pass and no extra communication. Stage 2 uses only the PreBackward
-// hook, for the gradient buffers.
+// So at most two units are gathered at once, beside the head's ln_f (2·C
+// elements): two adjacent blocks, the last block and the head, or, during
+// the head's backward, the embed unit and the prefetched last block. Stage
+// 2 uses only the PreBackward hook, for the gradient buffers.
 
 // addHooks registers the module hooks of stages 2 and 3.
 func (z *Zero) addHooks() {
@@ -34,6 +40,9 @@ func (z *Zero) addHooks() {
 		if z.stage == 3 {
 			h.PreForward = append(h.PreForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preForward(u)) })
 			h.PostForward = append(h.PostForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.postForward(u)) })
+			if len(u.Uses) > 0 {
+				h.PostBackward = append(h.PostBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.releaseUses(u)) })
+			}
 		}
 	}
 }
@@ -58,10 +67,20 @@ func (z *Zero) preForward(u *unitState) error {
 }
 
 func (z *Zero) postForward(u *unitState) error {
-	if u.Shared || u.Index == len(z.units)-1 {
+	if u.Index == len(z.units)-1 {
 		return nil
 	}
 	return z.release(u)
+}
+
+// releaseUses releases the units u read once u's backward is done.
+func (z *Zero) releaseUses(u *unitState) error {
+	for _, v := range u.Uses {
+		if err := z.release(z.units[v]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (z *Zero) preBackward(u *unitState) error {
@@ -72,15 +91,17 @@ func (z *Zero) preBackward(u *unitState) error {
 	if z.stage != 3 {
 		return nil
 	}
-	if err := z.gather(u); err != nil {
-		return err
+	if !u.Lookup {
+		if err := z.gather(u); err != nil {
+			return err
+		}
 	}
 	for _, v := range u.Uses {
 		if err := z.gather(z.units[v]); err != nil {
 			return err
 		}
 	}
-	if prev := u.Index - 1; prev >= 0 {
+	if prev := u.Index - 1; prev >= 0 && !z.units[prev].Lookup {
 		z.prefetch(z.units[prev])
 	}
 	return nil

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/plugins"
+)
+
+// memoryRow is one layout of `bench memory`. flags may hold %d, the
+// --nproc N of the bench; a row with no flags runs one process. formula
+// is the Playbook's bytes per rank for fp32 with AdamW (4 bytes of
+// parameter, 4 of gradient, 8 of moments per parameter the rank holds).
+type memoryRow struct {
+	name, flags string
+	formula     func(m nn.GPTConfig, n int) float64
+}
+
+var memoryRows = []memoryRow{
+	{"1 process", "", func(m nn.GPTConfig, _ int) float64 { return 16 * float64(m.NumParams()) }},
+	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", func(m nn.GPTConfig, n int) float64 { return 16 * float64(m.NumParams()) / float64(n) }},
+	{"tp %d", "--parallel.tp=%d", tpFormulaBytes},
+	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b --train.grad_accum=%d", func(m nn.GPTConfig, n int) float64 { return 16 * float64(m.NumParams()) / float64(n) }},
+}
+
+// tpFormulaBytes is the Playbook's tensor-parallel share: Ψ/t of every
+// parameter except the LayerNorms, which every rank keeps whole.
+func tpFormulaBytes(m nn.GPTConfig, t int) float64 {
+	var ln, rest float64
+	for _, p := range m.ParamShapes() {
+		n := 1.0
+		for _, d := range p.Shape {
+			n *= float64(d)
+		}
+		if strings.Contains(p.Name, "ln_") {
+			ln += n
+		} else {
+			rest += n
+		}
+	}
+	return 16 * (rest/float64(t) + ln)
+}
+
+// memoryResult is one rank of one layout: what `bench memory` prints.
+type memoryResult struct {
+	Layout  string `json:"layout"`
+	Rank    int    `json:"rank"`
+	VmHWM   int64  `json:"rss_peak_bytes"`
+	Est     int64  `json:"estimate_bytes"`
+	Formula int64  `json:"formula_bytes"`
+	// Buffers is what the estimate states beyond the formula for
+	// training: activations, gathered units and padding, communication
+	// buffers, the data and the runtime (the estimate less its set-up
+	// excess, less the formula).
+	Buffers int64 `json:"buffers_bytes"`
+	// Single is the resident peak of one process training the same
+	// global batch (train.batch_size × dp, same micro-batches).
+	Single       int64   `json:"one_process_rss_peak_bytes"`
+	VsSingle     float64 `json:"rss_over_one_process"`
+	VsFormula    float64 `json:"rss_over_formula_and_buffers"`
+	VsEstimate   float64 `json:"rss_over_estimate"`
+	AllocPeak    int64   `json:"alloc_peak_bytes"`
+	ActPeakBytes int64   `json:"activations_peak_bytes"`
+}
+
+// benchMemory runs one real training step of one model per layout of
+// memoryRows, each as its own job of `tinyacc train` processes, and
+// prints per rank the resident peak the kernel measured (VmHWM), the
+// estimate `train` checks memory.limit against, the Playbook formula and
+// the buffers the estimate states beside it, and the resident peak of one
+// process training the same global batch, with the ratios. Every rank
+// trains batch sequences per micro-batch.
+func benchMemory(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
+	nproc := fs.Int("nproc", 4, "ranks of the parallel layouts")
+	batch := fs.Int("batch", 1, "sequences per rank and micro-batch")
+	rowsFlag := fs.String("layouts", "", "comma-separated row numbers to run (0 = 1 process, 1 = zero-3, 2 = tp, 3 = pp); default all")
+	asJSON := fs.Bool("json", false, "print one JSON object per rank and layout")
+	keep := fs.String("keep", "", "directory to keep the runs' metrics in (default: a temporary one)")
+	var m nn.GPTConfig
+	gptFlags(fs, &m, nn.GPTConfig{NLayer: 24, NHead: 16, NEmbd: 1024, BlockSize: 64, VocabSize: 50257})
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("bench memory: %w", err)
+	}
+	n := *nproc
+	if n < 2 || *batch < 1 {
+		return fmt.Errorf("bench memory: --nproc %d --batch %d: the parallel layouts need 2 or more ranks and 1 or more sequences", n, *batch)
+	}
+	rows := memoryRows
+	if *rowsFlag != "" {
+		rows = nil
+		for _, f := range strings.Split(*rowsFlag, ",") {
+			i, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || i < 0 || i >= len(memoryRows) {
+				return fmt.Errorf("bench memory: --layouts %q: want row numbers from 0 to %d", *rowsFlag, len(memoryRows)-1)
+			}
+			rows = append(rows, memoryRows[i])
+		}
+	}
+	dir, exe, done, err := benchFiles(*keep, "memory")
+	if err != nil {
+		return err
+	}
+	defer done()
+	fmt.Fprintf(stderr, "bench memory: GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank\n",
+		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
+	// run trains one step of flags on procs processes, b sequences per
+	// rank and micro-batch, and returns its config and every rank's
+	// memory line.
+	run := func(tag string, procs, b int, flags []string) (config.Config, []metricLine, error) {
+		metrics := filepath.Join(dir, tag+".jsonl")
+		argv := append(trainArgs(exe, m, b, 1, flags...), "--metrics_file="+metrics)
+		r, err := config.Load("", nil, argv[2:])
+		if err != nil {
+			return config.Config{}, nil, fmt.Errorf("bench memory %s: %w", tag, err)
+		}
+		if err := launchTrain("memory", tag, procs, argv, stderr); err != nil {
+			return config.Config{}, nil, err
+		}
+		lines, err := readMetrics(metrics)
+		if err != nil {
+			return config.Config{}, nil, err
+		}
+		mem := make([]metricLine, procs)
+		seen := 0
+		for _, l := range lines {
+			if l.Kind == "memory" && l.Rank >= 0 && l.Rank < procs {
+				mem[l.Rank] = l
+				seen++
+			}
+		}
+		if seen != procs {
+			return config.Config{}, nil, fmt.Errorf("bench memory %s: %s has %d memory lines for %d ranks", tag, metrics, seen, procs)
+		}
+		return r.Config, mem, nil
+	}
+	singles := map[string]int64{} // one process's VmHWM by its flags
+	var out []memoryResult
+	for _, row := range rows {
+		nd := strings.NewReplacer("%d", strconv.Itoa(n))
+		name, procs := nd.Replace(row.name), 1
+		flags := []string{"--train.schedule=constant"}
+		if row.flags != "" {
+			procs = n
+			flags = append(flags, strings.Fields(nd.Replace(row.flags))...)
+		}
+		probe, err := config.Load("", nil, flags)
+		if err != nil {
+			return fmt.Errorf("bench memory: row %q: %w", name, err)
+		}
+		p := probe.Config.Parallel
+		dp := procs / max(1, p.TP*p.PP*p.CP)
+		tag := strings.NewReplacer(" ", "", "-", "").Replace(name)
+		cfg, mem, err := run(tag, procs, *batch, flags)
+		if err != nil {
+			return err
+		}
+		es, err := plugins.Estimate(cfg, procs)
+		if err != nil {
+			return fmt.Errorf("bench memory: row %q: %w", name, err)
+		}
+		// The peer: one process on the same global batch, the same
+		// micro-batches.
+		peer := []string{"--train.schedule=constant", "--train.grad_accum=" + strconv.Itoa(cfg.Train.GradAccum)}
+		key := fmt.Sprintf("b%d-a%d", *batch*dp, cfg.Train.GradAccum)
+		if _, ok := singles[key]; !ok {
+			if procs == 1 {
+				singles[key] = int64(mem[0].RSS)
+			} else {
+				_, one, err := run("single-"+key, 1, *batch*dp, peer)
+				if err != nil {
+					return err
+				}
+				singles[key] = int64(one[0].RSS)
+			}
+		}
+		single := singles[key]
+		formula := int64(row.formula(m, procs))
+		for r, l := range mem {
+			e := es[r]
+			trained := e.ProcessBytes() - e.SetupPeakBytes
+			res := memoryResult{Layout: name, Rank: r, VmHWM: int64(l.RSS), Est: e.ProcessBytes(), Formula: formula,
+				Buffers: trained - formula, Single: single, AllocPeak: int64(l.Peak), ActPeakBytes: int64(l.Act)}
+			res.VsSingle = float64(res.VmHWM) / float64(single)
+			res.VsFormula = float64(res.VmHWM) / float64(trained)
+			res.VsEstimate = float64(res.VmHWM) / float64(res.Est)
+			out = append(out, res)
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range out {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",
+		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
+	fmt.Fprintf(stdout, "%-14s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s\n", "layout", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est")
+	for _, r := range out {
+		fmt.Fprintf(stdout, "%-14s %4d %10s %10s %10s %10s %10s %10s %8.3fx %8.3fx %8.3fx\n", r.Layout, r.Rank, mib(r.VmHWM), mib(r.AllocPeak), mib(r.Est),
+			mib(r.Formula), mib(r.Formula+r.Buffers), mib(r.Single), r.VsSingle, r.VsFormula, r.VsEstimate)
+	}
+	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
+	fmt.Fprintln(stdout, "formula: (4+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms); +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
+	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
+	return nil
+}

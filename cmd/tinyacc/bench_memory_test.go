@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// `tinyacc bench memory` on a tiny shape: one row per rank of every
+// layout, the formula column the Playbook's bytes computed here from the
+// shapes, the estimate column what `tinyacc estimate` says for the same
+// run, the peer the resident peak of one process on the same global
+// batch, and every ratio the quotient of the printed columns.
+func TestBenchMemory(t *testing.T) {
+	bin := tinyaccBinary(t)
+	shape := []string{"--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--vocab_size", "256"}
+	cmd := exec.Command(bin, append([]string{"bench", "memory", "--nproc", "2", "--json"}, shape...)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	var rows []memoryResult
+	dec := json.NewDecoder(&stdout)
+	for dec.More() {
+		var r memoryResult
+		require.NoError(t, dec.Decode(&r))
+		rows = append(rows, r)
+	}
+	// Ψ of the 2-layer, 32-wide model: wte 256·32, wpe 16·32, per block
+	// 12·32² + 13·32, ln_f 2·32; the LayerNorms are 4·32 per block + 2·32.
+	psi := 256*32 + 16*32 + 2*(12*32*32+13*32) + 2*32
+	ln := 2*4*32 + 2*32
+	want := []struct {
+		layout  string
+		ranks   int
+		formula int64
+		flags   []string
+	}{
+		{"1 process", 1, int64(16 * psi), nil},
+		{"zero-3 dp 2", 2, int64(16 * psi / 2), []string{"--nproc", "2", "--parallel.dp=2", "--zero.stage=3"}},
+		{"tp 2", 2, int64(16 * ((psi-ln)/2 + ln)), []string{"--nproc", "2", "--parallel.tp=2"}},
+		{"pp 2 1f1b", 2, int64(16 * psi / 2), []string{"--nproc", "2", "--parallel.pp=2", "--pp.schedule=1f1b", "--train.grad_accum=2"}},
+	}
+	i := 0
+	for _, w := range want {
+		est := estimateProcessBytes(t, bin, w.flags)
+		require.Len(t, est, w.ranks, w.layout)
+		for r := 0; r < w.ranks; r++ {
+			require.Less(t, i, len(rows), "rows end before %s rank %d", w.layout, r)
+			x := rows[i]
+			i++
+			require.Equal(t, w.layout, x.Layout)
+			require.Equal(t, r, x.Rank, w.layout)
+			require.Equal(t, w.formula, x.Formula, "%s rank %d formula", w.layout, r)
+			require.Equal(t, est[r], x.Est, "%s rank %d estimate against tinyacc estimate", w.layout, r)
+			require.Positive(t, x.VmHWM, w.layout)
+			require.Positive(t, x.Single, w.layout)
+			require.Greater(t, x.Buffers, int64(0), w.layout)
+			require.LessOrEqual(t, x.Formula+x.Buffers, x.Est, "%s: formula + buffers are what training needs, within the estimate", w.layout)
+			require.InDelta(t, float64(x.VmHWM)/float64(x.Single), x.VsSingle, 1e-9, w.layout)
+			require.InDelta(t, float64(x.VmHWM)/float64(x.Formula+x.Buffers), x.VsFormula, 1e-9, w.layout)
+			require.InDelta(t, float64(x.VmHWM)/float64(x.Est), x.VsEstimate, 1e-9, w.layout)
+			require.LessOrEqual(t, x.AllocPeak, x.VmHWM, "%s: the allocator's peak is resident", w.layout)
+		}
+	}
+	require.Len(t, rows, i)
+	// The 1 process row is its own peer; tp trains one process's global
+	// batch too (dp 1), so shares that peer; the ranks of a layout share
+	// theirs.
+	require.Equal(t, rows[0].VmHWM, rows[0].Single)
+	require.Equal(t, rows[0].Single, rows[3].Single, "tp 2")
+	for _, k := range []int{1, 3, 5} {
+		require.Equal(t, rows[k].Single, rows[k+1].Single, rows[k].Layout)
+	}
+}
+
+// estimateProcessBytes is what `tinyacc estimate --json` says each rank
+// of the bench's tiny run needs.
+func estimateProcessBytes(t *testing.T, bin string, flags []string) []int64 {
+	args := append([]string{"estimate", "--json", "--model.n_layer=2", "--model.n_embd=32", "--model.n_head=2", "--model.block_size=16",
+		"--model.vocab_size=256", "--train.batch_size=1", "--data.val_fraction=0"}, flags...)
+	out, err := exec.Command(bin, args...).Output()
+	require.NoError(t, err, "%v", args)
+	var res []int64
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var e struct {
+			Peak    int64 `json:"peak_bytes"`
+			Setup   int64 `json:"setup_peak_bytes"`
+			Data    int64 `json:"data_bytes"`
+			Runtime int64 `json:"runtime_bytes"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &e))
+		res = append(res, e.Peak+e.Setup+e.Data+e.Runtime)
+	}
+	return res
+}
