@@ -112,7 +112,9 @@ func torchAvailable() bool {
 	return exec.Command("/usr/bin/python3", "-c", "import torch").Run() == nil
 }
 
-func runTorchRef(t *testing.T, in, out string) { runScript(t, "../../tools/torchref/gpt2_ref.py", in, out) }
+func runTorchRef(t *testing.T, in, out string) {
+	runScript(t, "../../tools/torchref/gpt2_ref.py", in, out)
+}
 
 // runScript runs a reference script of tools/torchref on in, writing out.
 func runScript(t *testing.T, script, in, out string) {
