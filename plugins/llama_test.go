@@ -1,0 +1,60 @@
+package plugins
+
+import (
+	"testing"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// The Llama rows of the matrix: each layout trains ptest's float64 Llama
+// (2 key/value heads for 4 query heads, an odd vocabulary, its own
+// lm_head unless tied) like one process on the same global batch, to
+// 1e-9, on goroutine ranks.
+
+// llamaMatrixConfig is the run every row splits: a global batch of 4
+// sequences per micro-batch, 2 micro-batches, 2 steps.
+func llamaMatrixConfig(tied bool) config.Config {
+	c := ptest.Llama64()
+	c.Model.TieEmbeddings = tied
+	c.Train.Steps, c.Train.BatchSize, c.Train.GradAccum = 2, 4, 2
+	return c
+}
+
+// llamaRow lays base out as s, with more settings, and checks it.
+func llamaRow(t *testing.T, want ptest.Result, base config.Config, s shape4, what string, more func(c *config.Config)) {
+	t.Helper()
+	cfg := base
+	s.apply(&cfg)
+	if more != nil {
+		more(&cfg)
+	}
+	runMatrixRow(t, want, cfg, s.ranks(), "llama "+s.String()+" "+what)
+}
+
+func TestLlamaDataParallel(t *testing.T) {
+	base := llamaMatrixConfig(false)
+	want := ptest.Single(t, base)
+	for _, v := range variants {
+		llamaRow(t, want, base, shape4{2, 1, 1, 1}, v.name, v.apply)
+	}
+}
+
+// Tensor parallel splits q heads and key/value heads (2 of each kind per
+// rank at tp 2; at tp 2 with 2 key/value heads each rank has one), gate
+// and up by columns, down by rows, the vocabulary of the embedding and of
+// the head (tied or its own), with and without sequence parallelism.
+func TestLlamaTensorParallel(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		base := llamaMatrixConfig(tied)
+		want := ptest.Single(t, base)
+		for _, sp := range []bool{false, true} {
+			sp := sp
+			what := map[bool]string{false: "tp", true: "tp+sp"}[sp]
+			if tied {
+				what += " tied"
+			}
+			llamaRow(t, want, base, shape4{1, 2, 1, 1}, what, func(c *config.Config) { c.TP.SequenceParallel = sp })
+		}
+	}
+}
