@@ -58,3 +58,26 @@ func TestLlamaTensorParallel(t *testing.T) {
 		}
 	}
 }
+
+// Every pipeline schedule, tied and untied (an untied lm_head lives on the
+// last stage only; a tied table on the first and the last, its gradient
+// summed).
+func TestLlamaPipeline(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		base := llamaMatrixConfig(tied)
+		want := ptest.Single(t, base)
+		for _, sched := range []string{"afab", "1f1b", "interleaved", "zb1"} {
+			sched := sched
+			what := sched
+			if tied {
+				what += " tied"
+			}
+			llamaRow(t, want, base, shape4{1, 1, 2, 1}, what, func(c *config.Config) {
+				c.PP.Schedule = sched
+				if sched == "interleaved" {
+					c.PP.VirtualStages = 2
+				}
+			})
+		}
+	}
+}

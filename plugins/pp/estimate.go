@@ -67,14 +67,17 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 	for _, q := range ps {
 		keep := false
 		switch {
-		case q.Name == "wte.weight":
+		case q.Name == in.Model.TiedTable():
 			keep = r == 0 || r == p-1
-		case q.Name == "wpe.weight":
+		case q.Name == "wpe.weight" || q.Name == nn.LlamaEmbedName:
 			keep = r == 0
-		case strings.HasPrefix(q.Name, "ln_f."):
+		case strings.HasPrefix(q.Name, "ln_f.") || q.Name == nn.LlamaNormName || q.Name == nn.LlamaHeadName:
 			keep = r == p-1
 		case strings.HasPrefix(q.Name, "h."):
 			i, err := strconv.Atoi(strings.SplitN(q.Name, ".", 3)[1])
+			keep = err == nil && e.chunkOf(i)%p == r
+		case strings.HasPrefix(q.Name, "model.layers."):
+			i, err := strconv.Atoi(strings.SplitN(q.Name, ".", 4)[2])
 			keep = err == nil && e.chunkOf(i)%p == r
 		}
 		if keep {
