@@ -81,3 +81,16 @@ func TestLlamaPipeline(t *testing.T) {
 		}
 	}
 }
+
+// Context parallel, ring and all-gather, zigzag and contiguous: each rank
+// turns its q and k by their true positions before attention.
+func TestLlamaContextParallel(t *testing.T) {
+	base := llamaMatrixConfig(false)
+	want := ptest.Single(t, base)
+	for _, att := range []string{"ring", "allgather"} {
+		for _, split := range []string{"zigzag", "contiguous"} {
+			att, split := att, split
+			llamaRow(t, want, base, shape4{1, 1, 1, 2}, att+" "+split, func(c *config.Config) { c.CP.Attention, c.CP.Split = att, split })
+		}
+	}
+}
