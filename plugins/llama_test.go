@@ -1,6 +1,8 @@
 package plugins
 
 import (
+	"path/filepath"
+
 	"testing"
 
 	"github.com/tinyacc/tinyacc/core/config"
@@ -92,5 +94,52 @@ func TestLlamaContextParallel(t *testing.T) {
 			att, split := att, split
 			llamaRow(t, want, base, shape4{1, 1, 1, 2}, att+" "+split, func(c *config.Config) { c.CP.Attention, c.CP.Split = att, split })
 		}
+	}
+}
+
+// The 16-rank 4D composition (dp × tp × pp × cp, 2 each) and its
+// neighbours, tied and untied, with ZeRO and each pipeline schedule.
+func TestLlamaMatrix4D(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		base := llamaMatrixConfig(tied)
+		want := ptest.Single(t, base)
+		tag := map[bool]string{false: "", true: " tied"}[tied]
+		llamaRow(t, want, base, shape4{1, 2, 2, 1}, "1f1b"+tag, nil)
+		llamaRow(t, want, base, shape4{2, 2, 1, 2}, "zero3 sp"+tag, func(c *config.Config) { c.Zero.Stage, c.TP.SequenceParallel = 3, true })
+		for _, row := range []struct {
+			name  string
+			apply func(c *config.Config)
+		}{
+			{"ddp 1f1b", nil},
+			{"zero1 interleaved", func(c *config.Config) { c.Zero.Stage, c.PP.Schedule, c.PP.VirtualStages = 1, "interleaved", 2 }},
+			{"ddp zb1 + SP, allgather contiguous", func(c *config.Config) {
+				c.PP.Schedule, c.TP.SequenceParallel, c.CP.Attention, c.CP.Split = "zb1", true, "allgather", "contiguous"
+			}},
+			{"ddp afab", func(c *config.Config) { c.PP.Schedule = "afab" }},
+		} {
+			llamaRow(t, want, base, shape4{2, 2, 2, 2}, row.name+tag, row.apply)
+		}
+	}
+}
+
+// A checkpoint saved by tp 2 × pp 2 resumes on one process and on dp 2
+// under ZeRO-3: the steps after the save are the uninterrupted single
+// process's.
+func TestLlamaResumeAcrossLayouts(t *testing.T) {
+	on := func(l layout, steps int) config.Config { return l.on(ptest.Llama64(), steps) }
+	saver := layout{"tp2 pp2", 4, func(c *config.Config) { c.Parallel.TP, c.Parallel.PP = 2, 2 }}
+	full := layouts[0].run(t, on(layouts[0], resumeSteps), "local")
+	want := full
+	want.Losses, want.GradNorms = full.Losses[resumeSave:], full.GradNorms[resumeSave:]
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	cfg := on(saver, resumeSave)
+	cfg.Checkpoint.Dir = dir
+	saver.run(t, cfg, "local")
+	for _, resumer := range []layout{layouts[0], layouts[5], saver} {
+		cfg := on(resumer, resumeSteps)
+		cfg.Resume = dir
+		got := resumer.run(t, cfg, "local")
+		what := "llama saved by " + saver.name + ", resumed by " + resumer.name
+		t.Logf("%s: %s", what, ptest.AssertEquivalent(t, want, got, what))
 	}
 }
