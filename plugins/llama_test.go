@@ -1,9 +1,12 @@
 package plugins
 
 import (
+	"math"
 	"path/filepath"
 
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -141,5 +144,46 @@ func TestLlamaResumeAcrossLayouts(t *testing.T) {
 		got := resumer.run(t, cfg, "local")
 		what := "llama saved by " + saver.name + ", resumed by " + resumer.name
 		t.Logf("%s: %s", what, ptest.AssertEquivalent(t, want, got, what))
+	}
+}
+
+// The memory estimate of a Llama, from the config alone, against what the
+// run's allocators count: parameters, gradients and optimizer state to the
+// byte, activations and the simultaneous peak within 15% (the bound
+// GPT-2's estimate is held to), one process and at tp 2, tp 2 with
+// sequence parallel, pp 2, dp 2 under ZeRO-3 and cp 2.
+func TestLlamaEstimateMatchesMeasured(t *testing.T) {
+	for _, l := range []struct {
+		name  string
+		world int
+		apply func(c *config.Config)
+	}{
+		{"one process", 1, func(c *config.Config) {}},
+		{"tp 2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
+		{"tp 2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+		{"pp 2", 2, func(c *config.Config) { c.Parallel.PP, c.Train.GradAccum = 2, 2 }},
+		{"zero-3 dp 2", 2, func(c *config.Config) { c.Zero.Stage = 3 }},
+		{"cp 2 ring", 2, func(c *config.Config) { c.Parallel.CP = 2 }},
+	} {
+		cfg := ptest.Config()
+		cfg.Model.Arch, cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead, cfg.Model.NKVHead = "llama", 2, 64, 32, 4, 2
+		cfg.Model.VocabSize, cfg.Train.Steps = 259, 2
+		l.apply(&cfg)
+		est, err := Estimate(cfg, l.world)
+		require.NoError(t, err)
+		got := measure(t, cfg, l.world)
+		for r, m := range got {
+			e := est[r]
+			require.Equal(t, m.ParamsBytes, e.ParamsBytes, "%s rank %d params", l.name, r)
+			require.Equal(t, m.GradsBytes, e.GradsBytes, "%s rank %d grads", l.name, r)
+			require.Equal(t, m.OptimBytes, e.OptimBytes, "%s rank %d optimizer state", l.name, r)
+			within := func(what string, got, want int64) {
+				require.LessOrEqual(t, math.Abs(float64(want-got)), 0.15*float64(got), "%s rank %d %s: estimated %d, measured %d", l.name, r, what, want, got)
+			}
+			within("activations", m.ActPeak, e.ActPeak)
+			within("peak", m.PeakBytes, e.PeakBytes)
+			t.Logf("llama %s rank %d: params %d grads %d optim %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)",
+				l.name, r, m.ParamsBytes, m.GradsBytes, m.OptimBytes, m.ActPeak, e.ActPeak, pct(e.ActPeak, m.ActPeak), m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
+		}
 	}
 }

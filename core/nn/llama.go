@@ -212,3 +212,44 @@ type TokenEmbedding struct {
 func (e *TokenEmbedding) Forward(idx *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	return tensor.Embedding(e.Wte, idx), nil
 }
+
+// The sizes the memory estimates are built from, per model family.
+
+// ActWidths are the widths of the buffers a block's forward keeps for its
+// backward, per row of the sequence, by how tensor parallel holds them:
+// whole (as wide as the model: the norms' inputs and outputs, the
+// residual stream, the projections' outputs: 6·C for both families) and
+// split over the tensor-parallel ranks (GPT-2: q|k|v, the attention
+// output, the MLP's hidden layer before and after GELU, 12·C; a Llama:
+// q|k|v before and after RoPE, the attention output, gate|up and the
+// SwiGLU gate's output, 3·H·hs + 4·K·hs + 3·I).
+func (c GPTConfig) ActWidths() (whole, split int64) {
+	C := int64(c.NEmbd)
+	if c.Llama == nil {
+		return 6 * C, 12 * C
+	}
+	hs := int64(c.HeadSize())
+	return 6 * C, 3*int64(c.NHead)*hs + 4*int64(c.KVHeads())*hs + 3*int64(c.FFN())
+}
+
+// BlockMatrices is the number of elements of a block's matrices, the size
+// of the weight gradients its backward forms (GPT-2: 12·C²).
+func (c GPTConfig) BlockMatrices() int64 {
+	C, hs := int64(c.NEmbd), int64(c.HeadSize())
+	q, kv := int64(c.NHead)*hs, int64(c.KVHeads())*hs
+	mlp := int64(2) // c_fc, mlp.c_proj
+	if c.Llama != nil {
+		mlp = 3 // gate, up, down
+	}
+	return C*(q+2*kv) + q*C + mlp*C*int64(c.FFN())
+}
+
+// EmbedActs are the input stage's [B, T, C] outputs (GPT-2: the token
+// lookup and its sum with the positions; a Llama: the lookup) and the
+// elements of its table other than the token table (GPT-2's wpe).
+func (c GPTConfig) EmbedActs() (outputs, table int64) {
+	if c.Llama == nil {
+		return 2, int64(c.BlockSize) * int64(c.NEmbd)
+	}
+	return 1, 0
+}

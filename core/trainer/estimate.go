@@ -117,7 +117,9 @@ const RuntimeBytes = 48 << 20
 // the allocator's count within 1% over a grid of shapes.
 func ActivationBytes(m nn.GPTConfig, B int) int64 {
 	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
-	floats := 36*b*t*c*l + b*h*t*t*l + 12*c*c*l + 2*v*c + t*c + 3*b*t*v + 6*b*t*c + 15*b*t
+	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
+	emb, table := m.EmbedActs()   // GPT-2: 2 and wpe's T·C
+	floats := 2*(whole+split)*b*t*l + b*h*t*t*l + m.BlockMatrices()*l + 2*v*c + table + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 

@@ -115,11 +115,13 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 // weight gradients, the vocabulary rows and the logits.
 func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
 	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
-	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
-	full = l * ((12+24/k)*b*t*c + b*h*t*t/k + 12*c*c/k)
+	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
+	emb, table := m.EmbedActs()
+	saved = l * ((whole+split/k)*b*t + b*h*t*t/k + 4*b*t)
+	full = l * ((2*whole+2*split/k)*b*t + b*h*t*t/k + m.BlockMatrices()/k)
 	if first {
-		saved += 2 * b * t * c
-		full += v*c/k + t*c + 2*b*t*c
+		saved += emb * b * t * c
+		full += v*c/k + table + emb*b*t*c
 	} else {
 		saved += b * t * c
 		full += b * t * c
@@ -130,7 +132,7 @@ func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, hel
 	} else {
 		full += b * t * c // the received output gradient
 	}
-	held = full - l*12*c*c/k
+	held = full - l*m.BlockMatrices()/k
 	if first || last {
 		held -= v * c / k
 	}
