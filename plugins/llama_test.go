@@ -187,3 +187,20 @@ func TestLlamaEstimateMatchesMeasured(t *testing.T) {
 		}
 	}
 }
+
+// An untied lm_head lives on the last stage only; the embedding on the
+// first only.
+func TestLlamaPipelineHoldsTheHeadOnTheLastStage(t *testing.T) {
+	cfg := llamaMatrixConfig(false)
+	cfg.Parallel.PP = 2
+	got := ptest.Parallel(t, cfg, 2, "local", buildFrom(cfg))
+	for r, want := range []map[string]bool{
+		{"model.embed_tokens.weight": true, "lm_head.weight": false, "model.norm.weight": false},
+		{"model.embed_tokens.weight": false, "lm_head.weight": true, "model.norm.weight": true},
+	} {
+		for name, held := range want {
+			_, ok := got[r].Local[name]
+			require.Equal(t, held, ok, "stage %d holds %s", r, name)
+		}
+	}
+}
