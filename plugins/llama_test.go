@@ -204,3 +204,25 @@ func TestLlamaPipelineHoldsTheHeadOnTheLastStage(t *testing.T) {
 		}
 	}
 }
+
+// Layouts of a Llama as real processes over tcp (this test binary once per
+// rank), in float32 against one process: tensor parallel with sequence
+// parallel, and ZeRO-3.
+func TestLlamaProcesses(t *testing.T) {
+	base := ptest.Config()
+	base.Model.Arch, base.Model.NHead, base.Model.NKVHead, base.Model.VocabSize = "llama", 4, 2, 259
+	base.Train.Steps = 3
+	want := ptest.Single(t, base)
+	for _, l := range []layout{
+		{"llama tp2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+		{"llama zero3 dp2", 2, func(c *config.Config) { c.Zero.Stage, c.Train.BatchSize = 3, c.Train.BatchSize/2 }},
+	} {
+		cfg := base
+		l.apply(&cfg)
+		got := ptest.Processes(t, l.name, cfg, l.ranks, buildFrom(cfg))
+		if got == nil {
+			continue // this process is a rank of another layout's run
+		}
+		ptest.CheckWithin(t, want, got, l.name+", processes", ptest.Float32Bounds)
+	}
+}
