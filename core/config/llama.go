@@ -1,17 +1,15 @@
 package config
 
-import (
-	"errors"
-	"strconv"
-)
+import "strconv"
 
 // The model architecture. model.arch picks gpt2 (the default) or llama;
 // the llama keys shape the second and mean nothing to the first, so one
-// given with gpt2 is a mistake to report, not to ignore. A key counts as
-// given when it holds a value other than its default (Validate, which sees
-// only the values) or when a layer set it at all (givenArchKeys, which
-// sees the sources: --model.tie_embeddings=false with gpt2 asks for an
-// untied GPT-2, which does not exist).
+// set to a value other than its default with gpt2 is a mistake to report,
+// not to ignore. A key at its default value cannot count as given: a
+// fully resolved config (every key written out, as config files and
+// bindings pass it on) must load again. So model.tie_embeddings=false, the
+// default, passes with gpt2 (whose head is always tied), and true, which
+// says what GPT-2 is, passes too.
 
 // The defaults of the llama keys.
 const (
@@ -97,24 +95,4 @@ func (c *Config) validateArch(v *validator) {
 			v.addf("config: model.intermediate_size=%d is not divisible by parallel.tp=%d: tensor parallel splits the SwiGLU width; choose intermediate_size a multiple of tp", w, tp)
 		}
 	}
-}
-
-// givenArchKeys reports llama keys a layer set with gpt2 to their default
-// values (Validate reports the others).
-func givenArchKeys(r *Resolved) error {
-	c := &r.Config
-	if c.Model.Arch != "gpt2" {
-		return nil
-	}
-	v := &validator{}
-	for _, k := range c.llamaKeys() {
-		if src := r.sources[k.key]; k.isDefault && src != "default" {
-			why := "is a llama key"
-			if k.key == "model.tie_embeddings" {
-				why = "asks for an untied head; GPT-2's head is always tied"
-			}
-			v.addf("config: %s=%s (from %s) %s, but model.arch=gpt2: drop %s or set model.arch=llama", k.key, k.value, src, why, k.key)
-		}
-	}
-	return errors.Join(v.errs...)
 }

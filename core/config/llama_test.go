@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -55,17 +56,22 @@ func TestLlamaKeyMessages(t *testing.T) {
 	require.Equal(t, 1408, DefaultIntermediateSize(512))
 }
 
-// A llama key given with gpt2 is an error naming it even at its default
-// value; tie_embeddings=false asks for an untied GPT-2.
+// A llama key given with gpt2 is an error naming it; a fully resolved
+// gpt2 config, which writes every llama key at its default, loads again.
 func TestLlamaKeysGivenWithGPT2(t *testing.T) {
-	_, err := Load("", nil, []string{"--model.tie_embeddings=false"})
-	require.EqualError(t, err, "config: model.tie_embeddings=false (from flag --model.tie_embeddings) asks for an untied head; GPT-2's head is always tied, but model.arch=gpt2: drop model.tie_embeddings or set model.arch=llama")
-	_, err = Load("", nil, []string{"--model.n_kv_head=0", "--model.norm_eps=2e-5"})
-	require.EqualError(t, err, "config: model.norm_eps=2e-05 is a llama key, but model.arch=gpt2: drop model.norm_eps or set model.arch=llama\n"+
-		"config: model.n_kv_head=0 (from flag --model.n_kv_head) is a llama key, but model.arch=gpt2: drop model.n_kv_head or set model.arch=llama")
+	_, err := Load("", nil, []string{"--model.n_kv_head=2", "--model.norm_eps=2e-5", "--model.intermediate_size=64"})
+	require.EqualError(t, err, "config: model.n_kv_head=2 is a llama key, but model.arch=gpt2: drop model.n_kv_head or set model.arch=llama\n"+
+		"config: model.intermediate_size=64 is a llama key, but model.arch=gpt2: drop model.intermediate_size or set model.arch=llama\n"+
+		"config: model.norm_eps=2e-05 is a llama key, but model.arch=gpt2: drop model.norm_eps or set model.arch=llama")
 	r, err := Load("", nil, []string{"--model.tie_embeddings=true"})
 	require.NoError(t, err, "gpt2 is tied: saying so is fine")
 	require.True(t, r.Config.Model.TieEmbeddings)
+	var all []string
+	for k, v := range Values(Defaults()) {
+		all = append(all, "--"+k+"="+strings.Trim(v, `"`))
+	}
+	_, err = Load("", nil, all)
+	require.NoError(t, err, "every key given at its default value")
 	r, err = Load("", nil, []string{"--model.arch=llama", "--model.n_kv_head=2", "--model.tie_embeddings=false"})
 	require.NoError(t, err)
 	require.Equal(t, 2, r.Config.KVHeads())

@@ -133,7 +133,7 @@ func resolveBuiltin(layers []layer) (*Resolved, error) {
 			r.sources[key] = l.origin[key]
 		}
 	}
-	if err := errors.Join(r.Config.Validate(), givenArchKeys(r)); err != nil {
+	if err := r.Config.Validate(); err != nil {
 		return nil, err
 	}
 	return r, nil
