@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch timing peer for tinyacc's GPT-2 training step.
+"""PyTorch timing peer for tinyacc's GPT-2 (or, with --arch llama, Llama) training step.
 
 Builds the reference GPT-2 from tools/torchref (same architecture, names and
 AdamW setup the engine is checked against), gives it the GPT-2
@@ -49,6 +49,11 @@ def main(argv=None):
     ap.add_argument("--weight_decay", type=float, default=0.1)
     ap.add_argument("--grad_clip", type=float, default=1.0, help="global grad-norm clip; 0 disables")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--n_kv_head", type=int, default=0, help="llama: key/value heads (0: n_head)")
+    ap.add_argument("--intermediate_size", type=int, default=0, help="llama: SwiGLU width (required for llama)")
+    ap.add_argument("--rope_theta", type=float, default=10000.0)
+    ap.add_argument("--norm_eps", type=float, default=1e-5)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("need --steps >= 1, --warmup >= 0 and --threads >= 1")
@@ -62,8 +67,21 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)
     cfg = {k: getattr(args, k) for k in gpt2_ref.MODEL_KEYS}
-    model = gpt2_ref.GPT2(cfg, torch.float32)
-    gpt2_ref.init_gpt2_(model, gen)
+    if args.arch == "llama":
+        import llama_ref
+
+        if args.intermediate_size < 1:
+            ap.error("--arch llama needs --intermediate_size")
+        cfg.update(n_kv_head=args.n_kv_head or args.n_head, intermediate_size=args.intermediate_size,
+                   rope_theta=args.rope_theta, norm_eps=args.norm_eps, tie_embeddings=False)
+        model = llama_ref.Llama(cfg, torch.float32)
+        with torch.no_grad():  # Hugging Face's init: matrices N(0, 0.02), norms 1
+            for _, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    else:
+        model = gpt2_ref.GPT2(cfg, torch.float32)
+        gpt2_ref.init_gpt2_(model, gen)
     opt = gpt2_ref.make_optimizer(model, args.lr, args.beta1, args.beta2, args.eps, args.weight_decay)
 
     # All batches are drawn before timing so the RNG stays out of the steps.

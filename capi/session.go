@@ -161,6 +161,12 @@ func sameModel(run, built config.Config) error {
 				k.key, k.run, k.built)
 		}
 	}
+	rv, bv := config.Values(run), config.Values(built)
+	for _, k := range []string{"model.arch", "model.n_kv_head", "model.intermediate_size", "model.rope_theta", "model.norm_eps", "model.tie_embeddings"} {
+		if rv[k] != bv[k] {
+			return fail(errConfig, "prepare: %s is %s in the config but the model was built with %s; build the model from the same config", k, rv[k], bv[k])
+		}
+	}
 	return nil
 }
 

@@ -22,13 +22,33 @@ import (
 )
 
 // benchShape is the GPT both sides of `bench step` train.
+// Arch "llama" trains a Llama of KV key/value heads (0: NHead) and SwiGLU
+// width FFN (0: the model.intermediate_size default).
 type benchShape struct {
 	NLayer, NHead, NEmbd, Block, Vocab, Batch int
+	Arch                                      string
+	KV, FFN                                   int
 }
 
 func (s benchShape) args() []string {
-	return []string{"--n_layer", strconv.Itoa(s.NLayer), "--n_head", strconv.Itoa(s.NHead), "--n_embd", strconv.Itoa(s.NEmbd),
+	a := []string{"--n_layer", strconv.Itoa(s.NLayer), "--n_head", strconv.Itoa(s.NHead), "--n_embd", strconv.Itoa(s.NEmbd),
 		"--block_size", strconv.Itoa(s.Block), "--vocab_size", strconv.Itoa(s.Vocab), "--batch", strconv.Itoa(s.Batch)}
+	if s.Arch == "llama" {
+		c := s.config()
+		a = append(a, "--arch", "llama", "--n_kv_head", strconv.Itoa(c.KVHeads()), "--intermediate_size", strconv.Itoa(c.FFNWidth()))
+	}
+	return a
+}
+
+// config is the run configuration of the bench model.
+func (s benchShape) config() config.Config {
+	cfg := config.Defaults()
+	cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd = s.NLayer, s.NHead, s.NEmbd
+	cfg.Model.BlockSize, cfg.Model.VocabSize = s.Block, s.Vocab
+	if s.Arch == "llama" {
+		cfg.Model.Arch, cfg.Model.NKVHead, cfg.Model.IntermediateSize = "llama", s.KV, s.FFN
+	}
+	return cfg
 }
 
 // benchStep times training steps of the same GPT in tinyacc (in this
@@ -50,8 +70,14 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&s.Block, "block_size", 256, "")
 	fs.IntVar(&s.Vocab, "vocab_size", 256, "")
 	fs.IntVar(&s.Batch, "batch", 8, "")
+	fs.StringVar(&s.Arch, "model.arch", "gpt2", "gpt2 or llama (both sides)")
+	fs.IntVar(&s.KV, "n_kv_head", 0, "llama: key/value heads (0: n_head)")
+	fs.IntVar(&s.FFN, "intermediate_size", 0, "llama: SwiGLU width (0: 8/3 n_embd rounded up to 64)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if c := s.config(); c.Validate() != nil {
+		return fmt.Errorf("bench step: %w", c.Validate())
 	}
 	var threads []int
 	for _, f := range strings.Split(*threadsFlag, ",") {
@@ -64,8 +90,12 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	if _, err := os.Stat(*script); err != nil {
 		return fmt.Errorf("bench step: PyTorch side %s not found (run from the repository root or give --torch-script): %v", *script, err)
 	}
-	fmt.Fprintf(stderr, "bench step: GPT n_layer %d n_head %d n_embd %d block %d vocab %d batch %d fp32; %d steps x %d repeats; blas %s\n",
-		s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName())
+	what := "GPT-2"
+	if c := s.config(); s.Arch == "llama" {
+		what = fmt.Sprintf("Llama (n_kv_head %d, intermediate_size %d)", c.KVHeads(), c.FFNWidth())
+	}
+	fmt.Fprintf(stderr, "bench step: %s n_layer %d n_head %d n_embd %d block %d vocab %d batch %d fp32; %d steps x %d repeats; blas %s\n",
+		what, s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName())
 	type row struct {
 		Threads   int     `json:"threads"`
 		TinyaccMS float64 `json:"tinyacc_ms"`
@@ -138,9 +168,7 @@ func tinyaccStepMS(s benchShape, threads, warmup, steps int) (float64, error) {
 	cpu.SetThreads(threads)
 	defer func() { runtime.GOMAXPROCS(prevProcs); cpu.SetThreads(prevThreads) }()
 
-	cfg := config.Defaults()
-	cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd = s.NLayer, s.NHead, s.NEmbd
-	cfg.Model.BlockSize, cfg.Model.VocabSize = s.Block, s.Vocab
+	cfg := s.config()
 	cfg.Train.BatchSize, cfg.Train.Steps = s.Batch, warmup+steps
 	cfg.Train.Schedule = "constant"
 	cfg.Train.GradClip = 0

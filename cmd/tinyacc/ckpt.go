@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -12,7 +13,8 @@ import (
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
 
-// cmdExport writes a checkpoint's weights as one GPT-2 safetensors file.
+// cmdExport writes a checkpoint's weights as one safetensors file (and a
+// Llama's config.json beside it).
 func cmdExport(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	from := fs.String("from", "", "checkpoint directory (step-NNNNNNN, or a checkpoint root for its latest)")
@@ -31,6 +33,11 @@ func cmdExport(args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "tinyacc: exported %s to %s\n", dir, *to)
+	if ix, err := ckpt.ReadIndex(dir); err == nil {
+		if mc, err := trainer.CheckpointModel(ix); err == nil && mc.Llama != nil {
+			fmt.Fprintf(stdout, "tinyacc: wrote %s beside it (Hugging Face LlamaConfig)\n", filepath.Join(filepath.Dir(*to), "config.json"))
+		}
+	}
 	return nil
 }
 

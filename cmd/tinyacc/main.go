@@ -67,7 +67,8 @@ Usage:
   tinyacc config show [--config FILE] [--key=value ...]
       Print the resolved config and where each value came from.
   tinyacc export --from CHECKPOINT --to FILE.safetensors
-      Write a checkpoint's weights as one GPT-2 safetensors file.
+      Write a checkpoint's weights as one safetensors file (a Llama's
+      with Hugging Face's config.json beside it).
   tinyacc ckpt inspect CHECKPOINT
       List a checkpoint's tensors, shapes, layout and step; verify every digest.
   tinyacc pp draw --pp N --micro M [--schedule afab|1f1b|interleaved|zb1]

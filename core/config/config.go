@@ -43,6 +43,14 @@ type Config struct {
 			AuxLossCoef    float64 `koanf:"aux_loss_coef"`   // load-balancing loss weight
 			ZLossCoef      float64 `koanf:"z_loss_coef"`     // router z-loss weight
 		} `koanf:"moe"`
+		// Arch is "gpt2" or "llama"; the keys below are llama's (see
+		// llama.go for their rules).
+		Arch             string  `koanf:"arch"`
+		NKVHead          int     `koanf:"n_kv_head"`         // grouped-query attention; 0 = n_head
+		IntermediateSize int     `koanf:"intermediate_size"` // SwiGLU width; 0 = 8/3 n_embd rounded up to 64
+		RopeTheta        float64 `koanf:"rope_theta"`        // rotary base
+		NormEps          float64 `koanf:"norm_eps"`          // RMSNorm epsilon
+		TieEmbeddings    bool    `koanf:"tie_embeddings"`    // lm_head tied to embed_tokens
 	} `koanf:"model"`
 	Train struct {
 		Steps       int     `koanf:"steps"`        // optimizer steps
@@ -171,6 +179,9 @@ func Defaults() Config {
 	c.Model.BlockSize = 128
 	c.Model.VocabSize = 256
 	c.Model.MoE.TopK, c.Model.MoE.Every, c.Model.MoE.AuxLossCoef = 2, 1, 0.01
+	c.Model.Arch = "gpt2"
+	c.Model.RopeTheta = 10000
+	c.Model.NormEps = 1e-5
 
 	c.Train.Steps = 300
 	c.Train.BatchSize = 8

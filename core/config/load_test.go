@@ -158,7 +158,7 @@ func TestUnknownKeyInEachLayer(t *testing.T) {
 		{"value below a leaf", "", nil, []string{"--train.lr.x=1"},
 			`config: unknown key "train.lr.x" (from flag --train.lr.x); known keys in "train": ` + trainKeys},
 		{"section as value", "", []string{"TINYACC_MODEL=3"}, nil,
-			`config: key "model" (from env TINYACC_MODEL) is a section, not a value (got "3"); set its keys instead: block_size, moe, n_embd, n_head, n_layer, vocab_size`},
+			`config: key "model" (from env TINYACC_MODEL) is a section, not a value (got "3"); set its keys instead: arch, block_size, intermediate_size, moe, n_embd, n_head, n_kv_head, n_layer, norm_eps, rope_theta, tie_embeddings, vocab_size`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 		[]string{"--model.n_head", "--device=cpu", "stray"})
 	require.Error(t, err)
 	assert.Equal(t, []string{
-		`config: unknown key "model.n_layr" (from file ` + file + `); known keys in "model": block_size, moe, n_embd, n_head, n_layer, vocab_size`,
+		`config: unknown key "model.n_layr" (from file ` + file + `); known keys in "model": arch, block_size, intermediate_size, moe, n_embd, n_head, n_kv_head, n_layer, norm_eps, rope_theta, tie_embeddings, vocab_size`,
 		`config: unknown key "bogus" (from env TINYACC_BOGUS); known top-level keys: ` + topKeys + noSuggestion,
 		`config: train.steps="x" (from env TINYACC_TRAIN__STEPS) is not an integer: use a value such as 300`,
 		`config: flag --model.n_head needs a value: write --model.n_head=VALUE`,

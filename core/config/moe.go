@@ -15,6 +15,9 @@ func (c *Config) validateMoE(v *validator) {
 	if m.Experts <= 0 {
 		return
 	}
+	if c.Model.Arch == "llama" {
+		v.addf("config: model.moe.experts=%d with model.arch=llama: the experts are GPT-2 MLPs in this build; use model.arch=gpt2 or model.moe.experts=0", m.Experts)
+	}
 	if m.TopK < 1 || m.TopK > m.Experts {
 		v.addf("config: model.moe.top_k=%d must be between 1 and model.moe.experts=%d", m.TopK, m.Experts)
 	}

@@ -20,6 +20,7 @@ func (c *Config) Validate() error {
 	v.positive("model.n_head", int64(m.NHead))
 	v.positive("model.n_embd", int64(m.NEmbd))
 	v.positive("model.block_size", int64(m.BlockSize))
+	c.validateArch(v) // llama.go
 	if m.NHead > 0 && m.NEmbd > 0 && m.NEmbd%m.NHead != 0 {
 		v.addf("config: model.n_embd=%d is not divisible by model.n_head=%d: choose n_embd a multiple of n_head", m.NEmbd, m.NHead)
 	}

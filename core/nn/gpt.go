@@ -15,11 +15,15 @@ type GPTConfig struct {
 	BlockSize int
 	VocabSize int
 	MoE       MoEConfig // mixture-of-experts blocks (moe.go); zero = dense
+	// Llama describes a Llama-family model (llama.go); nil for GPT-2.
+	Llama *LlamaShape
 }
 
 // Validate reports a configuration the model cannot be built with.
 func (c GPTConfig) Validate() error {
 	switch {
+	case c.Llama != nil:
+		return c.validateLlama()
 	case c.NLayer < 1 || c.NHead < 1 || c.NEmbd < 1 || c.BlockSize < 1 || c.VocabSize < 1:
 		return fmt.Errorf("nn: every GPT size must be positive, got %+v", c)
 	case c.NEmbd%c.NHead != 0:
@@ -30,6 +34,9 @@ func (c GPTConfig) Validate() error {
 
 // NumParams is Ψ, the number of parameters (the tied head counted once).
 func (c GPTConfig) NumParams() int64 {
+	if c.Llama != nil {
+		return c.llamaParams()
+	}
 	C, L := int64(c.NEmbd), int64(c.NLayer)
 	perBlock := 2*C + (C*3*C + 3*C) + (C*C + C) + 2*C + (C*4*C + 4*C) + (4*C*C + C)
 	return int64(c.VocabSize)*C + int64(c.BlockSize)*C + L*perBlock + 2*C + c.moeExtraParams(c.MoE.Experts)
@@ -99,6 +106,9 @@ type Block struct {
 	Fc                     Layer // mlp.c_fc
 	MlpProj                Layer // mlp.c_proj
 	MoE                    *MoE  // the MLP's replacement in a MoE block (Fc, MlpProj nil)
+	// Act is the MLP's activation between Fc and MlpProj: nil for
+	// GPT-2's GELU; Llama's SwiGLU gate (tensor.SiluMul of gate|up).
+	Act func(*tensor.Tensor) *tensor.Tensor
 }
 
 // Head is the output stage: ln_f, then the head and loss layer.
@@ -154,13 +164,11 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if len(ranges) == 0 {
-		return nil, fmt.Errorf("nn: a stage needs at least one range of blocks")
+	if cfg.Llama != nil {
+		return describeLlamaStage(cfg, dtype, alloc, ranges)
 	}
-	for i, r := range ranges {
-		if r[0] < 0 || r[1] > cfg.NLayer || r[0] >= r[1] || (i > 0 && r[0] < ranges[i-1][1]) {
-			return nil, fmt.Errorf("nn: block ranges %v are not ascending, disjoint and inside [0, %d)", ranges, cfg.NLayer)
-		}
+	if err := checkRanges(cfg, ranges); err != nil {
+		return nil, err
 	}
 	C := cfg.NEmbd
 	m := &GPT{Config: cfg}
@@ -223,6 +231,34 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 		m.Head = h
 	}
 	return m, nil
+}
+
+// checkRanges reports block ranges a stage cannot be built from.
+func checkRanges(cfg GPTConfig, ranges [][2]int) error {
+	if len(ranges) == 0 {
+		return fmt.Errorf("nn: a stage needs at least one range of blocks")
+	}
+	for i, r := range ranges {
+		if r[0] < 0 || r[1] > cfg.NLayer || r[0] >= r[1] || (i > 0 && r[0] < ranges[i-1][1]) {
+			return fmt.Errorf("nn: block ranges %v are not ascending, disjoint and inside [0, %d)", ranges, cfg.NLayer)
+		}
+	}
+	return nil
+}
+
+// TiedTable is the name of the token table the head's logits are computed
+// against when it is also the embedding (GPT-2's wte, a tied Llama's
+// embed_tokens), or "" when the head has its own (an untied lm_head). A
+// pipeline's first and last stage both hold a tied table and sum its
+// gradient.
+func (c GPTConfig) TiedTable() string {
+	switch {
+	case c.Llama == nil:
+		return "wte.weight"
+	case c.Llama.Tied:
+		return LlamaEmbedName
+	}
+	return ""
 }
 
 // Whole reports whether the model holds every block and both stages.
@@ -301,8 +337,12 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		case err == nil && b.MoE != nil:
 			h, err = b.MoE.Forward(h, p)
 		case err == nil:
+			act := tensor.Gelu
+			if b.Act != nil {
+				act = b.Act
+			}
 			if h, err = b.Fc.Forward(h, p); err == nil {
-				h, err = b.MlpProj.Forward(tensor.Gelu(h), p)
+				h, err = b.MlpProj.Forward(act(h), p)
 			}
 		}
 		if err != nil {
@@ -382,6 +422,9 @@ type ParamShape struct {
 // ParamShapes lists every global parameter of the model of shape c (the
 // tied wte once), in forward order, without building it.
 func (c GPTConfig) ParamShapes() []ParamShape {
+	if c.Llama != nil {
+		return c.llamaShapes()
+	}
 	C := c.NEmbd
 	out := []ParamShape{{"wte.weight", []int{c.VocabSize, C}}, {"wpe.weight", []int{c.BlockSize, C}}}
 	for i := 0; i < c.NLayer; i++ {

@@ -91,6 +91,12 @@ func Fill(t *tensor.Tensor, v float64) {
 // weights one; biases zero.
 func (c GPTConfig) initOf(name string) (std, v float64) {
 	const base = 0.02
+	if c.Llama != nil { // Hugging Face's Llama: matrices normal(0, 0.02), norms one
+		if strings.HasSuffix(name, "norm.weight") {
+			return 0, 1
+		}
+		return base, 0
+	}
 	switch {
 	case strings.HasSuffix(name, "c_proj.weight"):
 		return base / math.Sqrt(2*float64(c.NLayer)), 0

@@ -65,12 +65,23 @@ func (l *LayerNorm) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 // given, masked by their global positions (a row sees the rows at its
 // position or before). A rank that holds only part of a sequence needs the
 // other parts' keys too: context parallel replaces this layer.
+//
+// Llama's core (NKVHead > 0) reads the fused layout of its q|k|v
+// projections, NHead query heads then NKVHead key and value heads (GPT-2's
+// with NKVHead = NHead), turns q and k by their global positions (RoPE,
+// base RopeTheta) and runs grouped-query attention.
 type CausalAttention struct {
-	NHead int
+	NHead     int
+	NKVHead   int     // Llama only: key/value heads
+	RopeTheta float64 // Llama only: rotary base
 }
 
 // Forward implements Layer.
 func (a *CausalAttention) Forward(qkv *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	if a.NKVHead > 0 {
+		qkv = tensor.RoPE(qkv, a.NHead, a.NKVHead, p.Pos, a.RopeTheta)
+		return tensor.GroupedAttention(qkv, a.NHead, a.NKVHead, p.Pos), nil
+	}
 	if p.Pos == nil {
 		return tensor.CausalSelfAttention(qkv, a.NHead), nil
 	}

@@ -105,9 +105,13 @@ func openWeights(path string, m nn.GPTConfig) (*weightsFile, error) {
 	}
 	w := &weightsFile{path: path, r: r, key: map[string]string{}}
 	infos := map[string]ckpt.Info{}
+	own := map[string]bool{}
+	for _, ps := range m.ParamShapes() {
+		own[ps.Name] = true
+	}
 	for key, info := range r.Tensors() {
 		name := strings.TrimPrefix(key, "transformer.")
-		if skippedName(name) {
+		if skippedName(name) && !own[name] { // an untied Llama's lm_head is a parameter
 			continue
 		}
 		infos[name] = info

@@ -120,7 +120,9 @@ const RuntimeBytes = 48 << 20
 // fails if a weight-sized temporary comes back.
 func ActivationBytes(m nn.GPTConfig, B int) int64 {
 	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
-	floats := 36*b*t*c*l + b*h*t*t*l + 3*b*t*v + 6*b*t*c + 15*b*t
+	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
+	emb := m.EmbedActs()          // GPT-2: 2
+	floats := 2*(whole+split)*b*t*l + b*h*t*t*l + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 

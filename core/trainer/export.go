@@ -36,6 +36,20 @@ func CheckpointModel(ix *ckpt.Index) (nn.GPTConfig, error) {
 			return c, err
 		}
 	}
+	if fmt.Sprint(ix.Config["model.arch"]) == strconv.Quote("llama") { // config.Values quotes strings
+		values := map[string]any{}
+		for k, v := range ix.Config {
+			if s := fmt.Sprint(v); strings.HasPrefix(k, "model.") {
+				if u, err := strconv.Unquote(s); err == nil {
+					s = u
+				}
+				values[k] = s
+			}
+		}
+		if c, err = modelOf(values); err != nil {
+			return c, fmt.Errorf("ckpt: the index's model keys: %w", err)
+		}
+	}
 	if c.MoE, err = checkpointMoE(ix.Config); err != nil { // moe.go
 		return c, err
 	}
@@ -106,7 +120,10 @@ func ExportCheckpoint(dir, to string) error {
 		}
 		return last, nil
 	})
-	return err
+	if err != nil || len(entries) == 0 {
+		return err
+	}
+	return writeHFConfig(mc, storedDType(ix.Tensors[entries[0].Name]).String(), to)
 }
 
 // storedDType is the dtype a checkpoint holds a tensor in: float64 for a

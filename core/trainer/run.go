@@ -93,8 +93,15 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 	}
 	if cfg.InitFrom != "" {
 		mc := GPTConfig(cfg)
-		fmt.Fprintf(log, "tinyacc: init_from %s: weights only (a fresh schedule, optimizer and data position); loaded %d tensors: wte, wpe, 12 for each of %d blocks, ln_f\n",
-			cfg.InitFrom, len(mc.ParamShapes()), mc.NLayer)
+		which := fmt.Sprintf("wte, wpe, 12 for each of %d blocks, ln_f", mc.NLayer)
+		if mc.Llama != nil {
+			which = fmt.Sprintf("embed_tokens, 9 for each of %d layers, norm", mc.NLayer)
+			if !mc.Llama.Tied {
+				which += ", lm_head"
+			}
+		}
+		fmt.Fprintf(log, "tinyacc: init_from %s: weights only (a fresh schedule, optimizer and data position); loaded %d tensors: %s\n",
+			cfg.InitFrom, len(mc.ParamShapes()), which)
 	}
 	first, err := t.resume(log)
 	if err != nil {

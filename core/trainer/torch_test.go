@@ -113,9 +113,14 @@ func torchAvailable() bool {
 }
 
 func runTorchRef(t *testing.T, in, out string) {
-	cmd := exec.Command("/usr/bin/python3", "../../tools/torchref/gpt2_ref.py", "--in", in, "--out", out)
+	runScript(t, "../../tools/torchref/gpt2_ref.py", in, out)
+}
+
+// runScript runs a reference script of tools/torchref on in, writing out.
+func runScript(t *testing.T, script, in, out string) {
+	cmd := exec.Command("/usr/bin/python3", script, "--in", in, "--out", out)
 	b, err := cmd.CombinedOutput()
-	require.NoError(t, err, "gpt2_ref.py: %s", b)
+	require.NoError(t, err, "%s: %s", script, b)
 }
 
 func normRel(got, want []float64) float64 {

@@ -341,8 +341,13 @@ func (t *Trainer) SetModel(m *nn.GPT) error {
 
 // GPTConfig extracts the model shape from a run config.
 func GPTConfig(cfg config.Config) nn.GPTConfig {
-	return nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
+	c := nn.GPTConfig{NLayer: cfg.Model.NLayer, NHead: cfg.Model.NHead, NEmbd: cfg.Model.NEmbd,
 		BlockSize: cfg.Model.BlockSize, VocabSize: cfg.Model.VocabSize, MoE: moeConfig(cfg)}
+	if cfg.Model.Arch == "llama" {
+		c.Llama = &nn.LlamaShape{NKVHead: cfg.KVHeads(), Intermediate: cfg.FFNWidth(), RopeTheta: cfg.Model.RopeTheta,
+			NormEps: cfg.Model.NormEps, Tied: cfg.Model.TieEmbeddings}
+	}
+	return c
 }
 
 // BuildOptimizer creates the optimizer of cfg over params (weight decay

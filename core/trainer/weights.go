@@ -38,11 +38,15 @@ func SaveWeights(m *nn.GPT, path string) error {
 // weightsMeta is the metadata of a weights file: the model shape, nothing
 // else, so equal weights give byte-equal files.
 func weightsMeta(c nn.GPTConfig) map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"format": "pt", "producer": "tinyacc",
 		"n_layer": strconv.Itoa(c.NLayer), "n_head": strconv.Itoa(c.NHead), "n_embd": strconv.Itoa(c.NEmbd),
 		"block_size": strconv.Itoa(c.BlockSize), "vocab_size": strconv.Itoa(c.VocabSize),
 	}
+	for k, v := range llamaKeys(c) {
+		m[k] = v
+	}
+	return m
 }
 
 // SaveModel writes the weights this trainer trains to path from rank 0,
@@ -107,7 +111,7 @@ func (t *Trainer) SaveModel(path string) error {
 // skippedName reports names real GPT-2 files carry that are not parameters:
 // the attention mask buffers, and the output head, which is tied to wte.
 func skippedName(name string) bool {
-	return strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") || name == "lm_head.weight"
+	return strings.HasSuffix(name, ".attn.bias") || strings.HasSuffix(name, ".attn.masked_bias") || name == nn.LlamaHeadName
 }
 
 // LoadWeights copies the tensors of a safetensors file into m's parameters,
@@ -164,6 +168,16 @@ func (t *Trainer) LoadWeights(path string) error {
 
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.
 func ModelConfigFromMetadata(meta map[string]string) (nn.GPTConfig, bool) {
+	if meta["arch"] == "llama" {
+		values := map[string]any{}
+		for k, v := range meta {
+			if k != "format" && k != "producer" {
+				values["model."+k] = v
+			}
+		}
+		c, err := modelOf(values)
+		return c, err == nil
+	}
 	var c nn.GPTConfig
 	fields := []struct {
 		key string

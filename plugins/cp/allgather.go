@@ -40,13 +40,13 @@ func (f *gatherFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Te
 }
 
 func gatherForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Tensor) (*tensor.Tensor, error) {
-	B, T, C, err := shape(qkv, a.NHead)
+	B, T, C, err := a.shape(qkv)
 	if err != nil {
 		return nil, err
 	}
 	n, r, al, dt := a.G.Size(), a.G.Rank(), a.alloc(), qkv.DType()
-	blk := B * T * 2 * C
-	kv := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
+	blk := B * T * C.KV2
+	kv := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
 	all := al.NewUninit(tensor.Activations, dt, n*blk) // kept for backward
 	span := a.Trace.Begin("cp all_gather kv", "comm", trace.Comm).With("bytes", all.Bytes()).With("group", a.G.Name())
@@ -57,10 +57,10 @@ func gatherForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.T
 		all.Release()
 		return nil, a.errorf("all-gather of keys and values", err)
 	}
-	d := dims(B, T, C, a.NHead)
-	out := al.New(tensor.Activations, dt, B, T, C)
+	d := C.dims(B, T)
+	out := al.New(tensor.Activations, dt, B, T, C.Q)
 	lse := al.New(tensor.Activations, dt, B, a.NHead, T)
-	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C)
+	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C.Q)
 	tmpLse := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	q, xs := vals[F](qkv), vals[F](all)
 	qpos := a.Pos[r]
@@ -87,11 +87,11 @@ func gatherForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.T
 func gatherBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.Tensor) (*tensor.Tensor, error) {
 	qkv := ctx.Saved()[0]
 	out, lse, all := ctx.Values["out"].(*tensor.Tensor), ctx.Values["lse"].(*tensor.Tensor), ctx.Values["all"].(*tensor.Tensor)
-	B, T, C, _ := shape(qkv, a.NHead)
+	B, T, C, _ := a.shape(qkv)
 	n, r, al, dt := a.G.Size(), a.G.Rank(), backAlloc(ctx), qkv.DType()
-	blk := B * T * 2 * C
-	d := dims(B, T, C, a.NHead)
-	gq := al.New(tensor.Activations, dt, B, T, 3*C)
+	blk := B * T * C.KV2
+	d := C.dims(B, T)
+	gq := al.New(tensor.Activations, dt, B, T, C.W)
 	delta := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	defer delta.Release()
 	cpu.AttentionDelta(d, vals[F](gout), vals[F](out), vals[F](delta))

@@ -21,14 +21,21 @@ import (
 // keys and values are all-gathered first (allgather.go). Both give the
 // whole sequence's attention rows of this rank, exactly (up to the order
 // of floating-point sums).
+//
+// A Llama's core (NKVHead > 0) first turns this rank's q and k by their
+// global positions (RoPE, base RopeTheta), so every key block travels
+// already rotated, and its query heads read their groups' key/value
+// heads.
 type Attention struct {
-	NHead int
-	G     comm.Group
-	Pos   [][]int
-	Ring  bool
-	Alloc *tensor.Allocator // nil: tensor.Default
-	Trace *trace.Recorder   // nil: no spans
-	Stats *Stats            // nil: not counted
+	NHead     int
+	NKVHead   int     // Llama only
+	RopeTheta float64 // Llama only
+	G         comm.Group
+	Pos       [][]int
+	Ring      bool
+	Alloc     *tensor.Allocator // nil: tensor.Default
+	Trace     *trace.Recorder   // nil: no spans
+	Stats     *Stats            // nil: not counted
 
 	// computed, when set, is called after each key block's compute (what
 	// is "block" or "block backward"): the overlap tests open their gate
@@ -50,6 +57,9 @@ func (a *Attention) Forward(qkv *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, erro
 	}
 	if n := len(a.Pos[a.G.Rank()]); qkv.Dim(1) != n {
 		return nil, fmt.Errorf("cp: rank %d's attention got %d rows of each sequence; it holds %d (positions %v)", a.G.Rank(), qkv.Dim(1), n, a.Pos[a.G.Rank()])
+	}
+	if a.NKVHead > 0 {
+		qkv = tensor.RoPE(qkv, a.NHead, a.NKVHead, a.Pos[a.G.Rank()], a.RopeTheta)
 	}
 	if a.Ring {
 		return tensor.Apply("cp.ring_attention", &ringFn{a: a}, qkv)

@@ -108,7 +108,7 @@ func (p *CP) Prepare(t *trainer.Trainer) error {
 		if !ok {
 			return fmt.Errorf("cp: %s's attention core is %T, not nn.CausalAttention; context parallel replaces the plain core (after tensor parallel)", b.Name(), b.Core)
 		}
-		b.Core = &Attention{NHead: c.NHead, G: g, Pos: all, Ring: p.Ring, Alloc: t.Alloc, Trace: t.Trace, Stats: &p.Stats}
+		b.Core = &Attention{NHead: c.NHead, NKVHead: c.NKVHead, RopeTheta: c.RopeTheta, G: g, Pos: all, Ring: p.Ring, Alloc: t.Alloc, Trace: t.Trace, Stats: &p.Stats}
 	}
 	return nil
 }

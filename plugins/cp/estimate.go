@@ -36,7 +36,7 @@ func (e *estimator) EstimateMemory(in trainer.EstimateInput, m *trainer.MemoryEs
 		return fmt.Errorf("cp: block_size %d does not split over %d ranks", mc.BlockSize, e.n)
 	}
 	B, T, L := int64(in.Cfg.Train.BatchSize), int64(mc.BlockSize), int64(mc.NLayer)
-	C := int64(mc.NEmbd / max(1, in.Cfg.Parallel.TP))
+	C := int64(mc.KVHeads() * mc.HeadSize() / max(1, in.Cfg.Parallel.TP)) // the key (or value) width: n_embd for GPT-2
 	local := mc
 	local.BlockSize = mc.BlockSize / e.n
 	act := trainer.ActivationBytes(local, in.Cfg.Train.BatchSize)

@@ -57,19 +57,19 @@ func (f *ringFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tens
 }
 
 func ringForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Tensor) (*tensor.Tensor, error) {
-	B, T, C, err := shape(qkv, a.NHead)
+	B, T, C, err := a.shape(qkv)
 	if err != nil {
 		return nil, err
 	}
 	n, r, al, dt := a.G.Size(), a.G.Rank(), a.alloc(), qkv.DType()
 	next, prev := a.neighbours()
-	kv := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
-	nxt := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
+	kv := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
+	nxt := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
-	d := dims(B, T, C, a.NHead)
-	out := al.New(tensor.Activations, dt, B, T, C)
+	d := C.dims(B, T)
+	out := al.New(tensor.Activations, dt, B, T, C.Q)
 	lse := al.New(tensor.Activations, dt, B, a.NHead, T)
-	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C)
+	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C.Q)
 	tmpLse := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	defer func() {
 		for _, t := range []*tensor.Tensor{kv, nxt, tmpOut, tmpLse} {
@@ -106,17 +106,17 @@ func ringForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Ten
 func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.Tensor) (*tensor.Tensor, error) {
 	qkv := ctx.Saved()[0]
 	out, lse := ctx.Values["out"].(*tensor.Tensor), ctx.Values["lse"].(*tensor.Tensor)
-	B, T, C, _ := shape(qkv, a.NHead)
+	B, T, C, _ := a.shape(qkv)
 	n, r, al, dt := a.G.Size(), a.G.Rank(), backAlloc(ctx), qkv.DType()
 	next, prev := a.neighbours()
-	d := dims(B, T, C, a.NHead)
-	gq := al.New(tensor.Activations, dt, B, T, 3*C)
+	d := C.dims(B, T)
+	gq := al.New(tensor.Activations, dt, B, T, C.W)
 	delta := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	cpu.AttentionDelta(d, vals[F](gout), vals[F](out), vals[F](delta))
-	kv := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
-	nxt := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
-	acc := al.NewUninit(tensor.Comm, dt, B, T, 2*C)
-	dkv := [2]*tensor.Tensor{al.NewUninit(tensor.Comm, dt, B, T, 2*C), al.NewUninit(tensor.Comm, dt, B, T, 2*C)}
+	kv := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
+	nxt := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
+	acc := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
+	dkv := [2]*tensor.Tensor{al.NewUninit(tensor.Comm, dt, B, T, C.KV2), al.NewUninit(tensor.Comm, dt, B, T, C.KV2)}
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
 	var sends [2]*pending
 	var inflight []*pending

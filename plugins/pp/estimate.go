@@ -67,14 +67,17 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 	for _, q := range ps {
 		keep := false
 		switch {
-		case q.Name == "wte.weight":
+		case q.Name == in.Model.TiedTable():
 			keep = r == 0 || r == p-1
-		case q.Name == "wpe.weight":
+		case q.Name == "wpe.weight" || q.Name == nn.LlamaEmbedName:
 			keep = r == 0
-		case strings.HasPrefix(q.Name, "ln_f."):
+		case strings.HasPrefix(q.Name, "ln_f.") || q.Name == nn.LlamaNormName || q.Name == nn.LlamaHeadName:
 			keep = r == p-1
 		case strings.HasPrefix(q.Name, "h."):
 			i, err := strconv.Atoi(strings.SplitN(q.Name, ".", 3)[1])
+			keep = err == nil && e.chunkOf(i)%p == r
+		case strings.HasPrefix(q.Name, "model.layers."):
+			i, err := strconv.Atoi(strings.SplitN(q.Name, ".", 4)[2])
 			keep = err == nil && e.chunkOf(i)%p == r
 		}
 		if keep {
@@ -111,11 +114,13 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 // logits.
 func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
 	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
-	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
-	full = l * ((12+24/k)*b*t*c + b*h*t*t/k)
+	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
+	emb := m.EmbedActs()
+	saved = l * ((whole+split/k)*b*t + b*h*t*t/k + 4*b*t)
+	full = l * ((2*whole+2*split/k)*b*t + b*h*t*t/k)
 	if first {
-		saved += 2 * b * t * c
-		full += 2 * b * t * c
+		saved += emb * b * t * c
+		full += emb * b * t * c
 	} else {
 		saved += b * t * c
 		full += b * t * c

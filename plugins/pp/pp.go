@@ -96,7 +96,7 @@ func (o *Pipeline) Prepare(t *trainer.Trainer) error {
 	if err := t.SetModel(stage); err != nil {
 		return err
 	}
-	if wte := t.Model.Param("wte.weight"); wte != nil {
+	if wte := t.Model.Param(t.Model.Config.TiedTable()); wte != nil {
 		t.KeepGradReady(wte)
 	}
 	// Trace times are per process; this event ties them to the wall
@@ -268,12 +268,12 @@ func (o *Pipeline) forward(t *trainer.Trainer, k int, first, last bool, in, x, y
 // after the rank's whole list: both ends have finished their compute, so
 // neither waits on the other's pipeline traffic.
 func (o *Pipeline) tiedGrad(t *trainer.Trainer) error {
-	wte := t.Model.Param("wte.weight")
+	wte := t.Model.Param(t.Model.Config.TiedTable()) // none: an untied Llama
 	if wte == nil {
 		return nil
 	}
 	if wte.Grad == nil {
-		return fmt.Errorf("pp: stage %d holds wte.weight but backward gave it no gradient", o.rank)
+		return fmt.Errorf("pp: stage %d holds %s but backward gave it no gradient", o.rank, wte.Name)
 	}
 	span := t.Trace.Begin("all_reduce wte (embedding group)", "comm", trace.Comm).With("bytes", wte.Grad.Bytes())
 	err := o.embed.AllReduce(wte.Grad, comm.Sum)

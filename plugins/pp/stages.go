@@ -14,9 +14,18 @@ import (
 // c_proj 8C²) and 4·T·C in attention (scores and weighted values); the
 // head adds 2·V·C for the logits; the embedding is a lookup and counts
 // nothing.
+//
+// In general a block's matrix products cost twice its matrices' sizes:
+// a Llama's q|k|v C·(H+2K)·hs, o_proj C·H·hs and three C·I for gate, up
+// and down.
 func blockCost(c nn.GPTConfig) float64 {
-	C, T := float64(c.NEmbd), float64(c.BlockSize)
-	return 24*C*C + 4*T*C
+	C, T, hs := float64(c.NEmbd), float64(c.BlockSize), float64(c.HeadSize())
+	q, kv := float64(c.NHead)*hs, float64(c.KVHeads())*hs
+	mlp := 2.0 // c_fc, mlp.c_proj
+	if c.Llama != nil {
+		mlp = 3 // gate, up, down
+	}
+	return 2*(C*(q+2*kv)+q*C+mlp*C*float64(c.FFN())) + 4*T*C
 }
 
 func headCost(c nn.GPTConfig) float64 { return 2 * float64(c.VocabSize) * float64(c.NEmbd) }
@@ -92,18 +101,19 @@ func keepStage(m *nn.GPT, split []int, p, r int) (*nn.GPT, error) {
 	if first {
 		stage.Embed = m.Embed
 	}
+	tied := m.Config.TiedTable() // "": an untied Llama's head holds its own lm_head
 	if last {
 		stage.Head = m.Head
-		if !first {
+		if !first && tied != "" {
 			wte := m.Head.Wte
 			spec := wte.Spec
-			m.Head.AddParam("wte.weight", wte)
+			m.Head.AddParam(tied, wte)
 			wte.Spec = spec // keep a rewriter's placement of the table
 		}
 	}
 	for _, q := range stage.Params() {
 		held := []int{r}
-		if q.Name == "wte.weight" {
+		if q.Name == tied {
 			held = []int{0, p - 1}
 		}
 		q.Spec = q.Spec.Clone()

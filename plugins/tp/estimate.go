@@ -25,9 +25,18 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 	for i, p := range ps {
 		shape := append([]int(nil), p.Shape...)
 		switch name := p.Name; {
-		case name == "wte.weight":
+		case name == "wte.weight", name == nn.LlamaEmbedName, name == nn.LlamaHeadName:
 			lo, hi := VocabRange(shape[0], n, r)
 			shape[0] = hi - lo
+		case strings.HasSuffix(name, "_proj.weight") && strings.HasPrefix(name, "model.layers."):
+			// A Llama's [out, in] matrices: q, k, v, gate and up by rows
+			// (heads, key/value heads, SwiGLU columns), o and down by
+			// columns.
+			if strings.HasSuffix(name, "o_proj.weight") || strings.HasSuffix(name, "down_proj.weight") {
+				shape[1] /= n
+			} else {
+				shape[0] /= n
+			}
 		case strings.HasSuffix(name, "attn.c_attn.weight"), strings.HasSuffix(name, "mlp.c_fc.weight"),
 			strings.HasSuffix(name, "attn.c_attn.bias"), strings.HasSuffix(name, "mlp.c_fc.bias"):
 			shape[len(shape)-1] /= n
@@ -52,7 +61,9 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 // backward, so the total moves by about 1% (TestEstimateMatchesMeasured).
 func ActivationBytes(m nn.GPTConfig, B, n int) int64 {
 	b, t, c, l, h, v, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize), int64(n)
-	floats := (12+24/k)*b*t*c*l + b*h*t*t*l/k + 3*b*t*v/k + 6*b*t*c + 15*b*t
+	whole, split := m.ActWidths() // GPT-2: 6·C whole, 12·C split; a Llama's in nn
+	emb := m.EmbedActs()
+	floats := (2*whole+2*split/k)*b*t*l + b*h*t*t*l/k + 3*b*t*v/k + (4+emb)*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 

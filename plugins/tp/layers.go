@@ -18,8 +18,13 @@ import (
 // Gather, the naive form, all-gathers the output columns so every rank
 // holds the whole x·W + B; training leaves it off and hands the split
 // columns to the row-parallel layer after.
+//
+// Ws, in place of W and B, are this rank's rows of bias-free weights in
+// nn.Linear's [out, in] layout whose products sit side by side (Llama's
+// q|k|v and gate|up: tensor.LinearT).
 type ColumnParallel struct {
 	W, B   *tensor.Tensor
+	Ws     []*tensor.Tensor
 	C      *Comm
 	SP     bool
 	Gather bool
@@ -36,6 +41,9 @@ func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, e
 	}
 	if err != nil {
 		return nil, err
+	}
+	if l.Ws != nil {
+		return tensor.LinearT(in, l.Ws...), nil
 	}
 	y := tensor.Linear(in, l.W, l.B)
 	if !l.Gather {
@@ -60,24 +68,36 @@ func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, e
 //
 // Split, the naive form, takes the whole input x [..., in] and uses this
 // rank's columns of it.
+//
+// T says W is [out, in/N], nn.Linear's layout (Llama's o_proj and
+// down_proj, without bias).
 type RowParallel struct {
 	W, B  *tensor.Tensor
 	C     *Comm
 	SP    bool
 	Split bool
+	T     bool
 }
 
 // Forward implements nn.Layer.
 func (l *RowParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, error) {
 	if l.Split {
 		k := l.W.Dim(0)
+		if l.T {
+			k = l.W.Dim(1)
+		}
 		lo := l.C.G.Rank() * k
 		if x.Dim(-1) != k*l.C.G.Size() {
 			return nil, fmt.Errorf("tp: row-parallel layer of %d rows per rank given an input of width %d", k, x.Dim(-1))
 		}
 		x = tensor.Columns(x, lo, lo+k)
 	}
-	y := tensor.Linear(x, l.W, nil)
+	var y *tensor.Tensor
+	if l.T {
+		y = tensor.MatMulT(x, l.W)
+	} else {
+		y = tensor.Linear(x, l.W, nil)
+	}
 	var err error
 	if l.SP {
 		y, err = tensor.Apply("tp.scatter_seq", &scatterSeqFn{c: l.C, consume: true}, y)

@@ -63,6 +63,12 @@ func Check(c nn.GPTConfig, n int, sp bool) error {
 	if sp && c.BlockSize%n != 0 {
 		errs = append(errs, fmt.Errorf("tp: sequence parallel needs block_size=%d divisible by tp=%d", c.BlockSize, n))
 	}
+	if c.Llama != nil && c.KVHeads()%n != 0 {
+		errs = append(errs, fmt.Errorf("tp: n_kv_head=%d is not divisible by tp=%d", c.KVHeads(), n))
+	}
+	if c.Llama != nil && c.FFN()%n != 0 {
+		errs = append(errs, fmt.Errorf("tp: intermediate_size=%d is not divisible by tp=%d", c.FFN(), n))
+	}
 	return errors.Join(errs...)
 }
 
@@ -113,7 +119,14 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 	cols := func(dim, lo, n int) place.Placement {
 		return place.Placement{Kind: place.Shard, Dim: dim, Offset: lo, Length: n}
 	}
-	for _, b := range t.Model.Blocks() {
+	blocks, embed, head := t.Model.Blocks(), t.Model.Embed, t.Model.Head
+	if mc.Llama != nil {
+		if err := p.splitLlama(t, split); err != nil { // llama.go
+			return err
+		}
+		blocks, embed, head = nil, nil, nil
+	}
+	for _, b := range blocks {
 		attn, proj, fc, mlp, err := denses(b)
 		if err != nil {
 			return err
@@ -151,7 +164,7 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 	}
 	v0, v1 := VocabRange(mc.VocabSize, n, r)
 	var wte *tensor.Tensor
-	if e := t.Model.Embed; e != nil {
+	if e := embed; e != nil {
 		var err error
 		if wte, err = split(e.Module, e.Wte, rows(v0, v1-v0)); err != nil {
 			return err
@@ -159,7 +172,7 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 		e.Wte = wte
 		e.Layer = &VocabEmbedding{Wte: wte, Wpe: e.Wpe, Lo: v0, C: p.c, SP: p.SP}
 	}
-	if h := t.Model.Head; h != nil {
+	if h := head; h != nil {
 		if wte == nil {
 			// A pipeline's last stage holds its own copy of the table.
 			var err error

@@ -27,7 +27,7 @@ func VocabRange(v, n, r int) (lo, hi int) {
 // sequence (ScatterSeq), and the position embedding Wpe (whole on every
 // rank) is added to the rows this rank then holds. Under sequence
 // parallelism those are its part of the sequence, so Wpe's gradient is a
-// partial sum, summed over the group in backward.
+// partial sum, summed over the group in backward. A Llama has no Wpe (nil).
 type VocabEmbedding struct {
 	Wte, Wpe *tensor.Tensor
 	Lo       int
@@ -43,15 +43,15 @@ func (e *VocabEmbedding) Forward(idx *tensor.Tensor, p nn.Pass) (*tensor.Tensor,
 	}
 	if !e.SP {
 		x, err = tensor.Apply("tp.reduce", &reduceFn{c: e.C, inPlace: true}, x)
-		if err != nil {
-			return nil, err
+		if err != nil || e.Wpe == nil {
+			return x, err
 		}
 		return tensor.AddPositions(x, e.Wpe, p.Pos), nil
 	}
 	T := idx.Dim(-1)
 	x, err = tensor.Apply("tp.scatter_seq", &scatterSeqFn{c: e.C, consume: true}, x)
-	if err != nil {
-		return nil, err
+	if err != nil || e.Wpe == nil { // Llama: positions enter through RoPE
+		return x, err
 	}
 	n, r := e.C.G.Size(), e.C.G.Rank()
 	Tl := T / n

@@ -22,15 +22,18 @@ func Estimator(stage int) (trainer.MemoryEstimator, error) {
 // unitNumels are the parameter elements of the units NewLayout makes for
 // the parameters ps a rank holds (the whole model's, or a tensor-parallel
 // rank's parts), in forward order: the embed unit (wte, wpe),
-// each block, the head (ln_f).
+// each block, the head (ln_f; a Llama's norm and lm_head).
 func unitNumels(ps []nn.ParamShape) []int {
 	var units []int
 	cur, name := 0, ""
 	for _, p := range ps {
 		unit := "embed"
-		if strings.HasPrefix(p.Name, "h.") {
+		switch {
+		case strings.HasPrefix(p.Name, "h."):
 			unit = p.Name[:strings.Index(p.Name[2:], ".")+2]
-		} else if strings.HasPrefix(p.Name, "ln_f.") {
+		case strings.HasPrefix(p.Name, "model.layers."): // a Llama's block
+			unit = p.Name[:strings.Index(p.Name[len("model.layers."):], ".")+len("model.layers.")]
+		case strings.HasPrefix(p.Name, "ln_f."), p.Name == nn.LlamaNormName, p.Name == nn.LlamaHeadName:
 			unit = "head"
 		}
 		if unit != name && name != "" {
@@ -68,7 +71,14 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		largest = max(largest, shard)
 	}
 	embed = sizes[0]
-	for i := 1; i+1 < len(sizes); i++ {
+	first := 1
+	if in.Model.TiedTable() == "" {
+		// An untied head reads no table of the embed unit, which is then
+		// gathered only around its own forward and backward: one unit of
+		// the pairs.
+		embed, first = 0, 0
+	}
+	for i := first; i+1 < len(sizes); i++ {
 		pair = max(pair, sizes[i]+sizes[i+1])
 	}
 	transient := 4 * (embed + pair)

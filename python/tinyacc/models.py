@@ -1,4 +1,4 @@
-"""GPT-2 models trained by the engine."""
+"""GPT-2 and Llama models trained by the engine."""
 
 import ctypes
 from dataclasses import dataclass, fields
@@ -12,13 +12,23 @@ from .tensor import Tensor
 
 @dataclass
 class GPTConfig:
-    """The model.* keys; None takes the run config's (or built-in) value."""
+    """The model.* keys; None takes the run config's (or built-in) value.
+
+    ``arch="llama"`` builds a Llama (Hugging Face Llama names) shaped by the
+    llama keys below; with the default ``"gpt2"`` they stay None.
+    """
 
     n_layer: Optional[int] = None
     n_head: Optional[int] = None
     n_embd: Optional[int] = None
     block_size: Optional[int] = None
     vocab_size: Optional[int] = None
+    arch: Optional[str] = None
+    n_kv_head: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    rope_theta: Optional[float] = None
+    norm_eps: Optional[float] = None
+    tie_embeddings: Optional[bool] = None
 
     @classmethod
     def from_config(cls, config):

@@ -50,7 +50,20 @@ import (
 // b of q starts at (b*Tq+t)*LdQ, head h at column h*HS; the same holds for k
 // (Tk, LdK), v (Tk, LdV) and out (Tq, LdO). Gradients dq, dk and dv have the
 // layouts of q, k and v.
-type AttnDims struct{ B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO int }
+//
+// KVH is the number of key/value heads (grouped-query attention): query
+// head h reads key/value head h/(NH/KVH), at column (h/(NH/KVH))*HS of k
+// and v, so the NH/KVH query heads of a group share their keys and values
+// without copies of them. 0 means NH (every head its own).
+type AttnDims struct{ B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO, KVH int }
+
+// kvHeads is KVH with its default applied.
+func (d AttnDims) kvHeads() int {
+	if d.KVH == 0 {
+		return d.NH
+	}
+	return d.KVH
+}
 
 // rowsNeed is the number of elements a buffer of rows rows of stride ld
 // holding NH*HS columns must have.
@@ -61,12 +74,20 @@ func (d AttnDims) rowsNeed(rows, ld int) int {
 	return (rows-1)*ld + d.NH*d.HS
 }
 
+// kvRowsNeed is rowsNeed for key and value buffers (KVH*HS columns).
+func (d AttnDims) kvRowsNeed(rows, ld int) int {
+	if rows == 0 {
+		return 0
+	}
+	return (rows-1)*ld + d.kvHeads()*d.HS
+}
+
 // checkSizes validates the dimensions and buffer sizes.
 func (d AttnDims) checkSizes(op string, sizes ...size) {
-	w := d.NH * d.HS
-	if d.B < 0 || d.NH < 1 || d.HS < 1 || d.Tq < 0 || d.Tk < 0 ||
-		d.LdQ < w || d.LdK < w || d.LdV < w || d.LdO < w {
-		panic(fmt.Sprintf("cpu.%s: bad dimensions %+v; need B, Tq, Tk >= 0, NH, HS >= 1 and row strides >= NH*HS", op, d))
+	w, kw := d.NH*d.HS, d.kvHeads()*d.HS
+	if d.B < 0 || d.NH < 1 || d.HS < 1 || d.Tq < 0 || d.Tk < 0 || d.KVH < 0 || d.NH%d.kvHeads() != 0 ||
+		d.LdQ < w || d.LdK < kw || d.LdV < kw || d.LdO < w {
+		panic(fmt.Sprintf("cpu.%s: bad dimensions %+v; need B, Tq, Tk >= 0, NH, HS >= 1, KVH dividing NH and row strides >= NH*HS (k, v: KVH*HS)", op, d))
 	}
 	for _, s := range sizes {
 		if s.have < s.need {
@@ -112,10 +133,10 @@ type posHead[F Float] struct {
 
 func posHeadAt[F Float](d AttnDims, bh int, q, k, v, o, lse []F) posHead[F] {
 	b, h := bh/d.NH, bh%d.NH
-	c := h * d.HS
+	c, kc := h*d.HS, h/(d.NH/d.kvHeads())*d.HS
 	hd := posHead[F]{q: q[b*d.Tq*d.LdQ+c:], o: o[b*d.Tq*d.LdO+c:]}
 	if d.Tk > 0 { // an empty key block may come with empty buffers
-		hd.k, hd.v = k[b*d.Tk*d.LdK+c:], v[b*d.Tk*d.LdV+c:]
+		hd.k, hd.v = k[b*d.Tk*d.LdK+kc:], v[b*d.Tk*d.LdV+kc:]
 	}
 	if lse != nil {
 		hd.lse = lse[bh*d.Tq : (bh+1)*d.Tq]
@@ -139,8 +160,8 @@ func colsRead(vis, nk, Tk int) int {
 // parallel, each on one goroutine, so results do not depend on the thread
 // count.
 func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out, att, lse []F) {
-	sizes := []size{{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.rowsNeed(d.B*d.Tk, d.LdK)},
-		{"v", len(v), d.rowsNeed(d.B*d.Tk, d.LdV)}, {"out", len(out), d.rowsNeed(d.B*d.Tq, d.LdO)}}
+	sizes := []size{{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.kvRowsNeed(d.B*d.Tk, d.LdK)},
+		{"v", len(v), d.kvRowsNeed(d.B*d.Tk, d.LdV)}, {"out", len(out), d.rowsNeed(d.B*d.Tq, d.LdO)}}
 	if att != nil {
 		sizes = append(sizes, size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})
 	}
@@ -239,7 +260,8 @@ func softmaxPrefix[F Float](p []F, ld, width int, lens []int64, maxs, sums []F) 
 //	dS = P∘(dP - rowsum(P∘dP))   (softmax backward, visible keys only)
 //	dq += s dS k;   dk += s dS^T q
 //
-// Heads run in parallel and write disjoint columns, so the result does not
+// Heads run in parallel and write disjoint columns (the heads of a
+// key/value group, which share dk and dv, in turn), so the result does not
 // depend on the thread count.
 func AttentionPosBackward[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpos []int, dq, dk, dv []F) {
 	vis := d.check("AttentionPosBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
@@ -269,10 +291,10 @@ func AttentionLSEBackward[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qp
 func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...size) []size {
 	return append([]size{
 		{"dout", len(dout), d.rowsNeed(d.B*d.Tq, d.LdO)},
-		{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.rowsNeed(d.B*d.Tk, d.LdK)},
-		{"v", len(v), d.rowsNeed(d.B*d.Tk, d.LdV)},
-		{"dq", len(dq), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"dk", len(dk), d.rowsNeed(d.B*d.Tk, d.LdK)},
-		{"dv", len(dv), d.rowsNeed(d.B*d.Tk, d.LdV)},
+		{"q", len(q), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"k", len(k), d.kvRowsNeed(d.B*d.Tk, d.LdK)},
+		{"v", len(v), d.kvRowsNeed(d.B*d.Tk, d.LdV)},
+		{"dq", len(dq), d.rowsNeed(d.B*d.Tq, d.LdQ)}, {"dk", len(dk), d.kvRowsNeed(d.B*d.Tk, d.LdK)},
+		{"dv", len(dv), d.kvRowsNeed(d.B*d.Tk, d.LdV)},
 	}, more...)
 }
 
@@ -289,7 +311,11 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
-	ParallelFor(d.B*d.NH, 1, func(lo, hi int) {
+	// The query heads of a key/value group add into the same dk and dv
+	// columns: a group's heads run one after another on one goroutine.
+	group := d.NH / d.kvHeads()
+	ParallelFor(d.B*d.NH/group, 1, func(glo, ghi int) {
+		lo, hi := glo*group, ghi*group
 		dsBuf := getBuf[F](Tq * Tk)
 		defer putBuf(dsBuf)
 		ds := *dsBuf

@@ -401,12 +401,12 @@ func TestAttentionPosBadInput(t *testing.T) {
 		func() {
 			AttentionLSEBackward(d, buf(6), buf(6), buf(6), buf(6), buf(3), buf(3), []int{0, 1}, []int{0, 1, 2}, buf(6), buf(6), buf(6))
 		})
-	require.PanicsWithValue(t, "cpu.AttentionPosBackward: att has 8 elements, need 9 for {B:1 NH:1 HS:2 Tq:3 Tk:3 LdQ:2 LdK:2 LdV:2 LdO:2}",
+	require.PanicsWithValue(t, "cpu.AttentionPosBackward: att has 8 elements, need 9 for {B:1 NH:1 HS:2 Tq:3 Tk:3 LdQ:2 LdK:2 LdV:2 LdO:2 KVH:0}",
 		func() {
 			AttentionPosBackward(d, buf(6), buf(6), buf(6), buf(6), buf(8), []int{0, 1, 2}, []int{0, 1, 2}, buf(6), buf(6), buf(6))
 		})
 	bad := d
 	bad.LdO = 1
-	require.PanicsWithValue(t, "cpu.AttentionMerge: bad dimensions {B:1 NH:1 HS:2 Tq:3 Tk:3 LdQ:2 LdK:2 LdV:2 LdO:1}; need B, Tq, Tk >= 0, NH, HS >= 1 and row strides >= NH*HS",
+	require.PanicsWithValue(t, "cpu.AttentionMerge: bad dimensions {B:1 NH:1 HS:2 Tq:3 Tk:3 LdQ:2 LdK:2 LdV:2 LdO:1 KVH:0}; need B, Tq, Tk >= 0, NH, HS >= 1, KVH dividing NH and row strides >= NH*HS (k, v: KVH*HS)",
 		func() { AttentionMerge(bad, buf(6), buf(3), buf(6), buf(3)) })
 }
