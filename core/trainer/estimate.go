@@ -105,7 +105,8 @@ const RuntimeBytes = 48 << 20
 //     norms, the fused q|k|v, the attention output, the residuals, the
 //     MLP's 4C-wide hidden layer before and after GELU, and the
 //     gradient buffers of those that backward holds at once;
-//   - B·H·T·T per block: the attention probabilities kept for backward;
+//   - B·H·T per block: the attention's log-sum-exp kept for backward,
+//     from which it recomputes the probabilities (no T×T buffer is kept);
 //   - 12·C·C per block and 2·V·C + T·C once: the weight gradients each
 //     Linear and the embeddings form before adding them into the
 //     parameters' gradients;
@@ -117,7 +118,7 @@ const RuntimeBytes = 48 << 20
 // the allocator's count within 1% over a grid of shapes.
 func ActivationBytes(m nn.GPTConfig, B int) int64 {
 	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
-	floats := 36*b*t*c*l + b*h*t*t*l + 12*c*c*l + 2*v*c + t*c + 3*b*t*v + 6*b*t*c + 15*b*t
+	floats := 36*b*t*c*l + b*h*t*l + 12*c*c*l + 2*v*c + t*c + 3*b*t*v + 6*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 

@@ -92,12 +92,12 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //     its forward keeps for backward (the LayerNorms' outputs, q|k|v, the
 //     attention output and projection, the residuals, the MLP's 4C-wide
 //     hidden layer before and after GELU, its projection) and the
-//     attention probabilities B·H·T·T, with 4·B·T of LayerNorm
+//     attention's log-sum-exp B·H·T, with 4·B·T of LayerNorm
 //     statistics; the received input B·T·C on every chunk but the first,
 //     the embedding's two B·T·C on the first, the logits and their
 //     softmax (2·B·T·V) and the final LayerNorm on the last;
 //   - full, during its backward: trainer.ActivationBytes's terms for the
-//     chunk's part of the model (36·B·T·C + B·H·T·T + 12·C·C per block,
+//     chunk's part of the model (36·B·T·C + B·H·T + 12·C·C per block,
 //     the embedding's on the first chunk, the head's and the loss's on
 //     the last) plus the received input and output gradient;
 //   - held, after a split backward until its W: full less the weight
@@ -108,12 +108,12 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 // Under tensor parallel over n ranks the head- and MLP-internal parts
 // divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
 // block (q|k|v, the attention output, the MLP's hidden layer before and
-// after GELU) and 24 of the 36, the attention probabilities, the split
+// after GELU) and 24 of the 36, the attention's log-sum-exp, the split
 // weight gradients, the vocabulary rows and the logits.
 func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
 	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
-	saved = l * ((6+12/k)*b*t*c + b*h*t*t/k + 4*b*t)
-	full = l * ((12+24/k)*b*t*c + b*h*t*t/k + 12*c*c/k)
+	saved = l * ((6+12/k)*b*t*c + b*h*t/k + 4*b*t)
+	full = l * ((12+24/k)*b*t*c + b*h*t/k + 12*c*c/k)
 	if first {
 		saved += 2 * b * t * c
 		full += v*c/k + t*c + 2*b*t*c

@@ -45,7 +45,7 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 // outputs after their all-reduce, and their gradients: 12·B·T·C) stay
 // whole; the others (q|k|v, the attention output, the MLP's 4C-wide
 // hidden layer before and after GELU, and their gradients: 24·B·T·C) are
-// divided by n, as are the attention probabilities (H/n heads), the
+// divided by n, as is the attention's log-sum-exp (H/n heads), the
 // weight gradients of the split Linears, the embedding's and the head's
 // rows of the vocabulary and the logits (V/n columns). Sequence parallel
 // keeps the same buffers: its LayerNorm regions hold 1/n of the sequence,
@@ -53,7 +53,7 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 // backward, so the total moves by about 1% (TestEstimateMatchesMeasured).
 func ActivationBytes(m nn.GPTConfig, B, n int) int64 {
 	b, t, c, l, h, v, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize), int64(n)
-	floats := (12+24/k)*b*t*c*l + b*h*t*t*l/k + 12*c*c*l/k + 2*v*c/k + t*c + 3*b*t*v/k + 6*b*t*c + 15*b*t
+	floats := (12+24/k)*b*t*c*l + b*h*t*l/k + 12*c*c*l/k + 2*v*c/k + t*c + 3*b*t*v/k + 6*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 
