@@ -98,6 +98,17 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		return []*Tensor{gq}
 	}, qkv)
 	saveBuf(out, keep)
+	setRefill(out, func(out *Tensor) {
+		// The forward again, into a scratch log-sum-exp: bitwise the
+		// dropped output (and the kept lse).
+		l := like(qkv, B, nHead, T)
+		if qkv.dtype == Float32 {
+			selfAttentionForward[float32](d, qkv, pos, out, l)
+		} else {
+			selfAttentionForward[float64](d, qkv, pos, out, l)
+		}
+		l.Release()
+	})
 	return out, lse
 }
 

@@ -94,6 +94,14 @@ type Tensor struct {
 
 	requiresGrad bool
 	node         *node // the op that produced this tensor; nil for leaves
+
+	// Selective recomputation (recompute.go): dropped is set while an
+	// activation's storage is given back, base is the activation a view
+	// shares storage with, views are an activation's views, re-pointed
+	// when its storage comes back.
+	dropped bool
+	base    *Tensor
+	views   []*Tensor
 }
 
 // Numel is the number of elements of shape.
@@ -235,6 +243,15 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.requiresGrad = false
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
+	c.views = nil
+	if t.cat == Activations {
+		b := t.base
+		if b == nil {
+			b = t
+		}
+		c.base = b
+		b.views = append(b.views, &c)
+	}
 	return &c
 }
 

@@ -226,7 +226,9 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	return t, nil
 }
 
-// prepare runs the plugins' Prepare hooks, in order.
+// prepare runs the plugins' Prepare hooks, in order, then gives the
+// blocks this rank holds their activation recomputation (recompute.*):
+// after the plugins, which may have replaced the model by a stage.
 func (t *Trainer) prepare() error {
 	for _, p := range t.Plugins {
 		if pr, ok := p.(Preparer); ok {
@@ -235,7 +237,22 @@ func (t *Trainer) prepare() error {
 			}
 		}
 	}
+	t.Model.SetRecompute(RecomputeOf(t.Cfg), t.Cfg.Recompute.Blocks)
 	return nil
+}
+
+// RecomputeOf is the block recomputation recompute.granularity and
+// recompute.modules ask for.
+func RecomputeOf(cfg config.Config) nn.Recompute {
+	r := cfg.Recompute
+	switch r.Granularity {
+	case "full":
+		return nn.Recompute{Full: true}
+	case "selective":
+		return nn.Recompute{Norm: slices.Contains(r.Modules, "norm"), MlpAct: slices.Contains(r.Modules, "mlp_act"),
+			AttnCore: slices.Contains(r.Modules, "attn_core")}
+	}
+	return nn.Recompute{}
 }
 
 func (t *Trainer) checkPlugins() error {

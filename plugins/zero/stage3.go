@@ -13,9 +13,10 @@ import (
 // unit's full parameters into a buffer its tensors are aliased to:
 //
 //	PreForward   gather the unit (waiting for its prefetch), prefetch the next
-//	PostForward  release it, unless its backward is next (the last unit) or
-//	             a later unit reads it (the embed unit: the head's logits
-//	             use the tied wte)
+//	             (not in a forward recomputed in backward)
+//	PostForward  release it, unless its backward is next (the last unit, a
+//	             forward recomputed in backward) or a later unit reads it
+//	             (the embed unit: the head's logits use the tied wte)
 //	PreBackward  give the unit (and the units it reads) gradient buffers,
 //	             gather it if released, prefetch the unit whose backward is next
 //	GradReady    when the unit's gradients are final: reduce-scatter them and
@@ -32,8 +33,8 @@ func (z *Zero) addHooks() {
 		h := &u.Module.Hooks
 		h.PreBackward = append(h.PreBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preBackward(u)) })
 		if z.stage == 3 {
-			h.PreForward = append(h.PreForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preForward(u)) })
-			h.PostForward = append(h.PostForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.postForward(u)) })
+			h.PreForward = append(h.PreForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.preForward(u, info)) })
+			h.PostForward = append(h.PostForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.postForward(u, info)) })
 		}
 	}
 }
@@ -42,7 +43,10 @@ func (z *Zero) addHooks() {
 // hook of the previous pass could not return.
 func (z *Zero) PreForward(t *trainer.Trainer, info tensor.PassInfo) error { return z.check() }
 
-func (z *Zero) preForward(u *unitState) error {
+// preForward gathers u. A forward run again in backward (full activation
+// recomputation) prefetches nothing: the unit whose backward is next was
+// prefetched by this unit's successor's PreBackward.
+func (z *Zero) preForward(u *unitState, info tensor.PassInfo) error {
 	if err := z.gather(u); err != nil {
 		return err
 	}
@@ -51,14 +55,16 @@ func (z *Zero) preForward(u *unitState) error {
 			return err
 		}
 	}
-	if next := u.Index + 1; next < len(z.units) {
+	if next := u.Index + 1; next < len(z.units) && !info.Recompute {
 		z.prefetch(z.units[next])
 	}
 	return nil
 }
 
-func (z *Zero) postForward(u *unitState) error {
-	if u.Shared || u.Index == len(z.units)-1 {
+// postForward releases u after its forward, but not after a forward run
+// again in backward: the unit's backward follows at once.
+func (z *Zero) postForward(u *unitState, info tensor.PassInfo) error {
+	if u.Shared || u.Index == len(z.units)-1 || info.Recompute {
 		return nil
 	}
 	return z.release(u)

@@ -1,0 +1,92 @@
+package plugins
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/mesh"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// Activation recomputation changes what is kept between forward and
+// backward, never a number: under every granularity, and with only the
+// first block recomputing, a layout's losses, gradient norms and final
+// weights are bitwise those of the same layout keeping every activation.
+
+// recomputeRows are the granularities held to none.
+var recomputeRows = []struct {
+	name  string
+	apply func(c *config.Config)
+}{
+	{"selective", func(c *config.Config) {
+		c.Recompute.Granularity, c.Recompute.Modules = "selective", []string{"norm", "mlp_act", "attn_core"}
+	}},
+	{"full", func(c *config.Config) { c.Recompute.Granularity = "full" }},
+	{"full blocks=1", func(c *config.Config) { c.Recompute.Granularity, c.Recompute.Blocks = "full", 1 }},
+}
+
+// recomputeLayouts are the layouts, each applied to matrixConfig.
+var recomputeLayouts = []struct {
+	name  string
+	ranks int
+	apply func(c *config.Config)
+}{
+	{"one process", 1, func(c *config.Config) {}},
+	{"dp2", 2, func(c *config.Config) { shape4{2, 1, 1, 1}.apply(c) }},
+	{"tp2 sp", 2, func(c *config.Config) { shape4{1, 2, 1, 1}.apply(c); c.TP.SequenceParallel = true }},
+	{"pp2 1f1b", 2, func(c *config.Config) { shape4{1, 1, 2, 1}.apply(c) }},
+	{"pp2 zb1", 2, func(c *config.Config) { shape4{1, 1, 2, 1}.apply(c); c.PP.Schedule = "zb1" }},
+	{"cp2 ring", 2, func(c *config.Config) { shape4{1, 1, 1, 2}.apply(c) }},
+	{"zero3 dp2", 2, func(c *config.Config) { shape4{2, 1, 1, 1}.apply(c); c.Zero.Stage = 3 }},
+	{"dp2 tp2 pp2 cp2 sp", 16, func(c *config.Config) { shape4{2, 2, 2, 2}.apply(c); c.TP.SequenceParallel = true }},
+}
+
+// runLayout trains cfg as one process or on its ranks (goroutines) and
+// returns rank 0's result, with every rank's results for the caller to
+// compare.
+func runLayout(t *testing.T, cfg config.Config, n int) []ptest.Result {
+	t.Helper()
+	require.NoError(t, cfg.Validate())
+	if n == 1 {
+		return []ptest.Result{ptest.Single(t, cfg)}
+	}
+	return ptest.Parallel(t, cfg, n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+}
+
+// assertBitwise holds got to want exactly: losses, gradient norms and
+// every global parameter after the last step.
+func assertBitwise(t *testing.T, want, got []ptest.Result, what string) {
+	t.Helper()
+	require.Len(t, got, len(want), what)
+	for r := range want {
+		require.Equal(t, want[r].Losses, got[r].Losses, "%s rank %d: losses", what, r)
+		require.Equal(t, want[r].GradNorms, got[r].GradNorms, "%s rank %d: gradient norms", what, r)
+		require.Equal(t, len(want[r].Params), len(got[r].Params), "%s rank %d: parameters", what, r)
+		for name, w := range want[r].Params {
+			require.Equal(t, w, got[r].Params[name], "%s rank %d: %s", what, r, name)
+		}
+	}
+}
+
+func TestRecomputeIsBitwise(t *testing.T) {
+	for _, l := range recomputeLayouts {
+		t.Run(l.name, func(t *testing.T) {
+			if l.ranks > 2 && testing.Short() {
+				t.Skip("16 goroutine ranks; skipped with -short")
+			}
+			base := matrixConfig()
+			l.apply(&base)
+			want := runLayout(t, base, l.ranks)
+			for _, row := range recomputeRows {
+				cfg := base
+				row.apply(&cfg)
+				assertBitwise(t, want, runLayout(t, cfg, l.ranks), fmt.Sprintf("%s, %s", l.name, row.name))
+			}
+		})
+	}
+}
