@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -89,4 +90,37 @@ func TestRecomputeIsBitwise(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRecomputeMemoryMatchesEstimate holds each granularity's activation
+// peak, as the allocator counts it, to the estimate within 5% on the
+// demo model (the defaults: 4 blocks, 128 wide, context 128, batch 8), and
+// orders them: full below selective below none.
+func TestRecomputeMemoryMatchesEstimate(t *testing.T) {
+	peaks := map[string]int64{}
+	for _, row := range []struct {
+		name  string
+		apply func(c *config.Config)
+	}{
+		{"none", func(c *config.Config) {}},
+		{"selective", func(c *config.Config) { c.Recompute.Granularity = "selective" }},
+		{"selective all", func(c *config.Config) {
+			c.Recompute.Granularity, c.Recompute.Modules = "selective", []string{"norm", "mlp_act", "attn_core"}
+		}},
+		{"full", func(c *config.Config) { c.Recompute.Granularity = "full" }},
+		{"full blocks=2", func(c *config.Config) { c.Recompute.Granularity, c.Recompute.Blocks = "full", 2 }},
+	} {
+		cfg := config.Defaults()
+		cfg.Train.Steps, cfg.Train.EvalEvery, cfg.Data.ValFraction = 2, 0, 0
+		row.apply(&cfg)
+		est, err := Estimate(cfg, 1)
+		require.NoError(t, err)
+		got := measure(t, cfg, 1)[0].ActPeak
+		want := est[0].ActPeak
+		t.Logf("%s: activations %d, estimated %d (%+.1f%%)", row.name, got, want, pct(want, got))
+		require.LessOrEqual(t, math.Abs(float64(want-got)), 0.05*float64(got), "%s: estimated %d, measured %d", row.name, want, got)
+		peaks[row.name] = got
+	}
+	require.Less(t, peaks["full"], peaks["selective"])
+	require.Less(t, peaks["selective"], peaks["none"])
 }

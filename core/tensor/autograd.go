@@ -246,6 +246,12 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 		}
 		refillFor(t)
 		ins := t.node.backward(b, g)
+		if t.refilled && release && !b.opts.DeferWeightGrads {
+			// Selective recomputation: every reader of t (its consumers,
+			// then this op) has run; give the storage back again.
+			t.Release()
+			t.dropView()
+		}
 		if len(ins) != len(t.node.inputs) {
 			panic(fmt.Sprintf("tensor: backward of %s returned %d gradients for %d inputs", t.node.op, len(ins), len(t.node.inputs)))
 		}

@@ -11,7 +11,9 @@ import "fmt"
 // allocator once the forward no longer reads it; the backward forms it
 // again, with the same kernel and so bitwise the same values, just before
 // the first op backward that reads it (the producing op's own, or a
-// consumer's that received the tensor or a view of it). No matrix product
+// consumer's that received the tensor or a view of it), and gives it back
+// once the producing op's backward, its last reader, is done (unless
+// weight gradients are deferred: they read it later). No matrix product
 // of a Linear is repeated.
 //
 // Full (Checkpoint): a function of one input (a transformer block) keeps
@@ -33,10 +35,16 @@ func Drop(t *Tensor) bool {
 	}
 	t.Release()
 	t.dropped = true
+	t.dropView()
+	return true
+}
+
+// dropView points t's views at no storage, so a read of a dropped
+// activation through a view fails instead of reading a reused buffer.
+func (t *Tensor) dropView() {
 	for _, v := range t.views {
 		v.f32, v.f64, v.i32 = nil, nil, nil
 	}
-	return true
 }
 
 // Dropped reports whether t (or the activation t is a view of) is waiting
@@ -65,7 +73,7 @@ func refill(t *Tensor) {
 	}
 	n := a.NewUninit(t.cat, t.dtype, t.shape...)
 	t.f32, t.f64, t.i32, t.alloc = n.f32, n.f64, n.i32, a
-	t.dropped = false
+	t.dropped, t.refilled = false, true
 	for _, v := range t.views {
 		v.f32, v.f64, v.i32 = t.f32, t.f64, t.i32
 	}

@@ -156,7 +156,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 		}
 		psi := Numel(in.Params)
 		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, perElem*psi
-		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize)
+		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {
 			if err := est.EstimateMemory(in, &e); err != nil {

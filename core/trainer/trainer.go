@@ -237,22 +237,8 @@ func (t *Trainer) prepare() error {
 			}
 		}
 	}
-	t.Model.SetRecompute(RecomputeOf(t.Cfg), t.Cfg.Recompute.Blocks)
+	t.Model.SetRecompute(RecomputeOf(t.Cfg), t.Cfg.Recompute.Blocks) // recompute.go
 	return nil
-}
-
-// RecomputeOf is the block recomputation recompute.granularity and
-// recompute.modules ask for.
-func RecomputeOf(cfg config.Config) nn.Recompute {
-	r := cfg.Recompute
-	switch r.Granularity {
-	case "full":
-		return nn.Recompute{Full: true}
-	case "selective":
-		return nn.Recompute{Norm: slices.Contains(r.Modules, "norm"), MlpAct: slices.Contains(r.Modules, "mlp_act"),
-			AttnCore: slices.Contains(r.Modules, "attn_core")}
-	}
-	return nn.Recompute{}
 }
 
 func (t *Trainer) checkPlugins() error {
