@@ -3,6 +3,7 @@ package plugins
 import (
 	"fmt"
 	"math"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -123,4 +124,27 @@ func TestRecomputeMemoryMatchesEstimate(t *testing.T) {
 	}
 	require.Less(t, peaks["full"], peaks["selective"])
 	require.Less(t, peaks["selective"], peaks["none"])
+}
+
+// TestRecomputeResume: a checkpoint saved by a run under full recompute
+// holds no trace of it; resumed without recomputation (and the other way
+// round), one process and ZeRO-3 at dp 2 continue bitwise as the
+// uninterrupted run without recomputation.
+func TestRecomputeResume(t *testing.T) {
+	for _, l := range []layout{layouts[0], layouts[5]} {
+		whole := l.run(t, l.config64(resumeSteps), "local")
+		for _, pair := range [][2]string{{"full", "none"}, {"none", "full"}, {"selective", "none"}} {
+			dir := filepath.Join(t.TempDir(), "ckpt")
+			cfg := l.config64(resumeSave)
+			cfg.Checkpoint.Dir, cfg.Recompute.Granularity = dir, pair[0]
+			l.run(t, cfg, "local")
+			cfg = l.config64(resumeSteps)
+			cfg.Resume, cfg.Recompute.Granularity = dir, pair[1]
+			got := l.run(t, cfg, "local")
+			what := fmt.Sprintf("%s: saved under %s, resumed under %s", l.name, pair[0], pair[1])
+			require.Equal(t, whole.Losses[resumeSave:], got.Losses, what)
+			require.Equal(t, whole.GradNorms[resumeSave:], got.GradNorms, what)
+			require.Equal(t, whole.Params, got.Params, what)
+		}
+	}
 }
