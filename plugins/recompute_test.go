@@ -87,7 +87,33 @@ func TestRecomputeIsBitwise(t *testing.T) {
 			for _, row := range recomputeRows {
 				cfg := base
 				row.apply(&cfg)
-				assertBitwise(t, want, runLayout(t, cfg, l.ranks), fmt.Sprintf("%s, %s", l.name, row.name))
+				got := runLayout(t, cfg, l.ranks)
+				what := fmt.Sprintf("%s, %s", l.name, row.name)
+				assertBitwise(t, want, got, what)
+				t.Logf("%s: bytes sent per step by rank 0: %v, without recomputation %v", what, got[0].CommBytes, want[0].CommBytes)
+				if row.name == "selective" {
+					require.Equal(t, want[0].CommBytes, got[0].CommBytes, "%s: selective recomputation communicates nothing", what)
+					continue
+				}
+				// The recomputed forward of k blocks repeats its
+				// communication per micro-batch: under sequence parallel
+				// two all-gathers and two reduce-scatters of B·T·C
+				// (a rank sends half), in the ring one key/value block
+				// 2·B·(T/2)·C; ZeRO-3 gathers for the recomputed forward
+				// the unit its backward gathered, and keeps it for that
+				// backward: no extra bytes.
+				k := int64(trainer.RecomputedBlocks(cfg, cfg.Model.NLayer))
+				B, T, C := int64(cfg.Train.BatchSize), int64(cfg.Model.BlockSize), int64(cfg.Model.NEmbd)
+				var extra int64
+				switch l.name {
+				case "tp2 sp":
+					extra = 4 * B * T * C / 2
+				case "cp2 ring":
+					extra = 2 * B * (T / 2) * C
+				}
+				for s := range want[0].CommBytes {
+					require.Equal(t, want[0].CommBytes[s]+8*k*int64(cfg.Train.GradAccum)*extra, got[0].CommBytes[s], "%s step %d: bytes sent", what, s)
+				}
 			}
 		})
 	}
