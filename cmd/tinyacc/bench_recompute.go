@@ -19,11 +19,13 @@ import (
 // wide, context 256, the byte vocabulary) and at the demo shape (the
 // defaults) under each activation recomputation granularity, and prints
 // ms/step and the activation peak (the allocator's, and the estimate's)
-// beside none's.
+// beside none's. Several rounds over the rows keep a busy machine's noise
+// from landing on one row.
 func benchRecompute(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench recompute", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	steps := fs.Int("steps", 3, "timed steps per row (after one untimed)")
+	steps := fs.Int("steps", 2, "timed steps per row and round (after one untimed)")
+	rounds := fs.Int("rounds", 2, "rounds over the rows")
 	batch := fs.String("batch", "1,8", "batch size at GPT-2 small's shape and at the demo shape")
 	shapes := fs.String("shapes", "gpt2,demo", "shapes to run: gpt2, demo")
 	if err := fs.Parse(args); err != nil {
@@ -37,8 +39,8 @@ func benchRecompute(args []string, stdout, stderr io.Writer) error {
 		}
 		batches = append(batches, n)
 	}
-	if len(batches) != 2 || *steps < 1 {
-		return fmt.Errorf("bench recompute: --batch takes two sizes (GPT-2 small, demo) and --steps a positive count")
+	if len(batches) != 2 || *steps < 1 || *rounds < 1 {
+		return fmt.Errorf("bench recompute: --batch takes two sizes (GPT-2 small, demo), --steps and --rounds positive counts")
 	}
 	type shape struct {
 		name   string
@@ -64,39 +66,50 @@ func benchRecompute(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%-6s %-22s %10s %9s %14s %14s %8s %10s\n", "shape", "recompute", "ms/step", "vs none", "act MiB meas", "act MiB est", "est err", "vs none")
 	for _, s := range runs {
 		m := s.cfg.Model
-		fmt.Fprintf(stderr, "bench recompute: %s: GPT n_layer %d n_embd %d block %d vocab %d batch %d, %d timed steps\n",
-			s.name, m.NLayer, m.NEmbd, m.BlockSize, m.VocabSize, s.cfg.Train.BatchSize, *steps)
-		var noneMS float64
-		var noneAct int64
-		for _, row := range []struct {
+		fmt.Fprintf(stderr, "bench recompute: %s: GPT n_layer %d n_embd %d block %d vocab %d batch %d, %d rounds of %d timed steps per row\n",
+			s.name, m.NLayer, m.NEmbd, m.BlockSize, m.VocabSize, s.cfg.Train.BatchSize, *rounds, *steps)
+		type row struct {
 			name   string
 			gran   string
 			blocks int
-		}{{"none", "none", 0}, {"selective", "selective", 0}, {"full", "full", 0}, {fmt.Sprintf("full blocks=%d", s.layers/2), "full", s.layers / 2}} {
-			cfg := s.cfg
-			cfg.Recompute.Granularity, cfg.Recompute.Blocks = row.gran, row.blocks
-			ms, act, err := recomputeStep(cfg, *steps)
-			if err != nil {
-				return fmt.Errorf("bench recompute: %s %s: %w", s.name, row.name, err)
+			times  []float64
+			act    int64
+		}
+		rows := []*row{{name: "none", gran: "none"}, {name: "selective", gran: "selective"}, {name: "full", gran: "full"},
+			{name: fmt.Sprintf("full blocks=%d", s.layers/2), gran: "full", blocks: s.layers / 2}}
+		// Rounds visit every row in turn, so a busy machine slows them
+		// alike; each row's figure is the median of all its timed steps.
+		for range *rounds {
+			for _, r := range rows {
+				cfg := s.cfg
+				cfg.Recompute.Granularity, cfg.Recompute.Blocks = r.gran, r.blocks
+				times, act, err := recomputeStep(cfg, *steps)
+				if err != nil {
+					return fmt.Errorf("bench recompute: %s %s: %w", s.name, r.name, err)
+				}
+				r.times, r.act = append(r.times, times...), act
 			}
+		}
+		noneMS, noneAct := median(rows[0].times), rows[0].act
+		for _, r := range rows {
+			cfg := s.cfg
+			cfg.Recompute.Granularity, cfg.Recompute.Blocks = r.gran, r.blocks
 			est, err := plugins.Estimate(cfg, 1)
 			if err != nil {
 				return err
 			}
-			if row.gran == "none" {
-				noneMS, noneAct = ms, act
-			}
+			ms := median(r.times)
 			mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-			fmt.Fprintf(stdout, "%-6s %-22s %10.1f %8.2fx %14.1f %14.1f %+7.1f%% %9.2fx\n", s.name, row.name, ms, ms/noneMS,
-				mib(act), mib(est[0].ActPeak), 100*float64(est[0].ActPeak-act)/float64(act), float64(act)/float64(noneAct))
+			fmt.Fprintf(stdout, "%-6s %-22s %10.1f %8.2fx %14.1f %14.1f %+7.1f%% %9.2fx\n", s.name, r.name, ms, ms/noneMS,
+				mib(r.act), mib(est[0].ActPeak), 100*float64(est[0].ActPeak-r.act)/float64(r.act), float64(r.act)/float64(noneAct))
 		}
 	}
 	return nil
 }
 
 // recomputeStep trains cfg in this process on random tokens and returns
-// the median ms of the steps after the first and the activation peak.
-func recomputeStep(cfg config.Config, steps int) (float64, int64, error) {
+// the ms of each step after the first and the activation peak.
+func recomputeStep(cfg config.Config, steps int) ([]float64, int64, error) {
 	r := nn.NewRand(1, "bench-tokens")
 	tokens := make([]int32, 1<<20)
 	for i := range tokens {
@@ -104,17 +117,17 @@ func recomputeStep(cfg config.Config, steps int) (float64, int64, error) {
 	}
 	t, err := trainer.New(cfg, trainer.Options{Train: tokens})
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	var times []float64
 	for i := 0; i <= steps; i++ {
 		start := time.Now()
 		if _, err := t.Step(i); err != nil {
-			return 0, 0, err
+			return nil, 0, err
 		}
 		if i > 0 {
 			times = append(times, float64(time.Since(start).Microseconds())/1000)
 		}
 	}
-	return median(times), t.Alloc.Usage().Peak[tensor.Activations], nil
+	return times, t.Alloc.Usage().Peak[tensor.Activations], nil
 }
