@@ -58,6 +58,10 @@ var benchmarks = []benchmark{
       The same torch model on N processes through tinyacc's Accelerator and
       through torch DistributedDataParallel (gloo): ms/step and memory per
       ZeRO stage.`, benchTorch},
+	{"recompute", ` [--steps N] [--rounds R] [--batch 1,8] [--shapes gpt2,demo]
+      Activation recomputation none / selective / full / full on half the
+      blocks, one process, at GPT-2 small's shape and the demo shape: ms/step
+      and activation peak (measured and estimated) beside none's.`, benchRecompute},
 }
 
 // benchNames is "step, comm, ..." in the table's order.

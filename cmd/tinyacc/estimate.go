@@ -47,6 +47,11 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	trainer.WriteEstimateTable(stdout, es)
+	if extra := trainer.RecomputeFLOPsPerToken(r.Config); extra > 0 {
+		base := trainer.GPTConfig(r.Config).FLOPsPerToken()
+		fmt.Fprintf(stdout, "recompute.granularity=full: %d blocks run their forward again, %.3g FLOPs per token on top of %.3g (+%.0f%% compute)\n",
+			trainer.RecomputedBlocks(r.Config, r.Config.Model.NLayer), extra, base, 100*extra/base)
+	}
 	limit, source, err := memoryLimit(r.Config)
 	if err != nil {
 		return err

@@ -128,6 +128,15 @@ type Config struct {
 		// or "contiguous" (rank r holds chunk r).
 		Split string `koanf:"split"`
 	} `koanf:"cp"`
+	Recompute struct {
+		// Granularity is what the backward forms again instead of keeping
+		// it from the forward: "none", "selective" (the activations named
+		// by recompute.modules) or "full" (a block keeps only its input
+		// and runs its forward again in backward).
+		Granularity string   `koanf:"granularity"`
+		Modules     []string `koanf:"modules"` // selective: any of norm, mlp_act, attn_core
+		Blocks      int      `koanf:"blocks"`  // full: the first N blocks of each stage recompute; 0 = all
+	} `koanf:"recompute"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
@@ -217,6 +226,7 @@ func Defaults() Config {
 	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
 	c.CP.Attention, c.CP.Split = "ring", "zigzag"
+	c.Recompute.Granularity, c.Recompute.Modules = "none", []string{"norm", "mlp_act"}
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"

@@ -44,6 +44,7 @@ func TestKeys(t *testing.T) {
 		"model.norm_eps", "model.rope_theta", "model.tie_embeddings", "model.vocab_size",
 		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp", "plugins.process",
 		"pp.layers", "pp.schedule", "pp.virtual_stages",
+		"recompute.blocks", "recompute.granularity", "recompute.modules",
 		"resume", "resume_allow_nonfinite", "save_to", "tp.sequence_parallel", "trace", "trace_per_rank",
 		"train.batch_size", "train.beta1", "train.beta2", "train.dtype", "train.eps", "train.eval_batches",
 		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",

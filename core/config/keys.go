@@ -232,12 +232,16 @@ func convert(raw any, t reflect.Type) (reflect.Value, bool) {
 }
 
 // toList accepts a YAML list of strings, or one string of comma-separated
-// items (environment, flags); blanks around items and empty items are
-// dropped, so "" is the empty list.
+// items (environment, flags), in brackets or not ("[a, b]" is how `config
+// show` prints a list, so its output can be given back); blanks around
+// items and empty items are dropped, so "" and "[]" are the empty list.
 func toList(raw any) ([]string, bool) {
 	out := []string{}
 	switch x := raw.(type) {
 	case string:
+		if t := strings.TrimSpace(x); strings.HasPrefix(t, "[") && strings.HasSuffix(t, "]") {
+			x = t[1 : len(t)-1]
+		}
 		for _, item := range strings.Split(x, ",") {
 			if item = strings.TrimSpace(item); item != "" {
 				out = append(out, item)

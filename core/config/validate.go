@@ -104,8 +104,9 @@ func (c *Config) Validate() error {
 			v.addf("config: model.block_size=%d is not divisible by parallel.tp=%d: tp.sequence_parallel splits the sequence over the tp ranks; choose block_size a multiple of tp or set tp.sequence_parallel=false", m.BlockSize, tp)
 		}
 	}
-	c.validateCP(v)  // cp.go
-	c.validateMoE(v) // moe.go
+	c.validateCP(v)        // cp.go
+	c.validateMoE(v)       // moe.go
+	c.validateRecompute(v) // recompute.go
 	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)

@@ -109,6 +109,9 @@ type Block struct {
 	// Act is the MLP's activation between Fc and MlpProj: nil for
 	// GPT-2's GELU; Llama's SwiGLU gate (tensor.SiluMul of gate|up).
 	Act func(*tensor.Tensor) *tensor.Tensor
+	// Recompute is what the block's backward forms again (none by
+	// default); see GPT.SetRecompute.
+	Recompute Recompute
 }
 
 // Head is the output stage: ln_f, then the head and loss layer.
@@ -315,18 +318,66 @@ func (e *Embed) Forward(idx *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return e.Run(idx, p.Info, func(idx *tensor.Tensor) (*tensor.Tensor, error) { return e.Layer.Forward(idx, p) })
 }
 
+// Recompute says which of a block's activations its backward forms again
+// instead of keeping them from the forward (the recompute.* keys).
+type Recompute struct {
+	// Full keeps only the block's input: the backward runs the whole
+	// block's forward again (its collectives and module hooks included)
+	// and then its backward.
+	Full bool
+	// Selective drops these outputs after the forward and forms them again
+	// from what the backward keeps anyway, without a matrix product: the
+	// LayerNorms' outputs (from their inputs), GELU's output (from its
+	// input, the MLP's hidden layer, which is kept) and the attention
+	// core's output (from q|k|v). A layer a strategy replaced by one that
+	// cannot form its output again (ring attention, sequence parallel's
+	// LayerNorm) keeps it.
+	Norm, MlpAct, AttnCore bool
+}
+
+// SetRecompute gives the first n blocks this model holds (all for n = 0)
+// recomputation r and the others none; n counts only under r.Full, where
+// it trades memory for time block by block.
+func (m *GPT) SetRecompute(r Recompute, n int) {
+	for i, b := range m.Blocks() {
+		b.Recompute = r
+		if r.Full && n > 0 && i >= n {
+			b.Recompute = Recompute{}
+		}
+	}
+}
+
 // Forward of one block on x [B, T, C].
 func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	if !b.Recompute.Full {
+		return b.forward(x, p)
+	}
+	return tensor.Checkpoint(b.Name(), x, func(x *tensor.Tensor, rerun bool) (*tensor.Tensor, error) {
+		q := p
+		q.Info.Recompute = rerun
+		return b.forward(x, q)
+	})
+}
+
+func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
+		var drop []*tensor.Tensor // dropped at the end (selective)
+		keep := func(on bool, t *tensor.Tensor) *tensor.Tensor {
+			if on {
+				drop = append(drop, t)
+			}
+			return t
+		}
+		r := b.Recompute
 		h, err := b.Norm1.Forward(x, p)
 		if err == nil {
-			h, err = b.Attn.Forward(h, p)
+			h, err = b.Attn.Forward(keep(r.Norm, h), p)
 		}
 		if err == nil {
 			h, err = b.Core.Forward(h, p)
 		}
 		if err == nil {
-			h, err = b.AttnProj.Forward(h, p)
+			h, err = b.AttnProj.Forward(keep(r.AttnCore, h), p)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s attention: %w", b.Name(), err)
@@ -335,20 +386,24 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		h, err = b.Norm2.Forward(x, p)
 		switch {
 		case err == nil && b.MoE != nil:
-			h, err = b.MoE.Forward(h, p)
+			h, err = b.MoE.Forward(keep(r.Norm, h), p)
 		case err == nil:
 			act := tensor.Gelu
 			if b.Act != nil {
 				act = b.Act
 			}
-			if h, err = b.Fc.Forward(h, p); err == nil {
-				h, err = b.MlpProj.Forward(act(h), p)
+			if h, err = b.Fc.Forward(keep(r.Norm, h), p); err == nil {
+				h, err = b.MlpProj.Forward(keep(r.MlpAct, act(h)), p)
 			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s mlp: %w", b.Name(), err)
 		}
-		return tensor.Add(x, h), nil
+		out := tensor.Add(x, h)
+		for _, t := range drop {
+			tensor.Drop(t)
+		}
+		return out, nil
 	})
 }
 

@@ -65,42 +65,66 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 	}
 	d := cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C}
 	out = like(qkv, B, T, C)
-	if wantLSE {
-		lse = like(qkv, B, nHead, T)
-	}
-	var att *Tensor // the probabilities, kept only for a backward
-	if qkv.requiresGrad {
-		att = like(qkv, B, nHead, T, T)
+	// The backward needs only out and the log-sum-exp: it recomputes the
+	// probabilities from q, k and lse (the arithmetic of the context
+	// parallel path), so no [T, T] buffer outlives the forward.
+	var keep *Tensor // the log-sum-exp kept for the backward
+	if wantLSE || qkv.requiresGrad {
+		keep = like(qkv, B, nHead, T)
 	}
 	if qkv.dtype == Float32 {
-		selfAttentionForward[float32](d, qkv, pos, out, att, lse)
+		selfAttentionForward[float32](d, qkv, pos, out, keep)
 	} else {
-		selfAttentionForward[float64](d, qkv, pos, out, att, lse)
+		selfAttentionForward[float64](d, qkv, pos, out, keep)
 	}
-	if att == nil {
+	if wantLSE {
+		lse = keep
+		if qkv.requiresGrad {
+			// The caller releases lse; the backward keeps its own copy.
+			keep = like(qkv, B, nHead, T)
+			keep.CopyFrom(lse)
+		}
+	}
+	if !qkv.requiresGrad {
 		return out, lse
 	}
 	record(out, "attention", func(_ *Backprop, g *Tensor) []*Tensor {
 		gq := zerosLike(qkv, qkv.shape...)
 		if qkv.dtype == Float32 {
-			selfAttentionBackward[float32](d, g, qkv, att, pos, gq)
+			selfAttentionBackward[float32](d, g, qkv, out, keep, pos, gq)
 		} else {
-			selfAttentionBackward[float64](d, g, qkv, att, pos, gq)
+			selfAttentionBackward[float64](d, g, qkv, out, keep, pos, gq)
 		}
 		return []*Tensor{gq}
 	}, qkv)
-	saveBuf(out, att)
+	saveBuf(out, keep)
+	setRefill(out, func(out *Tensor) {
+		// The forward again, into a scratch log-sum-exp: bitwise the
+		// dropped output (and the kept lse).
+		l := like(qkv, B, nHead, T)
+		if qkv.dtype == Float32 {
+			selfAttentionForward[float32](d, qkv, pos, out, l)
+		} else {
+			selfAttentionForward[float64](d, qkv, pos, out, l)
+		}
+		l.Release()
+	})
 	return out, lse
 }
 
-func selfAttentionForward[F cpu.Float](d cpu.AttnDims, qkv *Tensor, pos []int, out, att, lse *Tensor) {
+func selfAttentionForward[F cpu.Float](d cpu.AttnDims, qkv *Tensor, pos []int, out, lse *Tensor) {
 	x, C := data[F](qkv), d.NH*d.HS
-	cpu.AttentionPosForward(d, x, x[C:], x[2*C:], pos, pos, data[F](out), dataOrNil[F](att), dataOrNil[F](lse))
+	cpu.AttentionPosForward(d, x, x[C:], x[2*C:], pos, pos, data[F](out), nil, dataOrNil[F](lse))
 }
 
-func selfAttentionBackward[F cpu.Float](d cpu.AttnDims, g, qkv, att *Tensor, pos []int, gq *Tensor) {
+// selfAttentionBackward recomputes the probabilities of each row block from
+// q, k and lse and accumulates the gradient into gq (dq | dk | dv).
+func selfAttentionBackward[F cpu.Float](d cpu.AttnDims, g, qkv, out, lse *Tensor, pos []int, gq *Tensor) {
 	x, dx, C := data[F](qkv), data[F](gq), d.NH*d.HS
-	cpu.AttentionPosBackward(d, data[F](g), x, x[C:], x[2*C:], data[F](att), pos, pos, dx, dx[C:], dx[2*C:])
+	delta := like(qkv, lse.shape...)
+	defer delta.Release()
+	cpu.AttentionDelta(d, data[F](g), data[F](out), data[F](delta))
+	cpu.AttentionLSEBackward(d, data[F](g), x, x[C:], x[2*C:], data[F](delta), data[F](lse), pos, pos, dx, dx[C:], dx[2*C:])
 }
 
 // dataOrNil is data for an optional tensor.

@@ -20,9 +20,16 @@ type node struct {
 	// backward receives the gradient of the output and returns one gradient
 	// per input (nil where none flows).
 	backward func(b *Backprop, gout *Tensor) []*Tensor
-	// saved are op-private buffers (e.g. attention probabilities) released
+	// saved are op-private buffers (e.g. attention statistics) released
 	// with the graph.
 	saved []*Tensor
+	// refill forms the output again into fresh storage after Drop gave
+	// it back (selective recomputation); nil for ops that cannot.
+	refill func(out *Tensor)
+	// leaves are the leaves a checkpointed function reached, which its
+	// backward reaches again (full recomputation): Backward counts them
+	// as if the function's graph were part of this one.
+	leaves []leafUse
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
@@ -75,6 +82,11 @@ func saveBuf(out *Tensor, bufs ...*Tensor) {
 type PassInfo struct {
 	Micro int  // index of the micro-batch within the optimizer step
 	Last  bool // whether it is the last micro-batch of the step
+	// Recompute is set on the forward a checkpointed block runs again in
+	// backward (full activation recomputation): module hooks see it, so
+	// ZeRO-3 neither prefetches the next unit nor releases this one, whose
+	// backward comes next.
+	Recompute bool
 }
 
 // BackwardOptions configures one backward pass.
@@ -107,6 +119,9 @@ type Backprop struct {
 	deferred []deferredGrad
 	queued   map[*Tensor]int // leaf -> deferred contributions not yet matched
 	release  []*Tensor
+	// rel is where buffers to release go: release, or the list of a
+	// checkpoint's recomputed graph while its backward runs.
+	rel *[]*Tensor
 	// spent are the gradient contributions of the op that just ran,
 	// already added into their leaves' Grad: released as soon as the op
 	// is done, so at most one op's temporaries exist at a time.
@@ -230,6 +245,8 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 	}
 	b := &Backprop{Info: opts.Info, opts: opts, alloc: alloc, pending: map[*Tensor]int{}, queued: map[*Tensor]int{}}
 
+	b.rel = &b.release
+
 	order := topo(root)
 	// Count how many edges reach each leaf so a leaf used twice is final
 	// only after its last contribution.
@@ -239,7 +256,25 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 				b.pending[in]++
 			}
 		}
+		for _, l := range t.node.leaves {
+			b.pending[l.t] += l.n
+		}
 	}
+	b.pass(order, root, gout, nil, true)
+	if opts.DeferWeightGrads && len(b.deferred) > 0 {
+		return &Deferred{b: b}, nil
+	}
+	b.finish()
+	return &Deferred{}, nil
+}
+
+// pass runs the op backwards of order (topological, root last) from the
+// root's gradient gout. sink, when set, is a leaf whose gradient is
+// returned instead of accumulated (a checkpoint's input); outer says
+// the pass owns the whole graph: its root and gout are released with the
+// rest, where a checkpoint's pass leaves gout to the pass around it.
+func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (gsink *Tensor) {
+	release := b.opts.Release
 	grads := map[*Tensor]*Tensor{root: gout}
 	for i := len(order) - 1; i >= 0; i-- {
 		t := order[i]
@@ -248,7 +283,14 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 		if g == nil {
 			continue // no gradient reached this node
 		}
+		refillFor(t)
 		ins := t.node.backward(b, g)
+		if t.refilled && release && !b.opts.DeferWeightGrads {
+			// Selective recomputation: every reader of t (its consumers,
+			// then this op) has run; give the storage back again.
+			t.Release()
+			t.dropView()
+		}
 		if len(ins) != len(t.node.inputs) {
 			panic(fmt.Sprintf("tensor: backward of %s returned %d gradients for %d inputs", t.node.op, len(ins), len(t.node.inputs)))
 		}
@@ -260,7 +302,7 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 				continue
 			}
 			if gi == nil {
-				if in != nil && in.node == nil {
+				if in != nil && in.node == nil && in != sink {
 					if b.queued[in] > 0 {
 						// This op queued the contribution instead; the
 						// leaf's count drops when the queue runs.
@@ -288,35 +330,58 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 					break
 				}
 			}
-			if in.node == nil {
+			if in.node == nil && in != sink {
 				b.accumulateLeaf(in, gi)
 				continue
 			}
-			if prev := grads[in]; prev != nil {
+			prev := grads[in]
+			if in == sink {
+				prev = gsink
+			}
+			if prev != nil {
 				addInto(prev, gi)
-				if opts.Release && !sameStorage(gi, g) {
-					b.release = append(b.release, gi)
+				if release && !sameStorage(gi, g) {
+					*b.rel = append(*b.rel, gi)
 				}
+			} else if in == sink {
+				gsink = gi
 			} else {
 				grads[in] = gi
 			}
 		}
 		b.releaseSpent()
-		if opts.Release && !keepG {
-			b.release = append(b.release, g)
+		if release && !keepG && (outer || t != root) {
+			*b.rel = append(*b.rel, g)
 		}
-		if opts.Release {
-			if t != root {
-				b.release = append(b.release, t)
+		if release {
+			if t != root || !outer {
+				*b.rel = append(*b.rel, t)
 			}
-			b.release = append(b.release, t.node.saved...)
+			*b.rel = append(*b.rel, t.node.saved...)
 		}
 	}
-	if opts.DeferWeightGrads && len(b.deferred) > 0 {
-		return &Deferred{b: b}, nil
+	return gsink
+}
+
+// nested runs the backward of a checkpoint's recomputed graph (order, from
+// root) within this pass, from the checkpoint output's gradient g, and
+// returns the gradient of its input sink. The recomputed buffers are
+// released when it returns, unless weight gradients are deferred (a
+// zero-bubble pipeline's W pass reads them).
+func (b *Backprop) nested(order []*Tensor, root, g, sink *Tensor) *Tensor {
+	var local []*Tensor
+	around := b.rel
+	b.rel = &local
+	gs := b.pass(order, root, g, sink, false)
+	b.rel = around
+	if b.opts.DeferWeightGrads {
+		*around = append(*around, local...)
+	} else {
+		for _, t := range local {
+			t.Release()
+		}
 	}
-	b.finish()
-	return &Deferred{}, nil
+	return gs
 }
 
 // accumulateLeaf adds one contribution (nil = none, or already added in
@@ -396,14 +461,14 @@ func sameStorage(a, b *Tensor) bool {
 	if a == b {
 		return true
 	}
-	if a.dtype != b.dtype || a.Numel() == 0 || b.Numel() == 0 {
+	if a.dtype != b.dtype {
 		return false
 	}
 	switch a.dtype {
 	case Float32:
-		return &a.f32[0] == &b.f32[0]
+		return len(a.f32) > 0 && len(b.f32) > 0 && &a.f32[0] == &b.f32[0]
 	case Float64:
-		return &a.f64[0] == &b.f64[0]
+		return len(a.f64) > 0 && len(b.f64) > 0 && &a.f64[0] == &b.f64[0]
 	}
 	return false
 }

@@ -330,7 +330,26 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		return []*Tensor{gx, retW, retB}
 	}, x, w, b)
 	saveBuf(out, mean, rstd)
+	setRefill(out, func(out *Tensor) {
+		// The same kernel on the same input: bitwise the dropped output
+		// (and statistics equal to the kept ones, which are left alone).
+		m, r := like(x, rows), like(x, rows)
+		if x.dtype == Float32 {
+			cpu.LayerNormForward(x.f32, w.f32, b.f32, out.f32, m.f32, r.f32, rows, C, float32(eps))
+		} else {
+			cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, m.f64, r.f64, rows, C, eps)
+		}
+		m.Release()
+		r.Release()
+	})
 	return out
+}
+
+// setRefill lets Drop give out's storage back: refill forms it again.
+func setRefill(out *Tensor, refill func(out *Tensor)) {
+	if out.node != nil {
+		out.node.refill = refill
+	}
 }
 
 // Gelu applies the tanh approximation of GELU elementwise.
@@ -351,6 +370,13 @@ func Gelu(x *Tensor) *Tensor {
 		}
 		return []*Tensor{gx}
 	}, x)
+	setRefill(out, func(out *Tensor) {
+		if x.dtype == Float32 {
+			cpu.GeluForward(x.f32, out.f32)
+		} else {
+			cpu.GeluForward(x.f64, out.f64)
+		}
+	})
 	return out
 }
 

@@ -94,6 +94,16 @@ type Tensor struct {
 
 	requiresGrad bool
 	node         *node // the op that produced this tensor; nil for leaves
+
+	// Selective recomputation (recompute.go): dropped is set while an
+	// activation's storage is given back, refilled once the backward has
+	// formed it again; base is the activation a view shares storage
+	// with, views are an activation's views, re-pointed when its storage
+	// comes back.
+	dropped  bool
+	refilled bool // formed again by the backward, given back after its producer's
+	base     *Tensor
+	views    []*Tensor
 }
 
 // Numel is the number of elements of shape.
@@ -235,6 +245,15 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.requiresGrad = false
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
+	c.views, c.dropped, c.refilled = nil, false, false
+	if t.cat == Activations {
+		b := t.base
+		if b == nil {
+			b = t
+		}
+		c.base = b
+		b.views = append(b.views, &c)
+	}
 	return &c
 }
 

@@ -107,7 +107,8 @@ const RuntimeBytes = 48 << 20
 //     norms, the fused q|k|v, the attention output, the residuals, the
 //     MLP's 4C-wide hidden layer before and after GELU, and the
 //     gradient buffers of those that backward holds at once;
-//   - B·H·T·T per block: the attention probabilities kept for backward;
+//   - B·H·T per block: the attention's log-sum-exp kept for backward,
+//     from which it recomputes the probabilities (no T×T buffer is kept);
 //   - 3·B·T·V: the logits, their softmax and the logits' gradient;
 //   - 6·B·T·C + 15·B·T: the embeddings' output, the final layer norm,
 //     the loss's per-token terms and the token ids;
@@ -122,7 +123,7 @@ func ActivationBytes(m nn.GPTConfig, B int) int64 {
 	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
 	emb := m.EmbedActs()          // GPT-2: 2
-	floats := 2*(whole+split)*b*t*l + b*h*t*t*l + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
+	floats := 2*(whole+split)*b*t*l + b*h*t*l + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 
@@ -160,7 +161,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 		}
 		psi := Numel(in.Params)
 		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, perElem*psi
-		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize)
+		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {
 			if err := est.EstimateMemory(in, &e); err != nil {

@@ -16,9 +16,10 @@ import (
 
 // freeKeys may differ between a checkpoint's run and the run resuming it:
 // the layout (as long as the global batch stays equal) and what only
-// controls the run, not the numbers it computes.
+// controls the run, not the numbers it computes (activation recomputation
+// is bitwise the run without it).
 var freeKeys = []string{
-	"parallel.", "pp.", "tp.", "zero.", "ddp.", "comm.", "checkpoint.",
+	"parallel.", "pp.", "tp.", "zero.", "ddp.", "comm.", "checkpoint.", "recompute.",
 	"train.batch_size", "train.grad_accum", "train.steps", "train.threads", "train.log_every",
 	"train.eval_every", "train.eval_batches", "train.peak_flops",
 	"resume", "resume_allow_nonfinite", "save_to", "metrics_file", "trace", "init_from", "device",

@@ -253,10 +253,12 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	return t, nil
 }
 
-// prepare runs the plugins' Prepare hooks, in order. The buffers set-up
-// released (a sharded strategy's unsharded copies) leave the allocator's
-// free lists afterwards: nothing in training reuses their sizes, and kept
-// there they would stay in the heap for the whole run.
+// prepare runs the plugins' Prepare hooks, in order, then gives the
+// blocks this rank holds their activation recomputation (recompute.*):
+// after the plugins, which may have replaced the model by a stage. The
+// buffers set-up released (a sharded strategy's unsharded copies) leave
+// the allocator's free lists afterwards: nothing in training reuses their
+// sizes, and kept there they would stay in the heap for the whole run.
 func (t *Trainer) prepare() error {
 	for _, p := range t.Plugins {
 		if pr, ok := p.(Preparer); ok {
@@ -266,6 +268,7 @@ func (t *Trainer) prepare() error {
 		}
 	}
 	t.Alloc.DropPool()
+	t.Model.SetRecompute(RecomputeOf(t.Cfg), t.Cfg.Recompute.Blocks) // recompute.go
 	return nil
 }
 

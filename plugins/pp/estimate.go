@@ -95,12 +95,12 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //     its forward keeps for backward (the LayerNorms' outputs, q|k|v, the
 //     attention output and projection, the residuals, the MLP's 4C-wide
 //     hidden layer before and after GELU, its projection) and the
-//     attention probabilities B·H·T·T, with 4·B·T of LayerNorm
+//     attention's log-sum-exp B·H·T, with 4·B·T of LayerNorm
 //     statistics; the received input B·T·C on every chunk but the first,
 //     the embedding's two B·T·C on the first, the logits and their
 //     softmax (2·B·T·V) and the final LayerNorm on the last;
 //   - full, during its backward: trainer.ActivationBytes's terms for the
-//     chunk's part of the model (36·B·T·C + B·H·T·T per block, the
+//     chunk's part of the model (36·B·T·C + B·H·T per block, the
 //     embedding's on the first chunk, the head's and the loss's on the
 //     last) plus the received input and output gradient;
 //   - held, after a split backward until its W: full, since the deferred
@@ -110,14 +110,14 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 // Under tensor parallel over n ranks the head- and MLP-internal parts
 // divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
 // block (q|k|v, the attention output, the MLP's hidden layer before and
-// after GELU) and 24 of the 36, the attention probabilities and the
+// after GELU) and 24 of the 36, the attention's log-sum-exp and the
 // logits.
 func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
 	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
 	emb := m.EmbedActs()
-	saved = l * ((whole+split/k)*b*t + b*h*t*t/k + 4*b*t)
-	full = l * ((2*whole+2*split/k)*b*t + b*h*t*t/k)
+	saved = l * ((whole+split/k)*b*t + b*h*t/k + 4*b*t)
+	full = l * ((2*whole+2*split/k)*b*t + b*h*t/k)
 	if first {
 		saved += emb * b * t * c
 		full += emb * b * t * c

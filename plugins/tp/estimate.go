@@ -54,7 +54,7 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 // outputs after their all-reduce, and their gradients: 12·B·T·C) stay
 // whole; the others (q|k|v, the attention output, the MLP's 4C-wide
 // hidden layer before and after GELU, and their gradients: 24·B·T·C) are
-// divided by n, as are the attention probabilities (H/n heads) and the
+// divided by n, as are the attention's log-sum-exp (H/n heads) and the
 // logits (V/n columns). Sequence parallel
 // keeps the same buffers: its LayerNorm regions hold 1/n of the sequence,
 // but the column layers' gathered inputs are whole and saved for
@@ -63,7 +63,7 @@ func ActivationBytes(m nn.GPTConfig, B, n int) int64 {
 	b, t, c, l, h, v, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize), int64(n)
 	whole, split := m.ActWidths() // GPT-2: 6·C whole, 12·C split; a Llama's in nn
 	emb := m.EmbedActs()
-	floats := (2*whole+2*split/k)*b*t*l + b*h*t*t*l/k + 3*b*t*v/k + (4+emb)*b*t*c + 15*b*t
+	floats := (2*whole+2*split/k)*b*t*l + b*h*t*l/k + 3*b*t*v/k + (4+emb)*b*t*c + 15*b*t
 	return 4*floats + 1024
 }
 

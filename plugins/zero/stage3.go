@@ -14,8 +14,10 @@ import (
 // forward and for its backward only:
 //
 //	PreForward   gather the unit and the units it reads (the head: the
-//	             embed unit's tied wte), prefetch the next unit
-//	PostForward  release it, unless its backward is next (the last unit)
+//	             embed unit's tied wte), prefetch the next unit (not in a
+//	             forward recomputed in backward)
+//	PostForward  release it, unless its backward is next (the last unit, a
+//	             forward recomputed in backward)
 //	PreBackward  give the unit (and the units it reads) gradient buffers,
 //	             gather it if released, prefetch the unit whose backward is
 //	             next; the embed unit's backward reads no parameter
@@ -38,8 +40,8 @@ func (z *Zero) addHooks() {
 		h := &u.Module.Hooks
 		h.PreBackward = append(h.PreBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preBackward(u)) })
 		if z.stage == 3 {
-			h.PreForward = append(h.PreForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preForward(u)) })
-			h.PostForward = append(h.PostForward, func(*nn.Module, tensor.PassInfo) { z.keep(z.postForward(u)) })
+			h.PreForward = append(h.PreForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.preForward(u, info)) })
+			h.PostForward = append(h.PostForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.postForward(u, info)) })
 			if len(u.Uses) > 0 {
 				h.PostBackward = append(h.PostBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.releaseUses(u)) })
 			}
@@ -51,7 +53,10 @@ func (z *Zero) addHooks() {
 // hook of the previous pass could not return.
 func (z *Zero) PreForward(t *trainer.Trainer, info tensor.PassInfo) error { return z.check() }
 
-func (z *Zero) preForward(u *unitState) error {
+// preForward gathers u. A forward run again in backward (full activation
+// recomputation) prefetches nothing: the unit whose backward is next was
+// prefetched by this unit's successor's PreBackward.
+func (z *Zero) preForward(u *unitState, info tensor.PassInfo) error {
 	if err := z.gather(u); err != nil {
 		return err
 	}
@@ -60,14 +65,16 @@ func (z *Zero) preForward(u *unitState) error {
 			return err
 		}
 	}
-	if next := u.Index + 1; next < len(z.units) {
+	if next := u.Index + 1; next < len(z.units) && !info.Recompute {
 		z.prefetch(z.units[next])
 	}
 	return nil
 }
 
-func (z *Zero) postForward(u *unitState) error {
-	if u.Index == len(z.units)-1 {
+// postForward releases u after its forward, but not after a forward run
+// again in backward: the unit's backward follows at once.
+func (z *Zero) postForward(u *unitState, info tensor.PassInfo) error {
+	if u.Index == len(z.units)-1 || info.Recompute {
 		return nil
 	}
 	return z.release(u)

@@ -30,6 +30,8 @@ def test_zero3_sequential_and_wrap(cli):
     text = launch(cli, 2, "torch_zero_equiv.py")
     assert text.count("ok sequential stage=3 world=2") == 2, text
     assert text.count("ok modulelist stage=3 world=2") == 2, text
+    for reentrant in (False, True):
+        assert text.count("ok checkpoint reentrant=%s stage=3 world=2" % reentrant) == 2, text
     assert text.count("ok wrap=Linear stage=3 world=2") == 2, text
     for opt in ("adamw", "sgd"):
         for stage in (1, 2):

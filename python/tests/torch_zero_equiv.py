@@ -173,6 +173,23 @@ class Stack(nn.Module):
         return self.out(x)
 
 
+class CheckpointedStack(Stack):
+    """Stack whose blocks (units) run under torch.utils.checkpoint: their
+    forward runs again in backward, the unit gathered for it."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        if self.reentrant:
+            x = x.clone().requires_grad_()  # the reentrant form differentiates only inputs that require it
+        for b in self.blocks:
+            x = x + torch.tanh(checkpoint(b, x, use_reentrant=self.reentrant))
+        return self.out(x)
+
+
 def make_sequential():
     return nn.Sequential(nn.Linear(6, 12), nn.ReLU(inplace=True), nn.Linear(12, 12), nn.LayerNorm(12),
                          nn.Linear(12, 3))
@@ -212,7 +229,7 @@ def sequential(rank, world, build=make_sequential):
 def main():
     """What the Accelerator's equivalence tests (test_torch_ddp.py) do not
     cover: ZeRO-3 on an nn.Sequential with an in-place ReLU, on blocks in a
-    ModuleList, and zero.wrap
+    ModuleList (plain and under torch.utils.checkpoint), and zero.wrap
     by class name on a model whose root owns parameters, one of them unused
     on some ranks only; stages 1-2 sharded by whole parameters beside
     element ranges."""
@@ -221,6 +238,9 @@ def main():
     print("ok sequential stage=3 world=%d" % world, flush=True)
     sequential(rank, world, Stack)
     print("ok modulelist stage=3 world=%d" % world, flush=True)
+    for reentrant in (False, True):
+        sequential(rank, world, lambda: CheckpointedStack(reentrant))
+        print("ok checkpoint reentrant=%s stage=3 world=%d" % (reentrant, world), flush=True)
     ref_model, ref_opt, ref_losses, ref_norms = reference("adamw", world, 3)
     got = run(3, "adamw", 3, rank, world, wrap=["Linear"])
     check_run("wrap=Linear", got, ref_model, ref_opt, ref_losses, ref_norms)

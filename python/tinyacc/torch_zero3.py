@@ -25,6 +25,11 @@ tensor.
             complete (a parameter unused in this backward) holds back the
             ones after it until after_backward flushes them.
 
+torch.utils.checkpoint inside or around a unit runs the unit's forward
+again during its backward: the pre-hook gathers the unit for it (if it was
+freed) and, the unit's backward having begun, the forward hook leaves it
+gathered; it is freed after, when its gradients are reduced.
+
 A parameter shared by several units belongs to the first unit that holds
 it; once gathered it stays gathered through the forward and until its
 gradient is final (its accumulator runs once per backward, after every
@@ -41,6 +46,9 @@ class Unit:
         self.name, self.module, self.uses = name, module, uses
         self.group = None
         self.members = []
+        # in_backward: the gradient of the unit's output has arrived and
+        # its gradients are not reduced yet.
+        self.in_backward = False
 
 
 def _tensors(out):
@@ -193,6 +201,13 @@ class Stage3:
 
     def _post_hook(self, u):
         def hook(module, args, out):
+            if u.in_backward:
+                # The unit's backward has begun: this forward is
+                # torch.utils.checkpoint recomputing it. The pre-hook
+                # gathered it (again, if it was freed); it stays gathered
+                # for the backward that reads it and is freed, as always,
+                # when its gradients are reduced.
+                return
             self.free(u.members, keep_shared=True)
             if torch.is_grad_enabled():
                 for t in _tensors(out):
@@ -202,6 +217,7 @@ class Stage3:
 
     def _regather(self, u):
         def hook(grad):
+            u.in_backward = True
             self.ensure(u.uses)
         return hook
 
@@ -211,6 +227,7 @@ class Stage3:
 
     def _reduce(self, u):
         params = self.e.params
+        u.in_backward = False
         self.e.buckets.reduce_scatter(u.group, self.e._local_grad, u.group.shard, accumulate=True)
         for i in u.members:
             params[i].grad = None
@@ -219,4 +236,6 @@ class Stage3:
     def flush(self):
         """After backward: reduce the units not reduced yet, free all."""
         self.queue.flush()
+        for u in self.units:
+            u.in_backward = False
         self.free_all()
