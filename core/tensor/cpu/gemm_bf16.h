@@ -1,0 +1,16 @@
+// The AVX512-BF16 matrix product of the cgo build; see gemm_bf16_cgo.go.
+#ifndef TINYACC_CPU_GEMM_BF16_H
+#define TINYACC_CPU_GEMM_BF16_H
+
+#include <stdint.h>
+
+// Width of a packed panel of B (columns) and height of a tile of A (rows).
+#define TACC_BF16_NR 32
+#define TACC_BF16_MR 12
+
+int tacc_bf16_supported(void);
+void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1);
+void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
+			 long m0, long m1, float alpha, float *c, long ldc);
+
+#endif
