@@ -31,7 +31,6 @@ func Linear(x, w, b *Tensor) *Tensor {
 		if b != nil {
 			cpu.AddBias(y.f32, b.f32, rows, out)
 		}
-		roundTo(d, y.f32)
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)
 	}
@@ -41,7 +40,6 @@ func Linear(x, w, b *Tensor) *Tensor {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
 				gemm32(d, false, true, rows, in, out, g.f32, out, w.f32, out, gx.f32, in)
-				roundTo(d, gx.f32)
 			} else {
 				cpu.Gemm(false, true, rows, in, out, 1, g.f64, out, w.f64, out, 0, gx.f64, in)
 			}
@@ -114,7 +112,6 @@ func MatMulT(x, w *Tensor) *Tensor {
 	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
 		gemm32(d, false, true, rows, out, in, x.f32, in, w.f32, in, y.f32, out)
-		roundTo(d, y.f32)
 	} else {
 		cpu.Gemm(false, true, rows, out, in, 1, x.f64, in, w.f64, in, 0, y.f64, out)
 	}
@@ -124,7 +121,6 @@ func MatMulT(x, w *Tensor) *Tensor {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
 				gemm32(d, false, false, rows, in, out, g.f32, out, w.f32, in, gx.f32, in)
-				roundTo(d, gx.f32)
 			} else {
 				cpu.Gemm(false, false, rows, in, out, 1, g.f64, out, w.f64, in, 0, gx.f64, in)
 			}

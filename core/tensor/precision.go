@@ -12,19 +12,21 @@ import (
 // Megatron do:
 //
 //   - Linear and MatMulT round both operands to the compute dtype as the
-//     product reads them (cpu.GemmRoundBF16/GemmRoundF16), so the weights
-//     they see are the half-precision copies of the float32 masters,
-//     refreshed whenever the masters change, and the inputs are what a
-//     half activation would hold;
-//   - their outputs, and the input gradients of their backward, are rounded
-//     to the compute dtype, what half-precision activations hold;
-//   - weight gradients come out of the product in float32 (Megatron's main
-//     gradients) and accumulate in float32 across micro-batches;
+//     product reads them (cpu.GemmRoundBF16/GemmRoundF16), in forward and
+//     in backward: the weights they see are half-precision copies of the
+//     float32 masters, refreshed whenever the masters change, and the
+//     activations and output gradients are what half-precision copies of
+//     them hold;
+//   - their results come out of the float32 accumulator unrounded: weight
+//     gradients stay float32 (Megatron's main gradients) and accumulate in
+//     float32 across micro-batches, and a product split over ranks (tensor
+//     parallel's partial sums) sums float32 partials, so every layout
+//     computes what one process does up to float32 summation order;
 //   - everything else (LayerNorm statistics, GELU, softmax, the attention
 //     and its log-sum-exp, cross-entropy and the loss) computes in float32.
 //
-// The storage stays float32: the rounding reproduces the numbers of half
-// storage, not its bytes.
+// The storage stays float32: the rounding reproduces the numbers of the
+// half-precision operands, not their bytes.
 
 // SetCompute sets the dtype of the matrix products of this allocator's
 // tensors: Float32 (the tensors' own; the default), BFloat16 or Float16.
@@ -67,15 +69,5 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 		cpu.GemmRoundF16(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
 	default:
 		cpu.Gemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
-	}
-}
-
-// roundTo rounds x in place to compute dtype d (nothing for float32).
-func roundTo(d DType, x []float32) {
-	switch d {
-	case BFloat16:
-		cpu.RoundBF16(x)
-	case Float16:
-		cpu.RoundF16(x)
 	}
 }

@@ -44,7 +44,10 @@ func linearRun(d DType, x, w, b, v, r []float32) (z, gx, gw, gb, gv []float64) {
 
 // TestMixedPrecisionLinear: Linear and MatMulT on a bf16 or fp16 rank hold
 // their float32 results (and gradients) to the norm-wise bounds,
-// 1e-2 for bf16 and 2e-3 for fp16, and their outputs are half numbers.
+// 1e-2 for bf16 and 2e-3 for fp16, and each product is the float32 product
+// of its operands rounded to the half format: forward from x and w, and
+// backward from the output gradient and the weights (input gradients) or
+// the inputs (weight gradients).
 func TestMixedPrecisionLinear(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
 	rnd := func(n int) []float32 {
@@ -70,11 +73,66 @@ func TestMixedPrecisionLinear(t *testing.T) {
 			require.LessOrEqual(t, e, c.tol, "%s %s", c.d, name)
 			require.Greater(t, e, 0.0, "%s %s: the half path changed nothing", c.d, name)
 		}
-		for i, f := range hz {
-			require.Equal(t, float64(c.round(float32(f))), f, "%s: output %d is not a half number", c.d, i)
+		// The same computation by hand in float64 on rounded operands:
+		// y = x̂ŵ + b, z = ŷ v̂ᵀ, dz = r, dy = r̂ v̂, dv = r̂ᵀ ŷ,
+		// dx = dŷ ŵᵀ, dw = x̂ᵀ dŷ, db = Σ dy.
+		rd := func(a []float32) []float64 {
+			out := make([]float64, len(a))
+			for i, f := range a {
+				out[i] = float64(c.round(f))
+			}
+			return out
 		}
-		for i, f := range hgx {
-			require.Equal(t, float64(c.round(float32(f))), f, "%s: input gradient %d is not a half number", c.d, i)
+		mm := func(a []float64, ar, ac int, ta bool, bm []float64, br, bc int, tb bool) []float64 {
+			m, k, n := ar, ac, bc
+			if ta {
+				m, k = ac, ar
+			}
+			if tb {
+				n = br
+			}
+			out := make([]float64, m*n)
+			for i := 0; i < m; i++ {
+				for j := 0; j < n; j++ {
+					var s float64
+					for p := 0; p < k; p++ {
+						var av, bv float64
+						if ta {
+							av = a[p*ac+i]
+						} else {
+							av = a[i*ac+p]
+						}
+						if tb {
+							bv = bm[j*bc+p]
+						} else {
+							bv = bm[p*bc+j]
+						}
+						s += av * bv
+					}
+					out[i*n+j] = s
+				}
+			}
+			return out
+		}
+		f32 := func(a []float64) []float32 {
+			out := make([]float32, len(a))
+			for i, f := range a {
+				out[i] = float32(f)
+			}
+			return out
+		}
+		y := mm(rd(x), 6, 40, false, rd(w), 40, 24, false)
+		for i := range y {
+			y[i] += float64(b[i%24])
+		}
+		yr := rd(f32(y))
+		wantZ := mm(yr, 6, 24, false, rd(v), 10, 24, true)
+		dy := mm(rd(r), 6, 10, false, rd(v), 10, 24, false)
+		wantDV := mm(rd(r), 6, 10, true, yr, 6, 24, false)
+		wantDX := mm(rd(f32(dy)), 6, 24, false, rd(w), 40, 24, true)
+		wantDW := mm(rd(x), 6, 40, true, rd(f32(dy)), 6, 24, false)
+		for name, p := range map[string][2][]float64{"z": {hz, wantZ}, "dx": {hgx, wantDX}, "dw": {hgw, wantDW}, "dv": {hgv, wantDV}} {
+			require.LessOrEqual(t, relNorm(p[0], p[1]), 1e-5, "%s %s against the product of rounded operands", c.d, name)
 		}
 	}
 }

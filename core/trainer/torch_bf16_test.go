@@ -15,12 +15,13 @@ import (
 // The engine's bf16 training against PyTorch's autocast bf16 on the same
 // weights and batches (tools/torchref/gpt2_ref.py --autocast bf16). The two
 // round in different places (autocast also runs the attention's two
-// products in bf16 and rounds weight gradients to bf16; the engine keeps
-// attention in float32 and weight gradients float32), so they agree to
-// bf16's resolution, not bitwise: each step's loss within 1e-2 relative,
-// the first step's gradients within 5e-2 norm-wise per tensor, and closer
-// to autocast's than to PyTorch's float32 gradients (which a run that
-// silently stayed in float32 would match to 1e-5).
+// products in bf16 and stores the products' outputs and weight gradients
+// in bf16; the engine keeps attention, product outputs and weight
+// gradients in float32), so they agree to bf16's resolution, not bitwise:
+// each step's loss within 1e-2 relative, the first step's gradients within
+// 5e-2 norm-wise per tensor. The gradients must also differ from PyTorch's
+// float32 ones by more than float32 noise (1e-4), which a run that
+// silently stayed in float32 would not.
 func TestPyTorchAutocastBF16(t *testing.T) {
 	if !torchAvailable() {
 		t.Skip("/usr/bin/python3 has no torch")
@@ -67,7 +68,7 @@ func TestPyTorchAutocastBF16(t *testing.T) {
 		worstGrad = math.Max(worstGrad, ge)
 		worstGradF32 = math.Max(worstGradF32, normRel(grab.grads[p.Name], f32ref["grad."+p.Name].Float64s()))
 	}
-	require.Less(t, worstGrad, worstGradF32, "the bf16 gradients are closer to autocast bf16's than to float32's")
+	require.Greater(t, worstGradF32, 1e-4, "the bf16 gradients differ from float32's by bf16 rounding, not float32 noise")
 	t.Logf("bf16 vs PyTorch autocast bf16: worst loss rel error %.2e, worst gradient norm-wise error %.2e", worstLoss, worstGrad)
 	t.Logf("bf16 vs PyTorch float32:       worst loss rel error %.2e, worst gradient norm-wise error %.2e", worstLossF32, worstGradF32)
 }
