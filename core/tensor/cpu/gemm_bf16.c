@@ -14,15 +14,13 @@
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include "gemm_bf16.h"
 
 #define NR TACC_BF16_NR
 #define MR TACC_BF16_MR
-// k pairs per block: an A tile block (MC rows) and a B panel block stay in cache.
-#define KC 256
-#define MC (MR * 16)
+#define KC TACC_BF16_KC
+#define MC TACC_BF16_MC
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
@@ -124,15 +122,12 @@ static void kernel(const uint32_t *ap, const uint16_t *bp, long kc, float *c, lo
 
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C,
 // with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
-// taken MC at a time.
+// taken MC at a time, packed into scratch (MC * KC uint32).
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
-			 long m0, long m1, float alpha, float *c, long ldc) {
+			 long m0, long m1, float alpha, float *c, long ldc, uint32_t *scratch) {
 	long kp = (k + 1) / 2;
 	long panels = (n + NR - 1) / NR;
-	uint32_t *ap = aligned_alloc(64, sizeof(uint32_t) * MC * KC);
-	if (ap == NULL) {
-		abort();
-	}
+	uint32_t *ap = scratch;
 	for (long i0 = m0; i0 < m1; i0 += MC) {
 		long i1 = i0 + MC < m1 ? i0 + MC : m1;
 		for (long q0 = 0; q0 < kp; q0 += KC) {
@@ -148,5 +143,4 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 			}
 		}
 	}
-	free(ap);
 }

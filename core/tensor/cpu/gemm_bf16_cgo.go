@@ -17,6 +17,8 @@ var bf16Native = C.tacc_bf16_supported() != 0
 const (
 	bf16NR = C.TACC_BF16_NR
 	bf16MR = C.TACC_BF16_MR
+	bf16MC = C.TACC_BF16_MC
+	bf16KC = C.TACC_BF16_KC
 )
 
 // gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied). B is
@@ -35,8 +37,9 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	})
 	ap, af32 := a.ptr()
 	ParallelFor(m, 4*bf16MR, func(lo, hi int) {
+		scratch := make([]uint32, bf16MC*bf16KC) // this chunk's packed rows of A
 		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
-			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc))
+			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), (*C.uint32_t)(&scratch[0]))
 	})
 }
 
