@@ -54,6 +54,8 @@ def main(argv=None):
     ap.add_argument("--intermediate_size", type=int, default=0, help="llama: SwiGLU width (required for llama)")
     ap.add_argument("--rope_theta", type=float, default=10000.0)
     ap.add_argument("--norm_eps", type=float, default=1e-5)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: forward under torch.autocast(\"cpu\", torch.bfloat16), parameters float32")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("need --steps >= 1, --warmup >= 0 and --threads >= 1")
@@ -93,7 +95,8 @@ def main(argv=None):
     losses, ms_all = [], []
     for s in range(total):
         t0 = time.perf_counter()
-        loss, _ = gpt2_ref.train_step(model, opt, xs[s], ys[s], args.grad_clip)
+        loss, _ = gpt2_ref.train_step(model, opt, xs[s], ys[s], args.grad_clip,
+                                      autocast=None if args.autocast == "none" else args.autocast)
         elapsed = (time.perf_counter() - t0) * 1e3
         losses.append(loss)
         if s >= args.warmup:
@@ -102,6 +105,7 @@ def main(argv=None):
     print(json.dumps({
         "impl": "pytorch",
         "threads": args.threads,
+        "autocast": args.autocast,
         "ms_per_step": round(statistics.median(ms_all), 3),
         "ms_all": ms_all,
         "torch": torch.__version__,

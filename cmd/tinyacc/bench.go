@@ -62,7 +62,8 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	threadsFlag := fs.String("threads", "1,2", "thread counts to compare")
 	script := fs.String("torch-script", "bench/torch_step.py", "the PyTorch side")
 	python := fs.String("python", "/usr/bin/python3", "Python with torch")
-	asJSON := fs.Bool("json", false, "print one JSON object per thread count")
+	asJSON := fs.Bool("json", false, "print one JSON object per thread count and precision")
+	precFlag := fs.String("precision", "fp32,bf16", "precisions to compare: fp32 (train.mixed_precision=no) and bf16 (the engine's bf16 against PyTorch autocast bf16)")
 	var s benchShape
 	fs.IntVar(&s.NLayer, "n_layer", 4, "")
 	fs.IntVar(&s.NHead, "n_head", 4, "")
@@ -87,6 +88,14 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 		}
 		threads = append(threads, n)
 	}
+	var precs []string
+	for _, p := range strings.Split(*precFlag, ",") {
+		p = strings.TrimSpace(p)
+		if p != "fp32" && p != "bf16" {
+			return fmt.Errorf("bench step: --precision %q: want a list of fp32 and bf16", *precFlag)
+		}
+		precs = append(precs, p)
+	}
 	if _, err := os.Stat(*script); err != nil {
 		return fmt.Errorf("bench step: PyTorch side %s not found (run from the repository root or give --torch-script): %v", *script, err)
 	}
@@ -94,43 +103,53 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	if c := s.config(); s.Arch == "llama" {
 		what = fmt.Sprintf("Llama (n_kv_head %d, intermediate_size %d)", c.KVHeads(), c.FFNWidth())
 	}
-	fmt.Fprintf(stderr, "bench step: %s n_layer %d n_head %d n_embd %d block %d vocab %d batch %d fp32; %d steps x %d repeats; blas %s\n",
-		what, s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName())
+	fmt.Fprintf(stderr, "bench step: %s n_layer %d n_head %d n_embd %d block %d vocab %d batch %d; %d steps x %d repeats; blas %s, bf16 products %s\n",
+		what, s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName(), cpu.HalfGemmPath())
 	type row struct {
 		Threads   int     `json:"threads"`
+		Precision string  `json:"precision"`
 		TinyaccMS float64 `json:"tinyacc_ms"`
 		TorchMS   float64 `json:"pytorch_ms"`
-		Ratio     float64 `json:"ratio_vs_best_pytorch"`
+		TokensPS  float64 `json:"tinyacc_tokens_per_s"`
+		Ratio     float64 `json:"ratio_vs_best_pytorch"` // against PyTorch's best thread count in the same precision
 	}
 	var rows []row
 	for _, th := range threads {
-		var ours, theirs []float64
-		for r := 0; r < *repeats; r++ {
-			ms, err := tinyaccStepMS(s, th, *warmup, *steps)
-			if err != nil {
-				return err
+		for _, prec := range precs {
+			var ours, theirs []float64
+			for r := 0; r < *repeats; r++ {
+				ms, err := tinyaccStepMS(s, prec, th, *warmup, *steps)
+				if err != nil {
+					return err
+				}
+				ours = append(ours, ms)
+				tms, err := torchStepMS(*python, *script, s, prec, th, *warmup, *steps)
+				if err != nil {
+					return err
+				}
+				theirs = append(theirs, tms)
+				fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step, pytorch %.1f ms/step\n", th, prec, r+1, ms, tms)
 			}
-			ours = append(ours, ms)
-			tms, err := torchStepMS(*python, *script, s, th, *warmup, *steps)
-			if err != nil {
-				return err
-			}
-			theirs = append(theirs, tms)
-			fmt.Fprintf(stderr, "  threads %d run %d: tinyacc %.1f ms/step, pytorch %.1f ms/step\n", th, r+1, ms, tms)
+			ms := median(ours)
+			rows = append(rows, row{Threads: th, Precision: prec, TinyaccMS: ms, TorchMS: median(theirs),
+				TokensPS: float64(s.Batch*s.Block) / (ms / 1000)})
 		}
-		rows = append(rows, row{Threads: th, TinyaccMS: median(ours), TorchMS: median(theirs)})
 	}
-	bestTorch, bestOurs := rows[0], rows[0]
-	for _, r := range rows {
-		if r.TorchMS < bestTorch.TorchMS {
-			bestTorch = r
+	best := func(prec string, torch bool) row {
+		var b row
+		for _, r := range rows {
+			v, bv := r.TinyaccMS, b.TinyaccMS
+			if torch {
+				v, bv = r.TorchMS, b.TorchMS
+			}
+			if r.Precision == prec && (b.Threads == 0 || v < bv) {
+				b = r
+			}
 		}
-		if r.TinyaccMS < bestOurs.TinyaccMS {
-			bestOurs = r
-		}
+		return b
 	}
 	for i := range rows {
-		rows[i].Ratio = rows[i].TinyaccMS / bestTorch.TorchMS
+		rows[i].Ratio = rows[i].TinyaccMS / best(rows[i].Precision, true).TorchMS
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -141,12 +160,23 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	}
-	fmt.Fprintf(stdout, "%8s %16s %16s %22s\n", "threads", "tinyacc ms/step", "pytorch ms/step", "tinyacc/best pytorch")
+	fmt.Fprintf(stdout, "%8s %10s %16s %16s %18s %22s\n", "threads", "precision", "tinyacc ms/step", "pytorch ms/step", "tinyacc tokens/s", "tinyacc/best pytorch")
 	for _, r := range rows {
-		fmt.Fprintf(stdout, "%8d %16.1f %16.1f %22.3f\n", r.Threads, r.TinyaccMS, r.TorchMS, r.Ratio)
+		fmt.Fprintf(stdout, "%8d %10s %16.1f %16.1f %18.0f %22.3f\n", r.Threads, r.Precision, r.TinyaccMS, r.TorchMS, r.TokensPS, r.Ratio)
 	}
-	fmt.Fprintf(stdout, "best tinyacc (%d threads) %.1f ms vs best pytorch (%d threads) %.1f ms: ratio %.3f\n",
-		bestOurs.Threads, bestOurs.TinyaccMS, bestTorch.Threads, bestTorch.TorchMS, bestOurs.TinyaccMS/bestTorch.TorchMS)
+	for _, prec := range precs {
+		o, t := best(prec, false), best(prec, true)
+		peer := "pytorch"
+		if prec == "bf16" {
+			peer = "pytorch autocast bf16"
+		}
+		fmt.Fprintf(stdout, "%s: best tinyacc (%d threads) %.1f ms vs best %s (%d threads) %.1f ms: ratio %.3f\n",
+			prec, o.Threads, o.TinyaccMS, peer, t.Threads, t.TorchMS, o.TinyaccMS/t.TorchMS)
+	}
+	if len(precs) == 2 {
+		f, b := best("fp32", false), best("bf16", false)
+		fmt.Fprintf(stdout, "tinyacc bf16 vs fp32 (best of each): %.0f vs %.0f tokens/s, %.2fx\n", b.TokensPS, f.TokensPS, b.TokensPS/f.TokensPS)
+	}
 	return nil
 }
 
@@ -162,7 +192,7 @@ func median(xs []float64) float64 {
 
 // tinyaccStepMS trains the bench GPT on random tokens with the given thread
 // count and returns the median step time.
-func tinyaccStepMS(s benchShape, threads, warmup, steps int) (float64, error) {
+func tinyaccStepMS(s benchShape, prec string, threads, warmup, steps int) (float64, error) {
 	prevProcs := runtime.GOMAXPROCS(threads)
 	prevThreads := cpu.Threads()
 	cpu.SetThreads(threads)
@@ -173,6 +203,9 @@ func tinyaccStepMS(s benchShape, threads, warmup, steps int) (float64, error) {
 	cfg.Train.Schedule = "constant"
 	cfg.Train.GradClip = 0
 	cfg.Data.Order = "random"
+	if prec == "bf16" {
+		cfg.Train.MixedPrecision = "bf16"
+	}
 	r := nn.NewRand(1, "bench-tokens")
 	tokens := make([]int32, 1<<20)
 	for i := range tokens {
@@ -195,9 +228,12 @@ func tinyaccStepMS(s benchShape, threads, warmup, steps int) (float64, error) {
 	return median(times), nil
 }
 
-func torchStepMS(python, script string, s benchShape, threads, warmup, steps int) (float64, error) {
+func torchStepMS(python, script string, s benchShape, prec string, threads, warmup, steps int) (float64, error) {
 	args := append([]string{script}, s.args()...)
 	args = append(args, "--steps", strconv.Itoa(steps), "--warmup", strconv.Itoa(warmup), "--threads", strconv.Itoa(threads))
+	if prec == "bf16" {
+		args = append(args, "--autocast", "bf16")
+	}
 	cmd := exec.Command(python, args...)
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS="+strconv.Itoa(threads))
 	var out, errb bytes.Buffer

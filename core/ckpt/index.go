@@ -94,6 +94,10 @@ type TrainerState struct {
 	GlobalBatch   int     `json:"global_batch"`
 	// Layout is the run's layout, for information (any layout may resume).
 	Layout map[string]int `json:"layout"`
+	// LossScale and LossScaleGood are fp16's loss scale and the good steps
+	// in a row since it last changed; absent without loss scaling.
+	LossScale     float64 `json:"loss_scale,omitempty"`
+	LossScaleGood int     `json:"loss_scale_good_steps,omitempty"`
 }
 
 // StepDir is the directory name of the checkpoint after step steps.

@@ -82,6 +82,12 @@ type Config struct {
 		// tests: it puts rounding noise far below any real difference, so
 		// every layout can be held to one process at 1e-9.
 		DType string `koanf:"dtype"`
+		// MixedPrecision is "no" (everything in train.dtype), "bf16" or
+		// "fp16": matrix products take half-precision copies of the
+		// float32 master weights and accumulate in float32 (precision.go).
+		MixedPrecision  string `koanf:"mixed_precision"`
+		LossScale       string `koanf:"loss_scale"`        // fp16: "dynamic" or a fixed positive number
+		LossScaleWindow int    `koanf:"loss_scale_window"` // fp16 dynamic: good steps before the scale doubles
 	} `koanf:"train"`
 	Data struct {
 		Path        string  `koanf:"path"`         // "" = default corpus (Go sources of GOROOT)
@@ -215,6 +221,9 @@ func Defaults() Config {
 	c.Train.NonFinite = "stop"
 	c.Train.NonFiniteMaxSkips = 10
 	c.Train.DType = "float32"
+	c.Train.MixedPrecision = "no"
+	c.Train.LossScale = "dynamic"
+	c.Train.LossScaleWindow = 1000
 
 	c.Data.Path = ""
 	c.Data.Order = "sequential"

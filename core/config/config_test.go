@@ -47,8 +47,8 @@ func TestKeys(t *testing.T) {
 		"recompute.blocks", "recompute.granularity", "recompute.modules",
 		"resume", "resume_allow_nonfinite", "save_to", "tp.sequence_parallel", "trace", "trace_per_rank",
 		"train.batch_size", "train.beta1", "train.beta2", "train.dtype", "train.eps", "train.eval_batches",
-		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.lr",
-		"train.min_lr", "train.momentum", "train.nonfinite", "train.nonfinite_max_skips", "train.optimizer", "train.peak_flops", "train.schedule",
+		"train.eval_every", "train.grad_accum", "train.grad_clip", "train.log_every", "train.loss_scale", "train.loss_scale_window", "train.lr",
+		"train.min_lr", "train.mixed_precision", "train.momentum", "train.nonfinite", "train.nonfinite_max_skips", "train.optimizer", "train.peak_flops", "train.schedule",
 		"train.seed", "train.steps", "train.threads", "train.warmup_steps", "train.weight_decay",
 		"zero.stage", "zero.wrap",
 	}

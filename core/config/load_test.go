@@ -13,7 +13,7 @@ import (
 
 const (
 	trainKeys = "batch_size, beta1, beta2, dtype, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
-		"log_every, lr, min_lr, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
+		"log_every, loss_scale, loss_scale_window, lr, min_lr, mixed_precision, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
 	topKeys = "checkpoint, comm, cp, data, ddp, device, init_from, memory, metrics_file, model, parallel, plugins, pp, recompute, resume, resume_allow_nonfinite, save_to, tp, trace, trace_per_rank, train, zero"
 	// noSuggestion ends the message about a TINYACC_ variable close to no name.

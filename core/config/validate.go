@@ -65,6 +65,7 @@ func (c *Config) Validate() error {
 	v.oneOf("train.nonfinite", t.NonFinite, "stop", "skip")
 	v.positive("train.nonfinite_max_skips", int64(t.NonFiniteMaxSkips))
 	v.oneOf("train.dtype", t.DType, "float32", "float64")
+	c.validatePrecision(v) // precision.go
 
 	d := &c.Data
 	v.oneOf("data.order", d.Order, "sequential", "random")

@@ -60,6 +60,18 @@ func TestValidateMessages(t *testing.T) {
 			`config: train.dtype="float16" is not supported: use one of float32, float64`},
 		{"dtype with a plugin process", func(c *Config) { c.Train.DType, c.DDP.Process = "float64", true },
 			"config: train.dtype=float64 cannot run with plugin processes (ddp.process, plugins.process), which exchange float32 tensors: set train.dtype=float32 or run the plugins in-process"},
+		{"mixed_precision", func(c *Config) { c.Train.MixedPrecision = "fp8" },
+			`config: train.mixed_precision="fp8" is not supported: use one of no, bf16, fp16`},
+		{"mixed precision in float64", func(c *Config) { c.Train.MixedPrecision, c.Train.DType = "bf16", "float64" },
+			"config: train.mixed_precision=bf16 keeps float32 master weights, but train.dtype=float64: set train.dtype=float32, or train.mixed_precision=no for float64"},
+		{"loss_scale word", func(c *Config) { c.Train.LossScale = "auto" },
+			`config: train.loss_scale="auto" must be "dynamic" or a positive number such as 1024`},
+		{"loss_scale zero", func(c *Config) { c.Train.LossScale = "0" },
+			`config: train.loss_scale="0" must be "dynamic" or a positive number such as 1024`},
+		{"loss_scale inf", func(c *Config) { c.Train.LossScale = "inf" },
+			`config: train.loss_scale="inf" must be "dynamic" or a positive number such as 1024`},
+		{"loss_scale_window", func(c *Config) { c.Train.LossScaleWindow = 0 },
+			"config: train.loss_scale_window=0 must be positive: set it to 1 or more"},
 		{"log_every", func(c *Config) { c.Train.LogEvery = 0 },
 			"config: train.log_every=0 must be positive: set it to 1 or more"},
 		{"peak_flops", func(c *Config) { c.Train.PeakFLOPS = 0 },
@@ -171,4 +183,20 @@ func TestFirstBucketZeroMeansNoSmallerBucket(t *testing.T) {
 	cfg := Defaults()
 	cfg.DDP.FirstBucketMB = 0
 	require.NoError(t, cfg.Validate())
+}
+
+func TestLossScaleFixed(t *testing.T) {
+	c := Defaults()
+	_, ok := c.LossScaleFixed()
+	require.False(t, ok, "no mixed precision: no scale")
+	c.Train.MixedPrecision, c.Train.LossScale = "fp16", "1024"
+	require.NoError(t, c.Validate())
+	s, ok := c.LossScaleFixed()
+	require.True(t, ok)
+	require.Equal(t, 1024.0, s)
+	c.Train.LossScale = "dynamic"
+	_, ok = c.LossScaleFixed()
+	require.False(t, ok)
+	c.Train.MixedPrecision = "bf16"
+	require.NoError(t, c.Validate())
 }

@@ -44,6 +44,9 @@ type Allocator struct {
 	// backing, when set, supplies the storage of new tensors (see
 	// SetBacking); nil means the Go heap.
 	backing func(dtype DType, n int) any
+	// compute is the dtype of this rank's matrix products (precision.go);
+	// Float32, the zero value, means the tensors' own.
+	compute DType
 }
 
 // SetBacking makes the allocator take the storage of tensors it creates

@@ -25,8 +25,12 @@ func Linear(x, w, b *Tensor) *Tensor {
 	rows := x.Numel() / in
 	shape := append(clone(x.shape[:len(x.shape)-1]), out)
 	y := like(x, shape...)
+	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		linearFwd(x.f32, w.f32, biasOf[float32](b), y.f32, rows, in, out)
+		gemm32(d, false, false, rows, out, in, x.f32, in, w.f32, out, 0, y.f32, out)
+		if b != nil {
+			cpu.AddBias(y.f32, b.f32, rows, out)
+		}
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)
 	}
@@ -35,7 +39,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				cpu.Gemm(false, true, rows, in, out, 1, g.f32, out, w.f32, out, 0, gx.f32, in)
+				gemm32(d, false, true, rows, in, out, g.f32, out, w.f32, out, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, true, rows, in, out, 1, g.f64, out, w.f64, out, 0, gx.f64, in)
 			}
@@ -43,7 +47,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				cpu.Gemm(true, false, in, out, rows, 1, x.f32, in, g.f32, out, float32(beta), gw.f32, out)
+				gemm32(d, true, false, in, out, rows, x.f32, in, g.f32, out, float32(beta), gw.f32, out)
 			} else {
 				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, beta, gw.f64, out)
 			}
@@ -117,8 +121,9 @@ func MatMulT(x, w *Tensor) *Tensor {
 	rows := x.Numel() / in
 	shape := append(clone(x.shape[:len(x.shape)-1]), out)
 	y := like(x, shape...)
+	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		cpu.Gemm(false, true, rows, out, in, 1, x.f32, in, w.f32, in, 0, y.f32, out)
+		gemm32(d, false, true, rows, out, in, x.f32, in, w.f32, in, 0, y.f32, out)
 	} else {
 		cpu.Gemm(false, true, rows, out, in, 1, x.f64, in, w.f64, in, 0, y.f64, out)
 	}
@@ -127,7 +132,7 @@ func MatMulT(x, w *Tensor) *Tensor {
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				cpu.Gemm(false, false, rows, in, out, 1, g.f32, out, w.f32, in, 0, gx.f32, in)
+				gemm32(d, false, false, rows, in, out, g.f32, out, w.f32, in, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, false, rows, in, out, 1, g.f64, out, w.f64, in, 0, gx.f64, in)
 			}
@@ -135,7 +140,7 @@ func MatMulT(x, w *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				cpu.Gemm(true, false, out, in, rows, 1, g.f32, out, x.f32, in, float32(beta), gw.f32, in)
+				gemm32(d, true, false, out, in, rows, g.f32, out, x.f32, in, float32(beta), gw.f32, in)
 			} else {
 				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, beta, gw.f64, in)
 			}

@@ -207,9 +207,10 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	}
 	O, rows := offs[len(ws)], x.Numel()/in
 	y := like(x, append(clone(x.shape[:len(x.shape)-1]), O)...)
+	d := computeOf(x) // precision.go
 	for i, w := range ws {
 		if x.dtype == Float32 {
-			cpu.Gemm(false, true, rows, w.shape[0], in, 1, x.f32, in, w.f32, in, 0, y.f32[offs[i]:], O)
+			gemm32(d, false, true, rows, w.shape[0], in, x.f32, in, w.f32, in, 0, y.f32[offs[i]:], O)
 		} else {
 			cpu.Gemm(false, true, rows, w.shape[0], in, 1, x.f64, in, w.f64, in, 0, y.f64[offs[i]:], O)
 		}
@@ -222,7 +223,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 			for i, w := range ws {
 				beta := float64(min(i, 1))
 				if x.dtype == Float32 {
-					cpu.Gemm(false, false, rows, in, w.shape[0], 1, g.f32[offs[i]:], O, w.f32, in, float32(beta), gx.f32, in)
+					gemm32(d, false, false, rows, in, w.shape[0], g.f32[offs[i]:], O, w.f32, in, float32(beta), gx.f32, in)
 				} else {
 					cpu.Gemm(false, false, rows, in, w.shape[0], 1, g.f64[offs[i]:], O, w.f64, in, beta, gx.f64, in)
 				}
@@ -234,13 +235,13 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 				continue
 			}
 			weightGrad := func() *Tensor {
-				gw := like(w, w.shape...)
+				gw, beta, ret := gradBuffer(bp, w) // in place into w's gradient
 				if x.dtype == Float32 {
-					cpu.Gemm(true, false, w.shape[0], in, rows, 1, g.f32[offs[i]:], O, x.f32, in, 0, gw.f32, in)
+					gemm32(d, true, false, w.shape[0], in, rows, g.f32[offs[i]:], O, x.f32, in, float32(beta), gw.f32, in)
 				} else {
-					cpu.Gemm(true, false, w.shape[0], in, rows, 1, g.f64[offs[i]:], O, x.f64, in, 0, gw.f64, in)
+					cpu.Gemm(true, false, w.shape[0], in, rows, 1, g.f64[offs[i]:], O, x.f64, in, beta, gw.f64, in)
 				}
-				return gw
+				return ret
 			}
 			if bp.DeferringWeights() && w.node == nil {
 				bp.Defer(w, weightGrad)

@@ -21,7 +21,8 @@ const (
 	Float32 DType = iota
 	Float64
 	Int32
-	BFloat16 // reserved for mixed precision; no kernel uses it yet
+	BFloat16 // a compute dtype under mixed precision (precision.go); no tensor stores it yet
+	Float16  // IEEE binary16, likewise a compute dtype only
 )
 
 // Size is the number of bytes of one element.
@@ -31,7 +32,7 @@ func (d DType) Size() int {
 		return 4
 	case Float64:
 		return 8
-	case BFloat16:
+	case BFloat16, Float16:
 		return 2
 	}
 	panic(fmt.Sprintf("tensor: unknown dtype %d", int(d)))
@@ -47,6 +48,8 @@ func (d DType) String() string {
 		return "int32"
 	case BFloat16:
 		return "bfloat16"
+	case Float16:
+		return "float16"
 	}
 	return fmt.Sprintf("dtype(%d)", int(d))
 }

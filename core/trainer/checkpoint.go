@@ -221,6 +221,9 @@ func (t *Trainer) trainerState(step int) ckpt.TrainerState {
 	s := ckpt.TrainerState{Step: step, ScheduleStep: step, Seed: c.Train.Seed, DataOrder: c.Data.Order, GlobalBatch: global,
 		Layout: map[string]int{"world": t.World, "dp": t.DataSize, "batch_size": B, "grad_accum": A,
 			"tp": c.Parallel.TP, "pp": c.Parallel.PP, "cp": c.Parallel.CP, "zero_stage": c.Zero.Stage}}
+	if t.scaler != nil {
+		s.LossScale, s.LossScaleGood = t.scaler.scale, t.scaler.good
+	}
 	// Data-parallel rank r reads samples a·N·B + r·B + j of each step
 	// (data.Loader.Batch): its next sample is step·G + r·B.
 	for r := 0; r < t.DataSize; r++ {

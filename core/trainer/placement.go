@@ -93,7 +93,9 @@ func (t *Trainer) optimizes(p *tensor.Tensor) bool {
 // signal), so that every rank stops after the same step without a
 // collective of its own.
 func (t *Trainer) GradSumSquares() (float64, error) {
-	var s float64
+	// overflow flags a NaN or an infinity in any gradient this rank holds;
+	// it is summed over the ranks with the norm (fp16 loss scaling).
+	var s, overflow float64
 	c := t.Coord()
 	for _, p := range t.Model.Params() {
 		h, err := t.Holding(p)
@@ -110,8 +112,14 @@ func (t *Trainer) GradSumSquares() (float64, error) {
 		}
 		if own {
 			s += sumSquares(g.Data)
+		} else if t.scaler != nil && !isFinite(sumSquares(g.Data)) {
+			overflow = 1 // a replica this rank does not count in the norm
 		}
 	}
+	if !isFinite(s) {
+		overflow = 1
+	}
+	t.gradOverflow = overflow > 0
 	w := t.world()
 	if w == nil {
 		return s, nil
@@ -120,7 +128,11 @@ func (t *Trainer) GradSumSquares() (float64, error) {
 	if t.stopWanted() {
 		stop = 1
 	}
-	buf := tensor.FromF64([]float64{s, stop}, 2)
+	vals := []float64{s, stop}
+	if t.scaler != nil {
+		vals = append(vals, overflow) // only fp16 pays for the flag
+	}
+	buf := tensor.FromF64(vals, len(vals))
 	span := t.Trace.Begin("all_reduce grad_norm", "comm", trace.Comm).With("bytes", buf.Bytes())
 	err := w.AllReduce(buf, comm.Sum)
 	span.End()
@@ -128,6 +140,9 @@ func (t *Trainer) GradSumSquares() (float64, error) {
 		return 0, fmt.Errorf("trainer: summing the gradient norm over the world: %w", err)
 	}
 	t.stopAgreed = buf.F64()[1] > 0
+	if t.scaler != nil {
+		t.gradOverflow = buf.F64()[2] > 0
+	}
 	return buf.F64()[0], nil
 }
 

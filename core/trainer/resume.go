@@ -77,6 +77,9 @@ func (t *Trainer) LoadCheckpoint(dir string) (int, error) {
 	if err := t.agree("loading checkpoint "+dir, err); err != nil {
 		return 0, err
 	}
+	if t.scaler != nil && ix.Trainer.LossScale > 0 {
+		t.scaler.scale, t.scaler.good = ix.Trainer.LossScale, ix.Trainer.LossScaleGood
+	}
 	return ix.Step, nil
 }
 

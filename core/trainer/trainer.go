@@ -79,6 +79,9 @@ type StepMetrics struct {
 	MFU        float64 `json:"mfu"`
 	// Skipped marks a step whose update train.nonfinite=skip dropped.
 	Skipped bool `json:"skipped,omitempty"`
+	// LossScale is fp16's loss scale after the step (precision.go); absent
+	// without loss scaling.
+	LossScale float64 `json:"loss_scale,omitempty"`
 	// CommBytes is the payload this rank sent during the step, on every
 	// group (comm.ByteCounter; 0 for one process or a backend that does
 	// not count).
@@ -129,6 +132,8 @@ type Trainer struct {
 	gradErr            error
 	stepStart          time.Time
 	nonfinite          nonfiniteState
+	scaler             *lossScaler // fp16 loss scaling; nil otherwise (precision.go)
+	gradOverflow       bool        // some rank's gradients were non-finite (GradSumSquares)
 	// ctx is Run's context; stopAgreed is set when every rank learned,
 	// with the last gradient norm, that some rank was asked to stop.
 	ctx        context.Context
@@ -240,13 +245,15 @@ func start(cfg config.Config, opts Options) (*Trainer, error) {
 	if cfg.Train.Threads > 0 {
 		cpu.SetThreads(cfg.Train.Threads)
 	}
+	opts.Alloc.SetCompute(computeDType(cfg)) // precision.go
 	if m := opts.Mesh; m != nil && (m.WorldGroup().Size() != opts.World || m.Rank() != opts.Rank) {
 		return nil, fmt.Errorf("trainer: the mesh is rank %d of %d but the options say rank %d of %d", m.Rank(), m.WorldGroup().Size(), opts.Rank, opts.World)
 	}
 	t := &Trainer{Cfg: cfg, Alloc: opts.Alloc, DataSize: 1, SeqParts: 1, Plugins: opts.Plugins,
 		Rank: opts.Rank, World: opts.World, Mesh: opts.Mesh, Trace: opts.Trace, opts: opts,
 		Sched: optim.Schedule{Kind: cfg.Train.Schedule, LR: cfg.Train.LR, MinLR: cfg.Train.MinLR,
-			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps}}
+			Warmup: cfg.Train.WarmupSteps, Steps: cfg.Train.Steps},
+		scaler: newLossScaler(cfg)}
 	if err := t.checkPlugins(); err != nil {
 		return nil, err
 	}
@@ -514,14 +521,23 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	if err != nil {
 		return StepMetrics{}, err
 	}
-	norm := math.Sqrt(sumsq)
-	skip, err := t.checkFinite(loss, norm) // nonfinite.go
+	// Under fp16 loss scaling an overflow skips the step and only the loss
+	// goes to the non-finite guard (precision.go).
+	norm, unscale := t.scaler.unscale(math.Sqrt(sumsq))
+	overflow := t.scaler != nil && t.gradOverflow
+	guarded := norm
+	if overflow {
+		guarded = 0
+	}
+	skip, err := t.checkFinite(loss, guarded) // nonfinite.go
 	if err != nil {
 		return StepMetrics{}, err
 	}
+	skip = skip || overflow
+	t.scaler.update(overflow)
 	lr := t.Sched.At(step)
 	if !skip {
-		optim.ScaleGrads(t.Opt.Params(), optim.ClipCoef(norm, t.Cfg.Train.GradClip))
+		optim.ScaleGrads(t.Opt.Params(), unscale*optim.ClipCoef(norm, t.Cfg.Train.GradClip))
 		span := t.Trace.Begin("optimizer", "compute", trace.Compute)
 		err = t.Opt.Step(lr)
 		span.End()
@@ -538,7 +554,8 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	t.stepStart = time.Time{}
 	tokens := float64(t.Cfg.Train.BatchSize*t.Cfg.Train.GradAccum*t.DataSize) * float64(t.Cfg.Model.BlockSize)
 	m := StepMetrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm,
-		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000, Skipped: skip}
+		TokensPerS: tokens / elapsed.Seconds(), StepMS: float64(elapsed.Microseconds()) / 1000, Skipped: skip,
+		LossScale: t.LossScale()}
 	m.MFU = GPTConfig(t.Cfg).FLOPsPerToken() * m.TokensPerS / (t.Cfg.Train.PeakFLOPS * float64(t.World))
 	for _, p := range t.Plugins {
 		if h, ok := p.(PostStepper); ok {
@@ -622,7 +639,7 @@ func (t *Trainer) PreForward(info tensor.PassInfo) error {
 // the plugins, releases the graph's buffers and runs the PostGrad hooks.
 func (t *Trainer) Backward(loss *tensor.Tensor, scale float64, info tensor.PassInfo) error {
 	g := t.Alloc.New(tensor.Activations, loss.DType(), loss.Shape()...)
-	g.Set(0, scale)
+	g.Set(0, t.LossSeed(scale))
 	err := t.BackwardFrom(loss, g, info)
 	g.Release()
 	if err != nil {

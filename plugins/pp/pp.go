@@ -168,7 +168,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			if a.Chunk == last {
 				// Each micro-batch contributes 1/A of the step's mean loss.
 				sl.gradOut = t.Alloc.New(tensor.Activations, sl.out.DType(), sl.out.Shape()...)
-				sl.gradOut.Set(0, 1/float64(A))
+				sl.gradOut.Set(0, t.LossSeed(1/float64(A)))
 			}
 			span := o.span(t, a, step)
 			if s.Split {

@@ -81,9 +81,10 @@ def new_model():
     return RefModel()
 
 
-def reference(opt_kind, steps, global_batch, clip, sched=False):
+def reference(opt_kind, steps, global_batch, clip, sched=False, autocast=False):
     """Plain PyTorch, one process: step s trains on samples
-    [s·global_batch, (s+1)·global_batch), with new_scheduler when sched.
+    [s·global_batch, (s+1)·global_batch), with new_scheduler when sched,
+    the forward under torch.autocast("cpu", torch.bfloat16) when autocast.
     Returns losses, clip norms and the final state dict."""
     torch.set_num_threads(1)
     model = new_model()
@@ -93,7 +94,9 @@ def reference(opt_kind, steps, global_batch, clip, sched=False):
     losses, norms = [], []
     for s in range(steps):
         x, flag, y = ds[s * global_batch:(s + 1) * global_batch]
-        loss = F.cross_entropy(model(x, flag), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x, flag)
+        loss = F.cross_entropy(out.float(), y)
         loss.backward()
         if clip:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
@@ -324,7 +327,8 @@ def train_case(case, out_dir):
     ds = None
 
     def build(seed):
-        acc = Accelerator(case.get("config") or {}, gradient_accumulation_steps=G)
+        acc = Accelerator(case.get("config") or {}, gradient_accumulation_steps=G,
+                          mixed_precision=case.get("mixed_precision"))
         model = new_model()
         if seed is not None:  # other weights, to show load_state replaces them
             torch.manual_seed(seed)

@@ -32,7 +32,11 @@ class Accelerator:
     or None for the defaults plus the environment.
 
     Accelerate's arguments: gradient_accumulation_steps; mixed_precision
-    ("no" or None: parameters are float32); project_dir or project_config
+    (None: train.mixed_precision of the config; "no", "bf16" or "fp16": the
+    engine's GPT runs its matrix products in that precision on float32
+    master weights; a torch model's forward runs under
+    torch.autocast("cpu", dtype=torch.bfloat16) with float32 parameters and
+    gradients, and fp16 is refused for it, see prepare); project_dir or project_config
     (a tinyacc.utils.ProjectConfiguration): where save_state() without a
     directory writes (project_dir/checkpoints/checkpoint_<n>), where the
     trackers write, and what makes Ctrl-C and SIGTERM save before stopping
@@ -49,9 +53,11 @@ class Accelerator:
         cfg = Config.coerce(config)
         if gradient_accumulation_steps is not None:
             cfg = cfg.with_overrides({"train": {"grad_accum": int(gradient_accumulation_steps)}})
-        if mixed_precision not in (None, "no"):
-            raise ValueError("tinyacc: mixed_precision=%r is not supported: parameters and gradients are float32; "
-                             "use mixed_precision=\"no\"" % (mixed_precision,))
+        if mixed_precision not in (None, "no", "bf16", "fp16"):
+            raise ValueError("tinyacc: mixed_precision=%r is not supported: use \"no\", \"bf16\" or \"fp16\""
+                             % (mixed_precision,))
+        if mixed_precision is not None:
+            cfg = cfg.with_overrides({"train": {"mixed_precision": mixed_precision}})
         self.config = cfg
         self._rank, self._world = dist.init(cfg)
         pc = project_config if project_config is not None else ProjectConfiguration()
@@ -145,7 +151,8 @@ class Accelerator:
 
     @property
     def mixed_precision(self):
-        return "no"
+        """train.mixed_precision: "no", "bf16" or "fp16"."""
+        return str(self.config.train.mixed_precision)
 
     @property
     def state(self):
@@ -207,8 +214,16 @@ class Accelerator:
 
     @contextlib.contextmanager
     def autocast(self, *args, **kwargs):
-        """Nothing to do: parameters and activations are float32."""
-        yield
+        """Under mixed_precision="bf16", torch.autocast("cpu",
+        dtype=torch.bfloat16), which a prepared torch model's forward
+        already runs in; otherwise nothing (the engine's GPT does its own
+        mixed precision)."""
+        if self.mixed_precision != "bf16":
+            yield
+            return
+        import torch
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
 
     def save(self, obj, f, safe_serialization=False):
         """torch.save(obj, f) on the main process only."""

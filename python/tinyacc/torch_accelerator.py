@@ -23,6 +23,10 @@ from .torch_prepare import (ActivationCounter, PreparedDataLoader, PreparedModul
 
 
 def prepare(acc, objects):
+    if acc.mixed_precision == "fp16":
+        raise ValueError("tinyacc: mixed_precision=\"fp16\" cannot run a torch model on the CPU: torch's CPU "
+                         "autocast computes in bfloat16 only (torch.autocast(\"cpu\") takes dtype=torch.bfloat16); "
+                         "use mixed_precision=\"bf16\", or \"fp16\" with the engine's GPT")
     if acc._session is not None:
         raise ValueError("tinyacc: this Accelerator already prepared a GPT; torch objects need an Accelerator of their own")
     if acc._torch is None:

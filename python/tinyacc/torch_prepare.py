@@ -28,8 +28,11 @@ _AVG, _SUM, _MAX = 1, 0, 2
 
 class PreparedModule(torch.nn.Module):
     """The script's module behind the engine. forward is the module's own
-    (activations counted through saved-tensor hooks); its parameters,
-    state_dict and attributes are the module's, under the module's names."""
+    (activations counted through saved-tensor hooks; under
+    mixed_precision="bf16" inside torch.autocast("cpu", torch.bfloat16),
+    with bfloat16 outputs returned as float32, as Accelerate does); its
+    parameters, state_dict and attributes are the module's, under the
+    module's names."""
 
     def __init__(self, module, engine, accelerator):
         super().__init__()
@@ -38,8 +41,11 @@ class PreparedModule(torch.nn.Module):
         object.__setattr__(self, "_accelerator", accelerator)
 
     def forward(self, *args, **kwargs):
+        bf16 = self._accelerator.mixed_precision == "bf16"
         with torch.autograd.graph.saved_tensors_hooks(*self._accelerator._activations.hooks()):
-            return self.module(*args, **kwargs)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = self.module(*args, **kwargs)
+        return _to_float32(out) if bf16 else out
 
     def state_dict(self, *args, **kwargs):
         return self.module.state_dict(*args, **kwargs)
@@ -52,6 +58,17 @@ class PreparedModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["module"], name)
+
+
+def _to_float32(out):
+    """out with its bfloat16 tensors (in tuples, lists and dicts too) as float32."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype == torch.bfloat16 else out
+    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
+        return type(out)(_to_float32(o) for o in out)
+    if isinstance(out, dict):
+        return type(out)((k, _to_float32(v)) for k, v in out.items())
+    return out
 
 
 class ActivationCounter:

@@ -216,15 +216,21 @@ def global_grad_norm(model):
     return torch.norm(torch.stack(norms), 2)
 
 
-def train_step(model, opt, x, y, grad_clip, on_grads=None):
+def train_step(model, opt, x, y, grad_clip, on_grads=None, autocast=None):
     """One step: zero_grad, forward, backward, optional clip, AdamW update.
 
     `on_grads`, if given, sees the model after backward and before clipping,
     which is where the reference records the first step's raw gradients.
+    `autocast="bf16"` runs the forward under torch.autocast("cpu",
+    torch.bfloat16) (matrix products in bf16, softmax, LayerNorm and the
+    loss in float32; parameters and gradients stay float32).
     Returns (loss, pre-clip global grad norm) as Python floats.
     """
+    if autocast not in (None, "bf16"):
+        raise ValueError("autocast=%r: use None or \"bf16\" (torch's CPU autocast is bf16 only)" % (autocast,))
     opt.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "bf16"):
+        _, loss = model(x, y)
     loss.backward()
     if on_grads is not None:
         on_grads(model)
@@ -304,8 +310,10 @@ def _batches(tensors, cfg):
     return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
 
-def run_reference(tensors, metadata):
-    """Train on the batches in `tensors`; return (out tensors, out metadata)."""
+def run_reference(tensors, metadata, autocast=None):
+    """Train on the batches in `tensors`; return (out tensors, out metadata).
+
+    `autocast` is train_step's: None, or "bf16" for torch's autocast."""
     cfg, train = _parse_metadata(metadata)
     if "wte.weight" not in tensors:
         raise ValueError("input lacks wte.weight, so the parameter dtype is unknown")
@@ -331,7 +339,8 @@ def run_reference(tensors, metadata):
 
     losses, norms = [], []
     for s in range(xs.shape[0]):
-        loss, norm = train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == 0 else None)
+        loss, norm = train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == 0 else None,
+                                autocast)
         losses.append(loss)
         norms.append(norm)
     for name, p in model.named_parameters():
@@ -351,13 +360,15 @@ def main(argv=None):
                     help="output safetensors: loss, grad_norm, grad.*, param.*")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1, for repeatable runs)")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="run the forward under torch.autocast(\"cpu\", torch.bfloat16)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     try:
         tensors, metadata = safetensors_np.load_file(args.in_path)
-        out, meta = run_reference(tensors, metadata)
+        out, meta = run_reference(tensors, metadata, None if args.autocast == "none" else args.autocast)
     except (OSError, ValueError) as e:
         print("gpt2_ref: %s: %s" % (args.in_path, e), file=sys.stderr)
         return 2

@@ -56,6 +56,12 @@ func BenchmarkGemm(b *testing.B) {
 
 func BenchmarkGemmGo(b *testing.B) { benchGemm(b, gemmGo[float32]) }
 
+// BenchmarkGemmRoundBF16 runs the same shapes as bf16 products (float32
+// operands rounded while packed, float32 accumulation) on HalfGemmPath's path.
+func BenchmarkGemmRoundBF16(b *testing.B) {
+	b.Run(HalfGemmPath(), func(b *testing.B) { benchGemm(b, GemmRoundBF16) })
+}
+
 func BenchmarkGeluForward(b *testing.B) {
 	x := randSlice[float32](newRNG(1), benchN*4*benchC, 3)
 	y := make([]float32, len(x))

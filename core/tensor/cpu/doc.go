@@ -15,7 +15,12 @@
 //
 // Matrix products go to OpenBLAS through cgo, or to a blocked pure-Go
 // kernel when cgo is off or the purego build tag is set (BLASName says
-// which).
+// which). Half-precision products (GemmBF16 and GemmF16, and GemmRoundBF16
+// and GemmRoundF16 on float32 operands) take bf16 or fp16 operands and
+// accumulate in float32: on a CPU with AVX512-BF16 in the cgo build bf16
+// runs a kernel of its own (gemm_bf16.c), elsewhere the operands are
+// widened and the float32 Gemm runs (HalfGemmPath says which); half.go
+// converts with round to nearest even.
 //
 // Kernels split their work over a small pool of goroutines (see SetThreads
 // and ParallelFor). Every reduction is arranged so that its result does not

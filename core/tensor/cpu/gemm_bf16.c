@@ -1,0 +1,146 @@
+//go:build cgo && !purego
+
+// A bf16 matrix product with float32 accumulation on the AVX512-BF16
+// instruction VDPBF16PS, which multiplies pairs of bf16 numbers and adds both
+// products to a float32 lane. The operands are packed so that each 32-bit
+// lane holds two neighbours along k: B into panels of TACC_BF16_NR columns,
+// A into tiles of TACC_BF16_MR rows, and a 12x32 tile of C is kept in 24
+// vector registers while k runs. Inputs stored as float32 are rounded to
+// bf16 (to nearest, ties to even, as bf16FromF32 in half.go) while packing,
+// so such a product equals the product of the converted matrices.
+//
+// The function is compiled for the instruction set with a target attribute
+// and only called when tacc_bf16_supported says the CPU has it.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include "gemm_bf16.h"
+
+#define NR TACC_BF16_NR
+#define MR TACC_BF16_MR
+#define KC TACC_BF16_KC
+#define MC TACC_BF16_MC
+
+int tacc_bf16_supported(void) {
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
+// round_bf16 matches bf16FromF32 in half.go: round to nearest even, NaN kept quiet.
+static inline uint16_t round_bf16(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u) {
+		return (uint16_t)((u >> 16) | 0x40);
+	}
+	u += 0x7fffu + ((u >> 16) & 1);
+	return (uint16_t)(u >> 16);
+}
+
+// elem reads op(X)[r][c] of a matrix stored row-major with stride ld, as bf16.
+static inline uint16_t elem(const void *x, int f32, int trans, long ld, long r, long c) {
+	long off = trans ? c * ld + r : r * ld + c;
+	return f32 ? round_bf16(((const float *)x)[off]) : ((const uint16_t *)x)[off];
+}
+
+// tacc_bf16_pack_b packs panels [p0, p1) of op(B) (k x n): panel p holds
+// columns p*NR.. as (k+1)/2 pairs, each pair NR lanes of (B[2q][j], B[2q+1][j]),
+// zero past k and n.
+void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1) {
+	long kp = (k + 1) / 2;
+	for (long p = p0; p < p1; p++) {
+		uint16_t *out = dst + p * kp * 2 * NR;
+		long j0 = p * NR;
+		for (long q = 0; q < kp; q++) {
+			for (long j = 0; j < NR; j++) {
+				long col = j0 + j;
+				uint16_t lo = 0, hi = 0;
+				if (col < n) {
+					lo = elem(b, b_f32, trans, ldb, 2 * q, col);
+					if (2 * q + 1 < k) {
+						hi = elem(b, b_f32, trans, ldb, 2 * q + 1, col);
+					}
+				}
+				out[(q * NR + j) * 2] = lo;
+				out[(q * NR + j) * 2 + 1] = hi;
+			}
+		}
+	}
+}
+
+// pack_a packs rows [m0, m1) and pairs [q0, q0+kc) of op(A) into tiles of MR
+// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k.
+static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m0, long m1, long q0, long kc, uint32_t *dst) {
+	long tiles = (m1 - m0 + MR - 1) / MR;
+	for (long t = 0; t < tiles; t++) {
+		for (long q = 0; q < kc; q++) {
+			long kk = 2 * (q0 + q);
+			for (long r = 0; r < MR; r++) {
+				long row = m0 + t * MR + r;
+				uint32_t v = 0;
+				if (row < m1) {
+					uint32_t lo = elem(a, a_f32, trans, lda, row, kk);
+					uint32_t hi = kk + 1 < k ? elem(a, a_f32, trans, lda, row, kk + 1) : 0;
+					v = lo | hi << 16;
+				}
+				dst[(t * kc + q) * MR + r] = v;
+			}
+		}
+	}
+}
+
+// kernel adds alpha * (A tile x B panel) over kc pairs to the mr x nr corner of C.
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void kernel(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha) {
+	__m512 acc[2 * MR];
+#pragma GCC unroll 24
+	for (int i = 0; i < 2 * MR; i++) {
+		acc[i] = _mm512_setzero_ps();
+	}
+	for (long q = 0; q < kc; q++) {
+		__m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
+		__m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + 32);
+#pragma GCC unroll 12
+		for (int r = 0; r < MR; r++) {
+			__m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
+			acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], av, b0);
+			acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], av, b1);
+		}
+	}
+	__m512 va = _mm512_set1_ps(alpha);
+	__mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+	__mmask16 m1 = nr >= 32 ? 0xffff : (nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1));
+	for (long r = 0; r < mr; r++) {
+		float *row = c + r * ldc;
+		__m512 c0 = _mm512_maskz_loadu_ps(m0, row);
+		__m512 c1 = _mm512_maskz_loadu_ps(m1, row + 16);
+		_mm512_mask_storeu_ps(row, m0, _mm512_add_ps(c0, _mm512_mul_ps(va, acc[2 * r])));
+		_mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(c1, _mm512_mul_ps(va, acc[2 * r + 1])));
+	}
+}
+
+// tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C,
+// with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
+// taken MC at a time, packed into scratch (MC * KC uint32).
+void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
+			 long m0, long m1, float alpha, float *c, long ldc, uint32_t *scratch) {
+	long kp = (k + 1) / 2;
+	long panels = (n + NR - 1) / NR;
+	uint32_t *ap = scratch;
+	for (long i0 = m0; i0 < m1; i0 += MC) {
+		long i1 = i0 + MC < m1 ? i0 + MC : m1;
+		for (long q0 = 0; q0 < kp; q0 += KC) {
+			long kc = q0 + KC < kp ? KC : kp - q0;
+			pack_a(a, a_f32, trans, lda, k, i0, i1, q0, kc, ap);
+			for (long p = 0; p < panels; p++) {
+				const uint16_t *bp = packed_b + (p * kp + q0) * 2 * NR;
+				long nr = n - p * NR < NR ? n - p * NR : NR;
+				for (long t = 0; i0 + t * MR < i1; t++) {
+					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;
+					kernel(ap + t * kc * MR, bp, kc, c + (i0 + t * MR) * ldc + p * NR, ldc, mr, nr, alpha);
+				}
+			}
+		}
+	}
+}

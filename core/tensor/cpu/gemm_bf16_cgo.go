@@ -1,0 +1,59 @@
+//go:build cgo && !purego
+
+package cpu
+
+/*
+#cgo CFLAGS: -O3
+#include "gemm_bf16.h"
+*/
+import "C"
+
+import "unsafe"
+
+// bf16Native says the CPU has AVX512-BF16, so bf16 products run the kernel
+// of gemm_bf16.c; checked once at start.
+var bf16Native = C.tacc_bf16_supported() != 0
+
+const (
+	bf16NR = C.TACC_BF16_NR
+	bf16MR = C.TACC_BF16_MR
+	bf16MC = C.TACC_BF16_MC
+	bf16KC = C.TACC_BF16_KC
+)
+
+// gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied). B is
+// packed once into pair-interleaved panels, split over the threads by
+// panel; then the threads take rows of C, each packing its own rows of A.
+// Each element of C sees the same operations in the same order whatever
+// the split, so the result does not depend on Threads().
+func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+	kp := (k + 1) / 2
+	panels := (n + bf16NR - 1) / bf16NR
+	packed := make([]uint16, panels*kp*2*bf16NR)
+	bp, bf32 := b.ptr()
+	ParallelFor(panels, 1, func(lo, hi int) {
+		C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb),
+			(*C.uint16_t)(&packed[0]), C.long(lo), C.long(hi))
+	})
+	ap, af32 := a.ptr()
+	ParallelFor(m, 4*bf16MR, func(lo, hi int) {
+		scratch := make([]uint32, bf16MC*bf16KC) // this chunk's packed rows of A
+		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
+			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), (*C.uint32_t)(&scratch[0]))
+	})
+}
+
+// ptr returns the operand's storage and whether it is float32.
+func (o halfOperand) ptr() (unsafe.Pointer, C.int) {
+	if o.f != nil {
+		return unsafe.Pointer(&o.f[0]), 1
+	}
+	return unsafe.Pointer(&o.h[0]), 0
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

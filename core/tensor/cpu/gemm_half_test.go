@@ -1,0 +1,144 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// halfCase is one product of the half-precision tests: stored operands with
+// padded strides, as testGemm builds them.
+type halfCase struct {
+	ta, tb        bool
+	m, n, k       int
+	lda, ldb, ldc int
+	alpha, beta   float32
+	a, b, c       []float32
+	name          string
+}
+
+func halfCases() []halfCase {
+	rng := newRNG(11)
+	var out []halfCase
+	sizes := [][3]int{{1, 1, 1}, {3, 5, 7}, {12, 32, 2}, {13, 33, 3}, {17, 13, 9}, {65, 33, 300}, {70, 100, 5}, {200, 67, 513}, {25, 70, 1100}}
+	for _, sz := range sizes {
+		m, n, k := sz[0], sz[1], sz[2]
+		for _, ta := range []bool{false, true} {
+			for _, tb := range []bool{false, true} {
+				for _, ab := range [][2]float32{{1, 0}, {-1.5, 0.25}} {
+					ar, ac := m, k
+					if ta {
+						ar, ac = k, m
+					}
+					br, bc := k, n
+					if tb {
+						br, bc = n, k
+					}
+					lda, ldb, ldc := ac+3, bc+1, n+2
+					out = append(out, halfCase{ta: ta, tb: tb, m: m, n: n, k: k, lda: lda, ldb: ldb, ldc: ldc,
+						alpha: ab[0], beta: ab[1],
+						a: randSlice[float32](rng, ar*lda, 1), b: randSlice[float32](rng, br*ldb, 1), c: randSlice[float32](rng, m*ldc, 1),
+						name: fmt.Sprintf("m%d_n%d_k%d_ta%v_tb%v_a%v_b%v", m, n, k, ta, tb, ab[0], ab[1])})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (h halfCase) want(a, b []float32) []float64 {
+	return naiveGemm(h.ta, h.tb, h.m, h.n, h.k, float64(h.alpha), to64(a), h.lda, to64(b), h.ldb, float64(h.beta), to64(h.c), h.ldc)
+}
+
+func convert(x []float32, f func(float32) uint16) []uint16 {
+	out := make([]uint16, len(x))
+	for i, v := range x {
+		out[i] = f(v)
+	}
+	return out
+}
+
+func widenAll(x []uint16, f func(uint16) float32) []float32 {
+	out := make([]float32, len(x))
+	for i, v := range x {
+		out[i] = f(v)
+	}
+	return out
+}
+
+// TestGemmHalfAgainstFloat32 holds the half products to the float32 product
+// of the unrounded inputs (norm-wise 1e-2 for bf16's 8-bit significand, 2e-3
+// for fp16's 11 bits), and to the exact product of the rounded inputs at
+// float32 accumulation accuracy (1e-5), which is what catches a wrong
+// element, stride or transpose inside the kernel.
+func TestGemmHalfAgainstFloat32(t *testing.T) {
+	for _, h := range halfCases() {
+		ab, bb := convert(h.a, BF16FromF32), convert(h.b, BF16FromF32)
+		c := append([]float32(nil), h.c...)
+		GemmBF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ab, h.lda, bb, h.ldb, h.beta, c, h.ldc)
+		requireClose(t, c, h.want(h.a, h.b), 1e-2, "bf16 vs float32 "+h.name)
+		requireClose(t, c, h.want(widenAll(ab, BF16ToF32), widenAll(bb, BF16ToF32)), 1e-5, "bf16 vs exact "+h.name)
+
+		cr := append([]float32(nil), h.c...)
+		GemmRoundBF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundBF16 equals GemmBF16 of the rounded inputs, "+h.name)
+
+		ah, bh := convert(h.a, F16FromF32), convert(h.b, F16FromF32)
+		c = append(c[:0], h.c...)
+		GemmF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, bh, h.ldb, h.beta, c, h.ldc)
+		requireClose(t, c, h.want(h.a, h.b), 2e-3, "fp16 vs float32 "+h.name)
+		requireClose(t, c, h.want(widenAll(ah, F16ToF32), widenAll(bh, F16ToF32)), 1e-5, "fp16 vs exact "+h.name)
+
+		cr = append(cr[:0], h.c...)
+		GemmRoundF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundF16 equals GemmF16 of the rounded inputs, "+h.name)
+	}
+}
+
+// TestGemmBF16PathsAgree: the AVX512-BF16 kernel and the portable path
+// compute the same exact products and differ only in float32 summation
+// order. Skipped where the CPU has no AVX512-BF16 (only the portable path
+// exists there, and TestGemmHalfAgainstFloat32 covers it).
+func TestGemmBF16PathsAgree(t *testing.T) {
+	if !bf16Native {
+		t.Skip("no AVX512-BF16 kernel on this CPU or build: " + HalfGemmPath())
+	}
+	for _, h := range halfCases() {
+		ab, bb := convert(h.a, BF16FromF32), convert(h.b, BF16FromF32)
+		c1, c2 := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
+		GemmBF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ab, h.lda, bb, h.ldb, h.beta, c1, h.ldc)
+		gemmHalfWiden(h.ta, h.tb, h.m, h.n, h.k, h.alpha, halfOperand{h: ab}, h.lda, halfOperand{h: bb}, h.ldb, h.beta, c2, h.ldc)
+		requireClose(t, c1, to64(c2), 1e-5, h.name)
+	}
+}
+
+func TestGemmBF16ThreadsDeterministic(t *testing.T) {
+	rng := newRNG(12)
+	m, n, k := 300, 200, 700
+	a := convert(randSlice[float32](rng, m*k, 1), BF16FromF32)
+	b := convert(randSlice[float32](rng, k*n, 1), BF16FromF32)
+	var c1, c2 []float32
+	withThreads(1, func() { c1 = make([]float32, m*n); GemmBF16(false, true, m, n, k, 1, a, k, b, k, 0, c1, n) })
+	withThreads(2, func() { c2 = make([]float32, m*n); GemmBF16(false, true, m, n, k, 1, a, k, b, k, 0, c2, n) })
+	require.Equal(t, c1, c2)
+}
+
+func TestGemmHalfBetaZeroIgnoresNaN(t *testing.T) {
+	nan := float32(math.NaN())
+	c := []float32{nan, float32(math.Inf(1))}
+	GemmBF16(false, false, 1, 2, 1, 1, []uint16{BF16FromF32(2)}, 1, []uint16{BF16FromF32(3), BF16FromF32(4)}, 2, 0, c, 2)
+	require.Equal(t, []float32{6, 8}, c)
+	c = []float32{nan, nan}
+	GemmF16(false, false, 1, 2, 1, 1, []uint16{F16FromF32(2)}, 1, []uint16{F16FromF32(3), F16FromF32(4)}, 2, 0, c, 2)
+	require.Equal(t, []float32{6, 8}, c)
+}
+
+func TestGemmHalfBadArguments(t *testing.T) {
+	require.PanicsWithValue(t,
+		"cpu.Gemm: a is stored 2x3 but its row stride lda=2 is below 3; pass the stored row length",
+		func() {
+			GemmBF16(false, false, 2, 2, 3, 1, make([]uint16, 6), 2, make([]uint16, 6), 2, 0, make([]float32, 4), 2)
+		})
+}

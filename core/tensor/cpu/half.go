@@ -1,0 +1,125 @@
+package cpu
+
+import "math"
+
+// Half-precision numbers are stored as their 16-bit patterns in uint16
+// slices: bfloat16 (8 exponent bits, 7 mantissa bits: float32's range with
+// 3 significant digits) and IEEE binary16, fp16 (5 exponent bits, 10
+// mantissa bits: largest finite 65504, so fp16 training needs loss scaling).
+// Conversions from float32 round to nearest, ties to even, as PyTorch's and
+// the hardware's conversions do; NaN stays NaN (quiet), and a value past
+// the largest finite half becomes an infinity of its sign. Conversions to
+// float32 are exact.
+
+// BF16FromF32 rounds f to the nearest bfloat16.
+func BF16FromF32(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40 // NaN: keep the sign and top bits, set quiet
+	}
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+// BF16ToF32 widens a bfloat16 to float32 (exact).
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// F16FromF32 rounds f to the nearest IEEE binary16, subnormals included.
+func F16FromF32(f float32) uint16 {
+	u := math.Float32bits(f)
+	sign := uint16(u>>16) & 0x8000
+	a := u & 0x7fffffff
+	switch {
+	case a > 0x7f800000:
+		return sign | 0x7e00 // NaN
+	case a >= 0x477ff000:
+		return sign | 0x7c00 // 65520 and up (and Inf) round past 65504
+	case a >= 0x38800000:
+		// Normal half (at least 2^-14): rebias the exponent from 127 to
+		// 15 and round the 23-bit mantissa to 10 bits; a carry out of the
+		// mantissa correctly moves to the next binade.
+		a -= 112 << 23
+		a += 0xfff + (a>>13)&1
+		return sign | uint16(a>>13)
+	}
+	// Subnormal half: the value is q * 2^-24 with q < 1024. With the
+	// float32's significand mant (implicit bit included) and biased
+	// exponent e, q = mant * 2^(e-126), a right shift by 126-e.
+	e := a >> 23
+	s := 126 - e
+	if s >= 25 {
+		return sign // below half of 2^-24 (or exactly half: ties to even 0)
+	}
+	mant := a&0x7fffff | 0x800000
+	q := mant >> s
+	rem, half := mant&(1<<s-1), uint32(1)<<(s-1)
+	if rem > half || rem == half && q&1 == 1 {
+		q++ // may reach 0x400, the smallest normal, which is its encoding
+	}
+	return sign | uint16(q)
+}
+
+// F16ToF32 widens an IEEE binary16 to float32 (exact).
+func F16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	e, m := uint32(h>>10)&0x1f, uint32(h&0x3ff)
+	switch {
+	case e == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | m<<13)
+	case e == 0:
+		v := float32(m) * (1.0 / (1 << 24)) // exact: m < 2^10
+		if sign != 0 {
+			return -v
+		}
+		return v
+	}
+	return math.Float32frombits(sign | (e+112)<<23 | m<<13)
+}
+
+// BF16FromF32s rounds src into dst (at least len(src) long).
+func BF16FromF32s(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = BF16FromF32(v)
+	}
+}
+
+// BF16ToF32s widens src into dst (at least len(src) long).
+func BF16ToF32s(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = BF16ToF32(v)
+	}
+}
+
+// F16FromF32s rounds src into dst (at least len(src) long).
+func F16FromF32s(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = F16FromF32(v)
+	}
+}
+
+// F16ToF32s widens src into dst (at least len(src) long).
+func F16ToF32s(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = F16ToF32(v)
+	}
+}
+
+// RoundBF16 rounds every element of x to the nearest bfloat16 in place,
+// keeping float32 storage: what a bf16 copy of x holds, widened back.
+func RoundBF16(x []float32) {
+	for i, v := range x {
+		x[i] = BF16ToF32(BF16FromF32(v))
+	}
+}
+
+// RoundF16 rounds every element of x to the nearest fp16 in place, keeping
+// float32 storage.
+func RoundF16(x []float32) {
+	for i, v := range x {
+		x[i] = F16ToF32(F16FromF32(v))
+	}
+}

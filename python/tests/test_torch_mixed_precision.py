@@ -1,0 +1,51 @@
+"""A torch model under Accelerator(mixed_precision="bf16"): its forward runs
+under torch.autocast("cpu", torch.bfloat16) with float32 parameters and
+gradients, so 2 ranks train as the plain autocast-bf16 run of one process
+on the global batch does (to bf16's rounding flips, see the bounds); fp16, which torch's CPU autocast cannot do, is
+refused with the reason."""
+
+import pytest
+import torch
+
+from torch_models import launch, reference
+
+STEPS, BATCH, CLIP = 4, 2, 0.05
+
+
+def test_bf16_two_ranks_match_autocast(cli, tmp_path):
+    cases = [{"opt": "adamw", "clip": CLIP, "grad_accum": 1, "config": {"zero": {"stage": stage}},
+              "mixed_precision": "bf16", "steps": STEPS, "batch": BATCH} for stage in (0, 1)]
+    results = launch(cli, 2, {"cases": cases}, tmp_path, timeout=240)
+    losses, norms, _ = reference("adamw", STEPS, BATCH * 2, CLIP, autocast=True)
+    f32_losses, _, _ = reference("adamw", STEPS, BATCH * 2, CLIP)
+    for case, got in zip(cases, results):
+        tag = "stage=%d" % case["config"]["zero"]["stage"]
+        assert len(got["losses"]) == STEPS, tag
+        # The first step is the one process's bitwise (each rank's rows go
+        # through the same bf16 products, gradients reduced in float32).
+        # After it, the float32 noise of the reduction order moves a few
+        # weights across a bf16 rounding boundary, and a flipped operand
+        # differs by 2^-8: measured up to 1e-4 relative on the losses of
+        # 4 steps, held to 1e-3 (clip norms 1e-2).
+        assert got["losses"][0] == losses[0], (tag, got["losses"], losses)
+        for a, b in zip(got["losses"], losses):
+            assert abs(a - b) <= 1e-3 * abs(b), (tag, got["losses"], losses)
+        for a, b in zip(got["norms"], norms):
+            assert abs(a - b) <= 1e-2 * abs(b), (tag, got["norms"], norms)
+    # The autocast run is not the float32 one: bf16 really ran.
+    assert max(abs(a - b) / b for a, b in zip(losses, f32_losses)) > 1e-5, (losses, f32_losses)
+
+
+def test_fp16_torch_model_refused_and_autocast_context():
+    from tinyacc import Accelerator
+    acc = Accelerator({}, mixed_precision="fp16")
+    with pytest.raises(ValueError, match=r"mixed_precision=\"fp16\" cannot run a torch model on the CPU: torch's CPU autocast computes in bfloat16 only"):
+        acc.prepare(torch.nn.Linear(2, 2))
+    acc = Accelerator({}, mixed_precision="bf16")
+    assert acc.mixed_precision == "bf16"
+    with acc.autocast():
+        assert torch.is_autocast_cpu_enabled()
+        assert torch.get_autocast_cpu_dtype() == torch.bfloat16
+    assert not torch.is_autocast_cpu_enabled()
+    with pytest.raises(ValueError, match="mixed_precision='fp8' is not supported"):
+        Accelerator({}, mixed_precision="fp8")
