@@ -167,7 +167,7 @@ func TestLlamaEstimateMatchesMeasured(t *testing.T) {
 	} {
 		cfg := ptest.Config()
 		cfg.Model.Arch, cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead, cfg.Model.NKVHead = "llama", 2, 64, 32, 4, 2
-		cfg.Model.VocabSize, cfg.Train.Steps = 259, 2
+		cfg.Model.VocabSize, cfg.Model.TieEmbeddings, cfg.Train.Steps = 259, false, 2
 		l.apply(&cfg)
 		est, err := Estimate(cfg, l.world)
 		require.NoError(t, err)
@@ -211,7 +211,7 @@ func TestLlamaPipelineHoldsTheHeadOnTheLastStage(t *testing.T) {
 func TestLlamaProcesses(t *testing.T) {
 	base := ptest.Config()
 	base.Model.Arch, base.Model.NHead, base.Model.NKVHead, base.Model.VocabSize = "llama", 4, 2, 259
-	base.Train.Steps = 3
+	base.Model.TieEmbeddings, base.Train.Steps = false, 3
 	want := ptest.Single(t, base)
 	for _, l := range []layout{
 		{"llama tp2 sp", 2, func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},

@@ -195,6 +195,7 @@ func Defaults() Config {
 	c.Model.VocabSize = 256
 	c.Model.MoE.TopK, c.Model.MoE.Every, c.Model.MoE.AuxLossCoef = 2, 1, 0.01
 	c.Model.Arch = "gpt2"
+	c.Model.TieEmbeddings = true // gpt2's; a llama's default is false (resolveTie)
 	c.Model.RopeTheta = 10000
 	c.Model.NormEps = 1e-5
 

@@ -1,15 +1,18 @@
 package config
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+)
 
 // The model architecture. model.arch picks gpt2 (the default) or llama;
 // the llama keys shape the second and mean nothing to the first, so one
 // set to a value other than its default with gpt2 is a mistake to report,
 // not to ignore. A key at its default value cannot count as given: a
 // fully resolved config (every key written out, as config files and
-// bindings pass it on) must load again. So model.tie_embeddings=false, the
-// default, passes with gpt2 (whose head is always tied), and true, which
-// says what GPT-2 is, passes too.
+// bindings pass it on) must load again. model.tie_embeddings is the one
+// key whose default depends on the architecture (resolveTie): true for
+// gpt2, where false is an error, and false for llama.
 
 // The defaults of the llama keys.
 const (
@@ -32,7 +35,6 @@ func (c *Config) llamaKeys() []struct {
 		{"model.intermediate_size", strconv.Itoa(m.IntermediateSize), m.IntermediateSize == 0},
 		{"model.rope_theta", ff(m.RopeTheta), m.RopeTheta == DefaultRopeTheta},
 		{"model.norm_eps", ff(m.NormEps), m.NormEps == DefaultNormEps},
-		{"model.tie_embeddings", strconv.FormatBool(m.TieEmbeddings), !m.TieEmbeddings},
 	}
 }
 
@@ -60,13 +62,33 @@ func DefaultIntermediateSize(nEmbd int) int {
 	return (w + 63) / 64 * 64
 }
 
+// resolveTie gives model.tie_embeddings its default for the architecture
+// once the layers are read (origin: where its value came from, "default"
+// when no layer set it). The default config is GPT-2's, whose head is
+// always the token table: true, and a given false is an error. A Llama's
+// head is its own lm_head unless the key says true, so an unset key
+// resolves to false there. A resolved config therefore says what the
+// model is, and written out in full it loads again.
+func (c *Config) resolveTie(origin string) error {
+	if c.Model.Arch == "llama" {
+		if origin == "default" || origin == "" {
+			c.Model.TieEmbeddings = false
+		}
+		return nil
+	}
+	if !c.Model.TieEmbeddings {
+		return fmt.Errorf("config: model.tie_embeddings=false (from %s) with model.arch=%s: GPT-2's output head is always its token table; drop the key, or set model.arch=llama for an untied lm_head", origin, c.Model.Arch)
+	}
+	return nil
+}
+
 // validateArch checks model.arch and the llama keys.
 func (c *Config) validateArch(v *validator) {
 	m := &c.Model
 	v.oneOf("model.arch", m.Arch, "gpt2", "llama")
 	if m.Arch != "llama" {
 		for _, k := range c.llamaKeys() {
-			if !k.isDefault && k.key != "model.tie_embeddings" { // true: GPT-2 is tied
+			if !k.isDefault {
 				v.addf("config: %s=%s is a llama key, but model.arch=%s: drop %s or set model.arch=llama", k.key, k.value, m.Arch, k.key)
 			}
 		}

@@ -66,8 +66,16 @@ func TestLlamaKeysGivenWithGPT2(t *testing.T) {
 	r, err := Load("", nil, []string{"--model.tie_embeddings=true"})
 	require.NoError(t, err, "gpt2 is tied: saying so is fine")
 	require.True(t, r.Config.Model.TieEmbeddings)
+	_, err = Load("", nil, []string{"--model.tie_embeddings=false"})
+	require.EqualError(t, err, "config: model.tie_embeddings=false (from flag --model.tie_embeddings) with model.arch=gpt2: GPT-2's output head is always its token table; drop the key, or set model.arch=llama for an untied lm_head")
+	resolved, err := Load("", nil, nil)
+	require.NoError(t, err)
+	require.True(t, resolved.Config.Model.TieEmbeddings, "gpt2 resolves tied")
+	r, err = Load("", nil, []string{"--model.arch=llama"})
+	require.NoError(t, err)
+	require.False(t, r.Config.Model.TieEmbeddings, "llama defaults to an untied lm_head")
 	var all []string
-	for k, v := range Values(Defaults()) {
+	for k, v := range Values(resolved.Config) {
 		all = append(all, "--"+k+"="+strings.Trim(v, `"`))
 	}
 	_, err = Load("", nil, all)

@@ -133,6 +133,9 @@ func resolveBuiltin(layers []layer) (*Resolved, error) {
 			r.sources[key] = l.origin[key]
 		}
 	}
+	if err := r.Config.resolveTie(r.sources["model.tie_embeddings"]); err != nil { // llama.go
+		return nil, err
+	}
 	if err := r.Config.Validate(); err != nil {
 		return nil, err
 	}
