@@ -274,30 +274,5 @@ func TestMoEGPTGradCheck(t *testing.T) {
 		tensor.FreeGraph(l)
 		return v
 	}
-	const h = 1e-5
-	for _, p := range m.Params() {
-		var diff, ref float64
-		step := 1
-		if p.Numel() > 64 {
-			step = 7
-		}
-		for i := 0; i < p.Numel(); i += step {
-			orig := p.At(i)
-			p.Set(i, orig+h)
-			fp := f()
-			p.Set(i, orig-h)
-			fm := f()
-			p.Set(i, orig)
-			num := (fp - fm) / (2 * h)
-			var got float64
-			if p.Grad != nil {
-				got = p.Grad.At(i)
-			}
-			d := got - num
-			diff += d * d
-			ref += num * num
-		}
-		rel := math.Sqrt(diff) / math.Max(math.Sqrt(ref), 1e-12)
-		require.Less(t, rel, 1e-6, "gradient of %s", p.Name)
-	}
+	checkGradients(t, m.Params(), f)
 }

@@ -29,7 +29,14 @@ func runMoE(t *testing.T, cfg config.Config) []map[string]any {
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
-	f, err := os.Open(cfg.MetricsFile)
+	lines := trainLines(t, cfg.MetricsFile)
+	require.Len(t, lines, cfg.Train.Steps)
+	return lines
+}
+
+// trainLines reads the train lines of a metrics file.
+func trainLines(t *testing.T, path string) []map[string]any {
+	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	var lines []map[string]any
@@ -41,7 +48,6 @@ func runMoE(t *testing.T, cfg config.Config) []map[string]any {
 			lines = append(lines, m)
 		}
 	}
-	require.Len(t, lines, cfg.Train.Steps)
 	return lines
 }
 
@@ -122,18 +128,7 @@ func TestMoEResumeContinuesUninterrupted(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
 	require.NoError(t, err)
-	f, err := os.Open(cfg.MetricsFile)
-	require.NoError(t, err)
-	defer f.Close()
-	var resumed []map[string]any
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
-		if m["kind"] == "train" {
-			resumed = append(resumed, m)
-		}
-	}
+	resumed := trainLines(t, cfg.MetricsFile)
 	require.Len(t, resumed, 3, "steps 4..6")
 	for i, m := range resumed {
 		w := whole[3+i]
