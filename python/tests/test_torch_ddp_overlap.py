@@ -1,8 +1,9 @@
 """Bucketed DDP overlaps communication with backward: with every bucket's
 all-reduce withheld until backward has returned, backward still ends, with
-every bucket started; from the reducer's trace, a bucket's all-reduce
-finishes before the last bucket is announced (which happens inside
-backward, from an accumulator hook); gradients stay views into their
+every bucket started (the proof of overlap, by construction); the
+reducer's trace holds every bucket's announcement and all-reduce in each
+step (when an all-reduce finishes relative to backward depends on
+scheduling, so it is not asserted); gradients stay views into their
 buckets across steps. ZeRO-2's gradient reduce-scatters, withheld the same
 way, let backward end too. And the prepared loader's sharding and padding
 across real ranks."""
@@ -27,7 +28,7 @@ def rounds(events):
     return out
 
 
-def test_a_bucket_finishes_before_backward_returns(cli, tmp_path):
+def test_every_bucket_is_traced_and_grads_stay_views(cli, tmp_path):
     trace = os.path.join(str(tmp_path), "trace.json")
     cfg = {"trace": trace, "ddp": {"bucket_mb": 0.6, "first_bucket_mb": 0.6}}
     got = launch(cli, 2, {"overlap": True, "steps": 3, "config": cfg}, tmp_path)
@@ -36,14 +37,10 @@ def test_a_bucket_finishes_before_backward_returns(cli, tmp_path):
         events = json.load(f)["traceEvents"]
     rs = rounds(events)
     assert len(rs) == 3
-    early = 0
     for r in rs:
-        ready = [e["ts"] for e in r if e["name"].endswith(" ready")]
-        done = [e["ts"] + e["dur"] for e in r if e["name"].startswith("all-reduce bucket")]
+        ready = [e for e in r if e["name"].endswith(" ready")]
+        done = [e for e in r if e["name"].startswith("all-reduce bucket")]
         assert len(ready) == got["buckets"] and len(done) == got["buckets"] + 1  # + the used-mask
-        if min(done) < max(ready):
-            early += 1
-    assert early >= 1, "no all-reduce finished while backward was still announcing buckets"
     # .grad is the same view into its bucket at every step.
     assert all(got["inside"].values()), got["inside"]
     assert got["ptrs"][0] == got["ptrs"][1] == got["ptrs"][2]
