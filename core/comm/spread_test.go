@@ -179,7 +179,8 @@ func TestSpreadSumsFollowTheHostOrder(t *testing.T) {
 
 // A rank that never calls the collective, on the second host: every other
 // rank, whether it waits on the segment or on the other host's leader,
-// fails at its deadline naming it.
+// fails by its deadline naming it. The first to time out reports the
+// deadline; one woken by that rank's verdict reports the time it had waited.
 func TestSpreadRankNotArriving(t *testing.T) {
 	t.Setenv("TINYACC_SHM", "1")
 	others := make(chan struct{}, 3)
@@ -200,6 +201,6 @@ func TestSpreadRankNotArriving(t *testing.T) {
 	errs := rankErrors(err)
 	require.Len(t, errs, 3, "%v", err)
 	for _, r := range []int{0, 1, 2} {
-		assert.Regexp(t, fmt.Sprintf(`^rank %d: comm: all_reduce on group "world" seq 2 failed after 1s: ranks \[3\] did not arrive \(rank 3: last started seq 1\)$`, r), errs[r])
+		assert.Regexp(t, fmt.Sprintf(`^rank %d: comm: all_reduce on group "world" seq 2 failed after (1s|\d+ms): ranks \[3\] did not arrive \(rank 3: last started seq 1\)$`, r), errs[r])
 	}
 }
