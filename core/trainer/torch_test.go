@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -169,7 +170,22 @@ func compareWithReference(t *testing.T, refPath string) {
 		require.LessOrEqual(t, ge, 1e-5, "gradient of %s", p.Name)
 		w := ref["param."+p.Name]
 		pe := normRel(p.Float64s(), w.Float64s())
-		require.LessOrEqual(t, pe, 1e-4, "final %s", p.Name)
+		if strings.HasSuffix(p.Name, ".attn.c_attn.bias") {
+			// The key bias's gradient is zero in theory (softmax ignores a
+			// shift shared by a query's scores), so AdamW moves its third of
+			// this tensor by rounding noise, which depends on the CPU's BLAS
+			// kernels: the key third differs from PyTorch's entirely and
+			// lands near 1e-4 of the tensor. The tensor is allowed 1e-3 (as
+			// the float32 equivalence rows allow it); its query and value
+			// thirds are held to 1e-4.
+			require.LessOrEqual(t, pe, 1e-3, "final %s", p.Name)
+			got, want := p.Float64s(), w.Float64s()
+			n := len(got) / 3
+			require.LessOrEqual(t, normRel(got[:n], want[:n]), 1e-4, "final %s, query part", p.Name)
+			require.LessOrEqual(t, normRel(got[2*n:], want[2*n:]), 1e-4, "final %s, value part", p.Name)
+		} else {
+			require.LessOrEqual(t, pe, 1e-4, "final %s", p.Name)
+		}
 		worstGrad, worstParam = math.Max(worstGrad, ge), math.Max(worstParam, pe)
 	}
 	t.Logf("vs PyTorch: worst loss rel error %.2e, worst gradient norm-wise error %.2e, worst final parameter error %.2e",
