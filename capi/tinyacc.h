@@ -312,6 +312,15 @@ int tinyacc_broadcast(float *buf, int64_t n, int32_t root);
 /* Returns once every rank has entered it. */
 int tinyacc_barrier(void);
 
+/* The payload bytes this rank has sent since it joined the world group, on
+ * it and on every group made from it (the reducer's and started
+ * collectives included), counted as the algorithms move the data: a ring
+ * all-reduce of n bytes over N ranks sends 2(N-1)/N n (a direct one
+ * (N-1) n), an all-gather of n bytes per rank (N-1) n, a reduce-scatter of
+ * N n bytes (N-1) n (docs/formulas.md). Fails with TINYACC_ERR_UNSUPPORTED
+ * on a backend that does not count. */
+int tinyacc_comm_sent_bytes(int64_t *sent);
+
 /* ---- Registered buffers and the bucketed gradient reducer -------------- */
 /* For frameworks that compute gradients themselves (ABI version 4). The
  * caller lays its gradients out in float32 buckets it owns and registers
