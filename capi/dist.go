@@ -96,6 +96,22 @@ func apiDistFinalize() error {
 	return wrap(errComm, g.Close())
 }
 
+// apiCommSentBytes is the payload bytes this rank has sent on the world
+// group and on every group made from it (the bucket reducer's, the started
+// collectives') since it joined, as comm.ByteCounter counts them, so a
+// binding can hold its communication to a formula.
+func apiCommSentBytes() (n int64, err error) {
+	err = withWorld(func(g comm.Group) error {
+		bc, ok := g.(comm.ByteCounter)
+		if !ok {
+			return fail(errUnsupported, "the world group's backend does not count the bytes it sends")
+		}
+		n = bc.RankSentBytes()
+		return nil
+	})
+	return n, err
+}
+
 // reduceOp maps TINYACC_SUM/AVG/MAX/MIN to comm's operations.
 func reduceOp(op int) (comm.ReduceOp, error) {
 	switch op {

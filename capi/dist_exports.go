@@ -97,6 +97,18 @@ func tinyacc_barrier() C.int {
 	return call(func() error { return withWorld(barrier) })
 }
 
+//export tinyacc_comm_sent_bytes
+func tinyacc_comm_sent_bytes(sent *C.int64_t) C.int {
+	return call(func() error {
+		if err := outPtr("sent", sent); err != nil {
+			return err
+		}
+		n, err := apiCommSentBytes()
+		*sent = C.int64_t(n)
+		return err
+	})
+}
+
 //export tinyacc_reduce_scatter_start
 func tinyacc_reduce_scatter_start(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, op C.int32_t, pending *C.int64_t) C.int {
 	return call(func() error {

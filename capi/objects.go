@@ -23,16 +23,29 @@ type configObj struct {
 
 // modelObj is a GPT with the allocator that accounts its memory (and, once
 // prepared, the activations and optimizer state of its session).
+//
+// tinyacc_model_new only describes the model (names and global shapes, no
+// storage), so that tinyacc_prepare can construct it by placement as
+// `tinyacc train` does (trainer.NewPlaced): under a launcher each rank
+// allocates and fills only the parts its layout gives it, from init, and
+// the optimizer state only for those. A call that needs the values before
+// prepare (reading or setting a parameter, saving, generating) builds the
+// whole model on this rank first, by the same rule (whole).
 type modelObj struct {
 	cfg   config.Config
 	model *nn.GPT
 	alloc *tensor.Allocator
+	// init is where the parameters' values come from while the model is
+	// only described: init_from, a file loaded since, or the seed.
+	init  trainer.Init
+	built bool // the parameters have storage (whole or placed)
 	// sess is the last session the model was prepared in: saving a
 	// data-parallel model goes through it.
 	sess *session
 }
 
-// optimizerObj is an optimizer bound to one model's parameters.
+// optimizerObj is an optimizer bound to one model's parameters. opt is nil
+// until the model is built: prepare builds it over this rank's parts.
 type optimizerObj struct {
 	cfg   config.Config
 	model *modelObj
@@ -122,12 +135,41 @@ func apiModelNew(ch int64) (int64, error) {
 		return 0, err
 	}
 	applyThreads(c.cfg)
+	gc := trainer.GPTConfig(c.cfg)
+	if c.cfg.InitFrom != "" {
+		if err := trainer.CheckWeights(c.cfg.InitFrom, gc, trainer.DTypeOf(c.cfg)); err != nil {
+			return 0, wrap(errConfig, err)
+		}
+	}
 	alloc := tensor.NewAllocator()
-	m, err := trainer.BuildModel(c.cfg, alloc)
+	m, err := nn.Describe(gc, trainer.DTypeOf(c.cfg), alloc)
 	if err != nil {
 		return 0, wrap(errConfig, err)
 	}
-	return register(&modelObj{cfg: c.cfg, model: m, alloc: alloc}), nil
+	init := trainer.Init{Seed: c.cfg.Train.Seed, From: c.cfg.InitFrom}
+	return register(&modelObj{cfg: c.cfg, model: m, alloc: alloc, init: init}), nil
+}
+
+// whole builds the whole model on this rank if it is still only
+// described: every parameter allocated and filled from m.init, as a world
+// of one constructs it.
+func (m *modelObj) whole() error {
+	if m.built {
+		return nil
+	}
+	_, err := trainer.NewPlaced(m.cfg, m.model, m.init, false, nil, nil, trainer.Options{Alloc: m.alloc})
+	m.built = hasStorage(m.model)
+	return wrap(errRuntime, err)
+}
+
+// hasStorage reports whether any parameter of model has storage.
+func hasStorage(model *nn.GPT) bool {
+	for _, p := range model.Params() {
+		if p.HasStorage() {
+			return true
+		}
+	}
+	return false
 }
 
 // apiOptimizerNew builds the optimizer a config selects (train.optimizer
@@ -141,8 +183,23 @@ func apiOptimizerNew(ch, mh int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	opt := trainer.BuildOptimizer(c.cfg, m.model.Params(), m.alloc)
-	return register(&optimizerObj{cfg: c.cfg, model: m, opt: opt}), nil
+	o := &optimizerObj{cfg: c.cfg, model: m}
+	if m.built {
+		o.opt = trainer.BuildOptimizer(c.cfg, m.model.Params(), m.alloc)
+	}
+	return register(o), nil
+}
+
+// optimizer is o's optimizer, built over the whole model now if neither
+// prepare (which builds it over this rank's parts) nor an earlier call did.
+func (o *optimizerObj) optimizer() (optim.Optimizer, error) {
+	if o.opt == nil {
+		if err := o.model.whole(); err != nil {
+			return nil, err
+		}
+		o.opt = trainer.BuildOptimizer(o.cfg, o.model.model.Params(), o.model.alloc)
+	}
+	return o.opt, nil
 }
 
 // apiLoaderNew reads the corpus of a config (data.path, or the Go

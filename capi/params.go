@@ -89,6 +89,11 @@ func apiParamGet(h int64, name string, out []float32, grad bool) error {
 	if err := sizeCheck(what, p, len(out)); err != nil {
 		return err
 	}
+	if !grad {
+		if err := m.whole(); err != nil {
+			return err
+		}
+	}
 	if grad {
 		if p.Grad == nil {
 			clear(out)
@@ -118,6 +123,9 @@ func apiParamSet(h int64, name string, in []float32) error {
 	if err := sizeCheck("parameter "+name, p, len(in)); err != nil {
 		return err
 	}
+	if err := m.whole(); err != nil {
+		return err
+	}
 	dst, err := float32s("parameter "+name, p)
 	if err != nil {
 		return err
@@ -140,12 +148,17 @@ func apiModelSave(h int64, path string) error {
 		defer s.mu.Unlock()
 		return wrap(errIO, s.t.SaveModel(path))
 	}
+	if err := m.whole(); err != nil {
+		return err
+	}
 	return wrap(errIO, trainer.SaveWeights(m.model, path))
 }
 
 // apiModelLoad reads weights saved by tinyacc or Hugging Face GPT-2 files.
 // A model prepared in a session reads, on each rank, only the byte ranges
-// of the parts that rank holds (ZeRO-3's shards included).
+// of the parts that rank holds (ZeRO-3's shards included); one not built
+// yet only checks the file and fills from it when it is (prepare reads
+// each rank's byte ranges then).
 func apiModelLoad(h int64, path string) error {
 	m, err := get[modelObj](h)
 	if err != nil {
@@ -155,6 +168,13 @@ func apiModelLoad(h int64, path string) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return wrap(errIO, s.t.LoadWeights(path))
+	}
+	if !m.built {
+		if err := trainer.CheckWeights(path, m.model.Config, trainer.DTypeOf(m.cfg)); err != nil {
+			return wrap(errIO, err)
+		}
+		m.init = trainer.Init{From: path}
+		return nil
 	}
 	return wrap(errIO, trainer.LoadWeights(m.model, path))
 }
@@ -188,6 +208,9 @@ func apiOptimizerSave(h int64, path string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := o.optimizer(); err != nil {
+		return err
+	}
 	if _, ok := o.opt.(optim.StepCounter); !ok && o.cfg.Train.Optimizer == "adamw" {
 		// Moments without step counts would resume with the bias
 		// correction of step 1: refuse rather than write such a file.
@@ -211,6 +234,9 @@ func apiOptimizerSave(h int64, path string) error {
 func apiOptimizerLoad(h int64, path string) error {
 	o, err := get[optimizerObj](h)
 	if err != nil {
+		return err
+	}
+	if _, err := o.optimizer(); err != nil {
 		return err
 	}
 	ts, _, err := ckpt.Load(path)
@@ -277,6 +303,9 @@ func apiGenerate(h int64, prompt []int32, n int, temperature float64, topK int, 
 		if t < 0 || int(t) >= V {
 			return nil, fail(errInvalidArg, "generate: prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, V)
 		}
+	}
+	if err := m.whole(); err != nil {
+		return nil, err
 	}
 	out, err := trainer.Generate(m.model, prompt, n, temperature, topK, seed)
 	return out, wrap(errRuntime, err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/data"
 	"github.com/tinyacc/tinyacc/core/optim"
@@ -86,10 +87,6 @@ func apiPrepare(ch, mh, oh, lh int64) (int64, error) {
 			l.cfg.Model.BlockSize, cfg.Model.BlockSize)
 	}
 	applyThreads(cfg)
-	var opt optim.Optimizer
-	if o != nil {
-		opt = o.opt
-	}
 	var train, val *data.Loader
 	if l != nil {
 		train, val = l.train, l.val
@@ -106,8 +103,7 @@ func apiPrepare(ch, mh, oh, lh int64) (int64, error) {
 				return nil, err
 			}
 		}
-		t, err := trainer.NewWith(cfg, m.model, opt, train, val, opts)
-		return t, wrap(errRuntime, err)
+		return build(cfg, m, o, train, val, opts)
 	}()
 	if err != nil {
 		return 0, err
@@ -126,6 +122,31 @@ func apiPrepare(ch, mh, oh, lh int64) (int64, error) {
 	return register(s), nil
 }
 
+// build makes the session's trainer. A model only described so far is
+// constructed by placement (trainer.NewPlaced, the rule of `tinyacc
+// train`): the plugins of opts place it and this rank allocates and fills
+// only its own parts, then the optimizer over them. A model already built
+// (its values were read or set before prepare) is handed to the plugins
+// whole, with its optimizer, and they cut it (trainer.NewWith).
+func build(cfg config.Config, m *modelObj, o *optimizerObj, train, val *data.Loader, opts trainer.Options) (*trainer.Trainer, error) {
+	if !m.built {
+		t, err := trainer.NewPlaced(cfg, m.model, m.init, o != nil, train, val, opts)
+		// Placed, the parameters may live in a plugin's buffers (ZeRO-3's
+		// shards) rather than in the model's tensors: built all the same.
+		m.built = err == nil || hasStorage(m.model)
+		return t, wrap(errRuntime, err)
+	}
+	var opt optim.Optimizer
+	if o != nil {
+		var err error
+		if opt, err = o.optimizer(); err != nil {
+			return nil, err
+		}
+	}
+	t, err := trainer.NewWith(cfg, m.model, opt, train, val, opts)
+	return t, wrap(errRuntime, err)
+}
+
 // dataParallel adds to opts the plugins that make the ranks of a launched
 // job train one model together (DDP or ZeRO, as plugins.Build picks them
 // from the config), with this process's rank. A process that was not
@@ -135,6 +156,11 @@ func dataParallel(cfg config.Config, opts *trainer.Options) error {
 	if err != nil {
 		return err
 	}
+	return dataParallelOn(cfg, g, opts)
+}
+
+// dataParallelOn is dataParallel over the group g.
+func dataParallelOn(cfg config.Config, g comm.Group, opts *trainer.Options) error {
 	if g.Size() == 1 {
 		return nil
 	}

@@ -118,7 +118,12 @@ int tinyacc_config_get_int(tinyacc_handle config, const char *key, int64_t *valu
 /* ---- Model ------------------------------------------------------------ */
 
 /* A GPT-2 model with the config's model.* shape, initialised from
- * train.seed (or loaded from init_from when set). */
+ * train.seed (or loaded from init_from when set, whose file is checked
+ * here). The model is only described until tinyacc_prepare places it: each
+ * rank then allocates and fills only the parts its layout gives it (and its
+ * optimizer state only for those), reading init_from or a file loaded
+ * before prepare by byte range. Reading or setting a parameter, saving or
+ * generating before prepare builds the whole model on this rank first. */
 int tinyacc_model_new(tinyacc_handle config, tinyacc_handle *model);
 
 /* Writes the weights as safetensors under Hugging Face GPT-2 names. Once
@@ -128,7 +133,8 @@ int tinyacc_model_save(tinyacc_handle model, const char *path);
 
 /* Reads weights from safetensors (tinyacc or Hugging Face GPT-2 files).
  * Once the model is prepared in a session, each rank reads only the byte
- * ranges of the parts it holds (ZeRO-3's shards included). */
+ * ranges of the parts it holds (ZeRO-3's shards included); before, the file
+ * is checked and prepare fills the model from it the same way. */
 int tinyacc_model_load(tinyacc_handle model, const char *path);
 
 /* Number of parameter tensors. */
@@ -311,6 +317,15 @@ int tinyacc_broadcast(float *buf, int64_t n, int32_t root);
 
 /* Returns once every rank has entered it. */
 int tinyacc_barrier(void);
+
+/* The payload bytes this rank has sent since it joined the world group, on
+ * it and on every group made from it (the reducer's and started
+ * collectives included), counted as the algorithms move the data: a ring
+ * all-reduce of n bytes over N ranks sends 2(N-1)/N n (a direct one
+ * (N-1) n), an all-gather of n bytes per rank (N-1) n, a reduce-scatter of
+ * N n bytes (N-1) n (docs/formulas.md). Fails with TINYACC_ERR_UNSUPPORTED
+ * on a backend that does not count. */
+int tinyacc_comm_sent_bytes(int64_t *sent);
 
 /* ---- Registered buffers and the bucketed gradient reducer -------------- */
 /* For frameworks that compute gradients themselves (ABI version 4). The

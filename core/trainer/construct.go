@@ -32,6 +32,68 @@ import (
 // So a rank's allocator never holds more than its own parts plus what a
 // plugin states it borrows, during construction as during training.
 
+// construct runs steps 2 to 5 on t.Model, which is described: the
+// plugins place it, this rank allocates and fills its parts with fill,
+// and, with withOpt, the optimizer is built over them unless a plugin
+// built its own. New and NewPlaced both construct through it.
+func (t *Trainer) construct(fill partFiller, withOpt bool) error {
+	if err := t.wireMoE(); err != nil { // moe.go
+		return err
+	}
+	if err := t.prepare(); err != nil {
+		return err
+	}
+	t.materialize()
+	if err := t.fillParams(fill); err != nil {
+		return err
+	}
+	if withOpt && t.Opt == nil {
+		t.Opt = BuildOptimizer(t.Cfg, t.Model.Params(), t.Alloc)
+	}
+	return nil
+}
+
+// Init is where a model's initial values come from: the weights file From
+// (init_from) when set, else the seed's values (nn.GPTConfig.InitPart).
+type Init struct {
+	Seed int64
+	From string
+}
+
+// initialFill opens init for filling parts of the model m; done closes
+// what it opened. A weights file that does not fit m is refused here,
+// before anything is allocated.
+func initialFill(m nn.GPTConfig, init Init) (fill partFiller, done func(), err error) {
+	if init.From == "" {
+		return initialValues(m, init.Seed), func() {}, nil
+	}
+	w, err := openWeights(init.From, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	return w.fill, func() { w.Close() }, nil
+}
+
+// CheckWeights refuses a weights file that would not load into the model
+// m (LoadWeights' checks: the header against the model's names and
+// shapes, every value finite), reading it part by part without keeping
+// it: a caller that will fill the model from it later, part by part on
+// each rank (Init.From), learns now that it would fail.
+func CheckWeights(path string, m nn.GPTConfig, dtype tensor.DType) error {
+	w, err := openWeights(path, m)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	for _, ps := range m.ParamShapes() {
+		spec := place.NewSpec(ps.Name, ps.Shape)
+		if err := w.verify(spec, place.Single, dtype); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // materialize gives storage to every parameter that has none and that no
 // Holder keeps elsewhere: its local part, of the shape its placement left.
 func (t *Trainer) materialize() {

@@ -161,33 +161,19 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 	}
 	// Construction by placement (construct.go): describe, place, then
 	// allocate and fill this rank's parts only.
-	fill := initialValues(GPTConfig(cfg), cfg.Train.Seed)
-	if cfg.InitFrom != "" {
-		w, err := openWeights(cfg.InitFrom, GPTConfig(cfg))
-		if err != nil {
-			return nil, err
-		}
-		defer w.Close()
-		fill = w.fill
+	fill, done, err := initialFill(GPTConfig(cfg), Init{Seed: cfg.Train.Seed, From: cfg.InitFrom})
+	if err != nil {
+		return nil, err
 	}
+	defer done()
 	if t.Model, err = nn.Describe(GPTConfig(cfg), DTypeOf(cfg), t.Alloc); err != nil {
 		return nil, err
 	}
 	if err := t.loadData(); err != nil {
 		return nil, err
 	}
-	if err := t.wireMoE(); err != nil { // moe.go
+	if err := t.construct(fill, true); err != nil {
 		return nil, err
-	}
-	if err := t.prepare(); err != nil {
-		return nil, err
-	}
-	t.materialize()
-	if err := t.fillParams(fill); err != nil {
-		return nil, err
-	}
-	if t.Opt == nil {
-		t.Opt = BuildOptimizer(cfg, t.Model.Params(), t.Alloc)
 	}
 	// Run opens metrics_file once it knows the step it starts from.
 	if t.Rank == 0 {
@@ -220,6 +206,42 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 		return nil, err
 	}
 	if err := t.prepare(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// NewPlaced assembles a trainer around a model that is only described
+// (nn.Describe: names and global shapes, no storage), as the C ABI keeps
+// it until a session is prepared: the plugins of opts place it, then this
+// rank allocates and fills only its own parts from init (the same rule as
+// New: construct.go), and with withOpt builds the optimizer over them (or
+// keeps the one a plugin built). Without withOpt there may be no plugins:
+// the model is then whole on this rank, for forward passes or for reading
+// its weights. train and val are as for NewWith.
+func NewPlaced(cfg config.Config, model *nn.GPT, init Init, withOpt bool, train, val *data.Loader, opts Options) (*Trainer, error) {
+	if model == nil {
+		return nil, errors.New("trainer: NewPlaced needs a described model")
+	}
+	for _, p := range model.Params() {
+		if p.HasStorage() {
+			return nil, fmt.Errorf("trainer: NewPlaced needs a model without storage, but %s has some; use NewWith for a built model", p.Name)
+		}
+	}
+	if !withOpt && len(opts.Plugins) > 0 {
+		return nil, fmt.Errorf("trainer: plugin %s places a model for training; build it with its optimizer (or no plugins for forward passes only)", opts.Plugins[0].Name())
+	}
+	t, err := start(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	fill, done, err := initialFill(model.Config, init)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	t.Model, t.Train, t.Val = model, train, val
+	if err := t.construct(fill, withOpt); err != nil {
 		return nil, err
 	}
 	return t, nil

@@ -128,6 +128,7 @@ _SIGNATURES = {
     "tinyacc_collective_wait": (_c, [i64]),
     "tinyacc_broadcast": (_c, [_f32p, i64, i32]),
     "tinyacc_barrier": (_c, []),
+    "tinyacc_comm_sent_bytes": (_c, [P(i64)]),
     "tinyacc_buffer_register": (_c, [ctypes.c_void_p, i64, P(i64)]),
     "tinyacc_reducer_new": (_c, [P(i64), i64, f64, i32, P(i64)]),
     "tinyacc_bucket_ready": (_c, [i64, i64]),

@@ -90,3 +90,15 @@ def broadcast(t, src=0):
 
 def barrier():
     check(lib.tinyacc_barrier())
+
+
+def sent_bytes():
+    """The payload bytes this rank has sent since it joined the world group
+    (every collective of the library counted, the prepared models' buckets
+    and shards included), as the algorithms move them: at N ranks an
+    all-gather of n bytes per rank sends (N-1)·n, a reduce-scatter of N·n
+    bytes (N-1)·n, an all-reduce of n bytes 2(N-1)/N·n (ring) or (N-1)·n
+    (direct). Hold a difference of two readings to a formula."""
+    n = i64()
+    check(lib.tinyacc_comm_sent_bytes(ctypes.byref(n)))
+    return n.value

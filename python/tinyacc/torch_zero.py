@@ -45,6 +45,13 @@ used since training began keeps grad None (as in plain PyTorch, whose
 optimizers skip it); once used anywhere its gradient is a tensor, zeroed
 in place by zero_grad, as the prepared optimizer never sets None.
 
+Frozen parameters (requires_grad=False: a frozen backbone, the base under
+adapters) have no gradient to average and no optimizer state: they belong
+to no shard group, so they get no bucket, no shard and no collective at
+any stage; at stage 3 every rank keeps them whole, as a replicated
+buffer. Only the broadcast of prepare (every rank starts from rank 0's
+parameters and buffers, as torch's DDP does) carries them.
+
 The clip norm is over the global gradient: every owner adds Σ|g|^p of its
 averaged parameters' gradients, one all-reduce sums them, and the same
 coefficient max_norm / (norm + 1e-6) (torch's) scales every shard.
@@ -117,6 +124,9 @@ class ZeroEngine(TorchEngine):
         self.names, self.params, self.index, self.aliases = unique_parameters(module)
         self._layout = self._fingerprint()
         n = len(self.params)
+        # The parameters that are sharded and communicated: the trainable ones.
+        self.trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
+        self._trainable_set = set(self.trainable)
         if self.world > 1:
             with torch.no_grad():
                 for t in module.state_dict(keep_vars=True).values():
@@ -143,18 +153,19 @@ class ZeroEngine(TorchEngine):
                 node.register_hook(self._grad_hook(i))
                 self._accumulators.append(node)
         self.z3 = self.queue = None
-        self.owner = balance([p.numel() for p in self.params], self.world)
+        self.owner = [None] * n
+        for i, k in zip(self.trainable, balance([self.params[i].numel() for i in self.trainable], self.world)):
+            self.owner[i] = k
         self.ranges = stage < 3 and shard == "auto" and elementwise(optimizer)
         if stage == 1 and self.ranges:
             # No shard: the reduce-scatter writes the averages into the owned
             # pieces of the whole gradients, which stage 1 keeps anyway.
-            self.groups = [RangeGroup(range(n), self.params, self.rank, self.world, shard=False)]
+            self.groups = [RangeGroup(self.trainable, self.params, self.rank, self.world, shard=False)]
         elif stage == 1:
-            self.groups = [ShardGroup(range(n), self.params, self.rank, self.world, self.owner)]
+            self.groups = [ShardGroup(self.trainable, self.params, self.rank, self.world, self.owner)]
         elif stage == 2:
             self.groups = self._bucket_groups()
-            self.queue = InOrder(self.groups, [[i for i in g.indices if self.params[i].requires_grad]
-                                               for g in self.groups], self._reduce_bucket)
+            self.queue = InOrder(self.groups, [g.indices for g in self.groups], self._reduce_bucket)
         else:
             from .torch_zero3 import Stage3
             self.z3 = Stage3(self, config_value(accelerator, "zero", "wrap", None))
@@ -196,6 +207,11 @@ class ZeroEngine(TorchEngine):
                 if pid not in self.index:
                     raise RuntimeError("tinyacc: the model changed after prepare: parameter %r is new; prepare the "
                                        "model again after changing it" % n)
+            for n, p in zip(self.names, self.params):
+                if id(p) in now and p.requires_grad != (self.index[id(p)] in self._trainable_set):
+                    raise RuntimeError("tinyacc: the model changed after prepare: parameter %r now has "
+                                       "requires_grad=%s; prepare the model again after freezing or unfreezing "
+                                       "parameters" % (n, p.requires_grad))
             gone = [n for n, p in zip(self.names, self.params) if id(p) not in now]
             raise RuntimeError("tinyacc: the model changed after prepare: parameter %r is gone; prepare the model "
                                "again after changing it" % (gone[0] if gone else self.names[0]))
@@ -207,9 +223,9 @@ class ZeroEngine(TorchEngine):
                 # Every parameter used anywhere gets a (zero) gradient to
                 # receive its average, one unused everywhere stays None.
                 self._exchange_used()
-                for i, p in enumerate(self.params):
-                    if self.has_grad[i] and p.grad is None and p.requires_grad:
-                        p.grad = torch.zeros_like(p)
+                for i in self.trainable:
+                    if self.has_grad[i] and self.params[i].grad is None:
+                        self.params[i].grad = torch.zeros_like(self.params[i])
                 self.buckets.reduce_scatter(self.groups[0], self._local_grad, None, accumulate=False)
             return
         if self.stage == 1:
@@ -326,7 +342,7 @@ class ZeroEngine(TorchEngine):
                     continue
                 i = self.aliases[k]
                 p = self.params[i]
-                if self.stage == 3 and i not in self._owned_set:
+                if self.stage == 3 and i in self._trainable_set and i not in self._owned_set:
                     continue
                 if tuple(v.shape) != tuple(p.shape):
                     raise ValueError("tinyacc: %s has shape %s in the state but %s in the model" % (k, tuple(v.shape), tuple(p.shape)))
@@ -426,7 +442,10 @@ class ZeroEngine(TorchEngine):
         return {"state": state, "param_groups": sd["param_groups"]}
 
     def memory(self):
-        own = self.owned if self.stage == 3 else range(len(self.params))
+        # Stage 3 holds the owned parameters and every frozen one whole.
+        own = range(len(self.params))
+        if self.stage == 3:
+            own = [i for i in own if i in self._owned_set or i not in self._trainable_set]
         params_bytes = sum(4 * self.params[i].numel() for i in own)
         grads = sum(4 * g.shard.numel() for g in self.groups)
         for i, p in enumerate(self.params):
@@ -490,7 +509,7 @@ class ZeroEngine(TorchEngine):
         else:
             make = lambda idx: ShardGroup(idx, self.params, self.rank, n, self.owner)  # noqa: E731
         groups, cur, size = [], [], 0
-        for i in reversed(range(len(self.params))):
+        for i in reversed(self.trainable):
             k = self.params[i].numel()
             if self.ranges and cur and size + k > w * n:
                 groups.append(make(cur))
@@ -513,18 +532,20 @@ class ZeroEngine(TorchEngine):
             self.params[i].grad = None
 
     def _exchange_used(self):
-        """has_grad |= used on any rank (one small all-reduce per step)."""
-        flags = torch.tensor([1.0 if (u or h) else 0.0 for u, h in zip(self._used_local, self.has_grad)],
+        """has_grad |= used on any rank (one small all-reduce per step, one
+        float per trainable parameter)."""
+        flags = torch.tensor([1.0 if (self._used_local[i] or self.has_grad[i]) else 0.0 for i in self.trainable],
                              dtype=torch.float32)
         if flags.numel():
             all_reduce_(flags, MAX)
-        self.has_grad = [bool(f > 0) for f in flags.tolist()]
+        for i, f in zip(self.trainable, flags.tolist()):
+            self.has_grad[i] = f > 0
 
     def _groups(self):
         return self.optimizer.param_groups if self.optimizer is not None else []
 
     def _fingerprint(self):
-        return [(id(p), tuple(p.shape) if self.stage < 3 else None) for p in self.module.parameters()]
+        return [(id(p), tuple(p.shape) if self.stage < 3 else None, p.requires_grad) for p in self.module.parameters()]
 
     def _shard_params(self, full):
         """What the optimizer holds of the parameter list full: the owned

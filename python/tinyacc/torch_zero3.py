@@ -30,6 +30,10 @@ again during its backward: the pre-hook gathers the unit for it (if it was
 freed) and, the unit's backward having begun, the forward hook leaves it
 gathered; it is freed after, when its gradients are reduced.
 
+Frozen parameters (requires_grad=False) are in no unit's group: every rank
+keeps them whole, they are never gathered, freed or reduced, and a unit
+made only of them communicates nothing.
+
 A parameter shared by several units belongs to the first unit that holds
 it; once gathered it stays gathered through the forward and until its
 gradient is final (its accumulator runs once per backward, after every
@@ -124,12 +128,11 @@ class Stage3:
             for i in u.uses:
                 users.setdefault(i, []).append(u)
         self.shared = {i for i, us in users.items() if len(us) > 1}
-        for i in range(len(params)):  # every parameter is in a module unit or the root's
+        for i in engine.trainable:  # every one is in a module unit or the root's
             users[i][0].members.append(i)
         self.groups = []
         for u in self.units:
             u.group = ShardGroup(u.members, params, engine.rank, engine.world, engine.owner)
-            u.trainable = [i for i in u.members if params[i].requires_grad]
             self.groups.append(u.group)
         self.order = [u for u in reversed(self.units) if u is not self.root_unit]
         if self.root_unit is not None:
@@ -137,12 +140,12 @@ class Stage3:
         self.unit_of = {i: u for u in self.units for i in u.members}
         # full[i]: parameter i is whole on every rank now. It changes the
         # same way on all ranks (owners keep their data regardless), so
-        # every rank decides the same gathers.
+        # every rank decides the same gathers; a frozen one stays True.
         self.full = [True] * len(params)
         self.shapes = [p.shape for p in params]
         self.owner = {i: u.group.owner[i] for u in self.units for i in u.members}
-        self.queue = InOrder(self.order, [u.trainable for u in self.order], self._reduce)
-        self.free(range(len(params)))
+        self.queue = InOrder(self.order, [u.members for u in self.order], self._reduce)
+        self.free_all()
         for u in self.units:
             m = u.module
             m.register_forward_pre_hook(self._pre_hook(u))
@@ -179,12 +182,12 @@ class Stage3:
                 self.full[i] = False
 
     def free_all(self):
-        self.free(range(len(self.e.params)))
+        self.free(self.e.trainable)
 
     def gather_whole(self):
         """Every parameter whole (a copy), on every rank: collective."""
         params = self.e.params
-        out = {}
+        out = {i: params[i].detach().clone() for i in range(len(params)) if i not in self.unit_of}
         for u in self.units:
             dest = {i: torch.empty(self.shapes[i]).view(-1) for i in u.members if self.owner[i] != self.e.rank}
             self.e.buckets.all_gather(u.group, lambda i: params[i].data.view(-1), dest.get)
@@ -231,7 +234,7 @@ class Stage3:
         self.e.buckets.reduce_scatter(u.group, self.e._local_grad, u.group.shard, accumulate=True)
         for i in u.members:
             params[i].grad = None
-        self.free([i for i in u.members if params[i].requires_grad])
+        self.free(u.members)
 
     def flush(self):
         """After backward: reduce the units not reduced yet, free all."""
