@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/comm/commbench"
+	"github.com/tinyacc/tinyacc/core/launch"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/plugins/plan"
+)
+
+// calibOps are the collectives the cost model reads; broadcast over two
+// ranks stands for a point-to-point message.
+var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+
+// calibSizes are the two buffer sizes a collective's latency and
+// bandwidth are fitted through.
+var calibSizes = []int64{4 << 10, 1 << 20}
+
+// planCalibrate measures this machine for the cost model (plan.Profile)
+// in well under a minute: matrix products of five size classes and an
+// element-wise kernel, each with one thread and with every core's; each
+// collective of calibOps at two sizes on groups of 2 up to --nproc ranks
+// as processes over tcp (commbench, median of 10); and the overlap: how
+// much of an all-reduce runs hidden while the same ranks multiply
+// matrices. It writes the profile to --profile (default
+// plan.DefaultPath).
+func planCalibrate(args []string, stdout, stderr io.Writer) error {
+	f := planFlags{nproc: 4}
+	var commOut string
+	for i := 0; i < len(args); i++ {
+		name, val, eq := strings.Cut(args[i], "=")
+		if !eq && i+1 < len(args) {
+			i++
+			val = args[i]
+		}
+		switch name {
+		case "--profile":
+			f.profile = val
+		case "--nproc":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 2 {
+				return fmt.Errorf("plan calibrate: --nproc %q: want a whole number >= 2, the most ranks to measure collectives on", val)
+			}
+			f.nproc = n
+		case "--comm-out": // a launched rank of the collectives' job
+			commOut = val
+		default:
+			return fmt.Errorf("plan calibrate: unknown flag %q (use --profile FILE, --nproc N)", name)
+		}
+	}
+	if commOut != "" {
+		return calibrateRank(commOut)
+	}
+	path := f.profile
+	if path == "" {
+		p, err := plan.DefaultPath()
+		if err != nil {
+			return err
+		}
+		path = p
+	}
+	start := time.Now()
+	prof := &plan.Profile{Host: plan.ThisHost(), Made: time.Now().UTC()}
+	cores := runtime.NumCPU()
+	for _, d := range []int{16, 64, 128, 256, 512} {
+		one := withThreads(1, func() float64 { return gemmRate(d) })
+		all := withThreads(cores, func() float64 { return gemmRate(d) })
+		prof.MatMul = append(prof.MatMul, plan.MatMulRate{Class: float64(d), FLOPS: plan.Pair{One: one, All: all}})
+		fmt.Fprintf(stdout, "matmul %4d³: %6.2f GFLOP/s one thread, %6.2f all %d\n", d, one/1e9, all/1e9, cores)
+	}
+	prof.Elementwise = plan.Pair{One: withThreads(1, geluRate), All: withThreads(cores, geluRate)}
+	fmt.Fprintf(stdout, "element-wise (GELU): %.2f GB/s one thread, %.2f all\n", prof.Elementwise.One/1e9, prof.Elementwise.All/1e9)
+
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "tinyacc-calibrate")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for n := 2; n <= f.nproc; n++ {
+		if n != 2 && n != f.nproc && n&(n-1) != 0 {
+			continue // 2, the powers of two and --nproc
+		}
+		out := filepath.Join(dir, fmt.Sprintf("comm%d.json", n))
+		lo := launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}
+		if err := launch.Run(context.Background(), lo, []string{exe, "plan", "calibrate", "--comm-out", out}); err != nil {
+			return fmt.Errorf("plan calibrate: collectives on %d ranks: %w", n, err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			return err
+		}
+		var m calibComm
+		if err := json.Unmarshal(b, &m); err != nil {
+			return fmt.Errorf("plan calibrate: %s: %w", out, err)
+		}
+		for _, c := range m.Costs {
+			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs, bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, c.BusBW/1e9)
+		}
+		prof.Collectives = append(prof.Collectives, m.Costs...)
+		if n == 2 {
+			prof.Overlap = m.Overlap
+			fmt.Fprintf(stdout, "overlap of an all-reduce with matrix products on 2 ranks: %.2f\n", m.Overlap)
+		}
+	}
+	if err := prof.Save(path); err != nil {
+		return fmt.Errorf("plan calibrate: %w", err)
+	}
+	fmt.Fprintf(stdout, "tinyacc: wrote the profile of %s (%d cores) to %s in %.1f s\n", prof.Host.Name, prof.Host.Cores, path, time.Since(start).Seconds())
+	return nil
+}
+
+// withThreads runs f with n compute threads.
+func withThreads(n int, f func() float64) float64 {
+	prevProcs, prev := runtime.GOMAXPROCS(n), cpu.Threads()
+	cpu.SetThreads(n)
+	defer func() { runtime.GOMAXPROCS(prevProcs); cpu.SetThreads(prev) }()
+	return f()
+}
+
+// timeFor is the seconds per call of f: the fastest of five rounds of at
+// least d each (and 3 calls), so that a busy machine's slow moments are
+// left out.
+func timeFor(d time.Duration, f func()) float64 {
+	f() // warm
+	best := math.Inf(1)
+	for range 5 {
+		n := 0
+		start := time.Now()
+		for n < 3 || time.Since(start) < d {
+			f()
+			n++
+		}
+		best = min(best, time.Since(start).Seconds()/float64(n))
+	}
+	return best
+}
+
+// gemmRate is the FLOP/s of d×d by d×d float32 products.
+func gemmRate(d int) float64 {
+	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
+	for i := range a {
+		a[i], b[i] = float32(i%7)*0.1, float32(i%5)*0.1
+	}
+	s := timeFor(20*time.Millisecond, func() { cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d) })
+	return 2 * float64(d*d*d) / s
+}
+
+// geluRate is the bytes per second GELU's forward reads and writes.
+func geluRate() float64 {
+	const n = 1 << 21
+	x, y := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i] = float32(i%17) * 0.1
+	}
+	s := timeFor(20*time.Millisecond, func() { cpu.GeluForward(x, y) })
+	return 8 * n / s
+}
+
+// calibComm is what one collectives' job reports.
+type calibComm struct {
+	Costs   []plan.CollectiveCost `json:"costs"`
+	Overlap float64               `json:"overlap"`
+}
+
+// calibrateRank is one rank of the collectives' job: each op of calibOps
+// at calibSizes (commbench), a latency and bus bandwidth fitted through
+// the two, then the overlap; rank 0 writes them to out.
+func calibrateRank(out string) error {
+	g, err := comm.InitFromEnv(comm.Options{Backend: "tcp"})
+	if err != nil {
+		return err
+	}
+	n := g.Size()
+	var res calibComm
+	for _, op := range calibOps {
+		var buf bytes.Buffer
+		if err := commbench.Run(g, op, calibSizes, 10, 3, &buf, true); err != nil {
+			return err
+		}
+		if g.Rank() != 0 {
+			continue
+		}
+		var rs []commbench.Result
+		dec := json.NewDecoder(&buf)
+		for dec.More() {
+			var r commbench.Result
+			if err := dec.Decode(&r); err != nil {
+				return err
+			}
+			rs = append(rs, r)
+		}
+		if len(rs) != 2 {
+			return fmt.Errorf("plan calibrate: %s: %d results, want 2", op, len(rs))
+		}
+		f, _ := commbench.BusFactor(op, n)
+		b1, b2 := f*float64(rs[0].Bytes), f*float64(rs[1].Bytes)
+		t1, t2 := rs[0].TimeMs/1e3, rs[1].TimeMs/1e3
+		bw, lat := b2/t2, t1
+		if t2 > t1 {
+			bw = (b2 - b1) / (t2 - t1)
+			lat = max(0, t1-b1/bw)
+		}
+		res.Costs = append(res.Costs, plan.CollectiveCost{Backend: "tcp", Op: op, N: n, Latency: lat, BusBW: bw})
+	}
+	if n == 2 {
+		var ovs []float64
+		for range 3 {
+			ov, err := measureOverlap(g)
+			if err != nil {
+				return err
+			}
+			ovs = append(ovs, ov)
+		}
+		res.Overlap = median(ovs)
+	}
+	if g.Rank() == 0 {
+		b, err := json.Marshal(res)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(out, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return g.Close()
+}
+
+// measureOverlap times, on every rank, matrix products alone, all-reduces
+// of 1 MiB alone, and both at once (the all-reduces on their own
+// goroutine, as DDP's buckets run beside backward): the overlap is the
+// time saved over the sum, as a share of the shorter, between 0 and 1.
+func measureOverlap(g comm.Group) (float64, error) {
+	const d = 192
+	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
+	t := tensor.Default.New(tensor.Comm, tensor.Float32, 1<<18)
+	compute := func() {
+		for range 40 {
+			cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d)
+		}
+	}
+	reduce := func() error {
+		for range 20 {
+			if err := g.AllReduce(t, comm.Sum); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	timed := func(f func() error) (float64, error) {
+		if err := g.Barrier(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		err := f()
+		return time.Since(start).Seconds(), err
+	}
+	tc, err := timed(func() error { compute(); return nil })
+	if err != nil {
+		return 0, err
+	}
+	ta, err := timed(reduce)
+	if err != nil {
+		return 0, err
+	}
+	tb, err := timed(func() error {
+		done := make(chan error, 1)
+		go func() { done <- reduce() }()
+		compute()
+		return <-done
+	})
+	if err != nil {
+		return 0, err
+	}
+	return min(1, max(0, (tc+ta-tb)/min(tc, ta))), nil
+}
