@@ -33,6 +33,8 @@ var calibSizes = []int64{4 << 10, 1 << 20}
 // planCalibrate measures this machine for the cost model (plan.Profile)
 // in well under a minute: matrix products of five size classes and an
 // element-wise kernel, each with one thread and with every core's; each
+// one training step of a reference model in one thread against what the
+// rates predict for it (the efficiency); each
 // collective of calibOps at two sizes on groups of 2 up to --nproc ranks
 // as processes over tcp (commbench, median of 10); and the overlap: how
 // much of an all-reduce runs hidden while the same ranks multiply
@@ -84,6 +86,23 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 	}
 	prof.Elementwise = plan.Pair{One: withThreads(1, geluRate), All: withThreads(cores, geluRate)}
 	fmt.Fprintf(stdout, "element-wise (GELU): %.2f GB/s one thread, %.2f all\n", prof.Elementwise.One/1e9, prof.Elementwise.All/1e9)
+
+	ref := benchShape{NLayer: 2, NHead: 4, NEmbd: 128, Block: 128, Vocab: 256, Batch: 4}
+	stepMS, err := tinyaccStepMS(ref, "no", 1, 1, 3)
+	if err != nil {
+		return fmt.Errorf("plan calibrate: the reference step: %w", err)
+	}
+	refCfg := ref.config()
+	refCfg.Train.BatchSize = ref.Batch
+	one := *prof
+	one.Host.Cores, one.Efficiency = 1, 1
+	pred, err := plan.Predict(refCfg, 1, &one)
+	if err != nil {
+		return err
+	}
+	prof.Efficiency = min(1, pred.Step/(stepMS/1e3))
+	fmt.Fprintf(stdout, "reference step (GPT 2×128, context 128, batch 4, one thread): %.1f ms measured, %.1f ms from the rates: efficiency %.2f\n",
+		stepMS, 1e3*pred.Step, prof.Efficiency)
 
 	exe, err := os.Executable()
 	if err != nil {

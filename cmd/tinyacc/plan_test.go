@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/plugins"
+	"github.com/tinyacc/tinyacc/plugins/plan"
 )
 
 const planProfile = "../../plugins/plan/testdata/profile.json"
@@ -136,4 +137,37 @@ func TestPlanVerify(t *testing.T) {
 	require.Regexp(t, `^Spearman: -?[\d.]+$`, lines[5])
 	require.Regexp(t, `^median absolute error: [\d.]+%$`, lines[6])
 	require.Regexp(t, `^first choice: .+, [\d.]+ ms measured; fastest measured: .+, [\d.]+ ms \([+-][\d.]+%\)$`, lines[7])
+}
+
+// plan calibrate writes a profile of this machine that plan reads without
+// a word; a profile that is not there is said to be missing, and plan
+// goes on with its guess.
+func TestPlanCalibrateWritesWhatPlanReads(t *testing.T) {
+	bin := tinyaccBinary(t)
+	prof := filepath.Join(t.TempDir(), "p.json")
+	out, err := exec.Command(bin, "plan", "calibrate", "--profile", prof, "--nproc", "2").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "wrote the profile of")
+	p, err := plan.Load(prof)
+	require.NoError(t, err)
+	require.Empty(t, p.Elsewhere(plan.ThisHost()))
+	require.Positive(t, p.Efficiency)
+	ops := map[string]bool{}
+	for _, c := range p.Collectives {
+		require.Equal(t, 2, c.N)
+		require.Positive(t, c.BusBW)
+		ops[c.Op] = true
+	}
+	require.Len(t, ops, len(calibOps))
+
+	tiny := []string{"--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--memory.limit=0"}
+	code, stdout, stderr := runCLI(append([]string{"plan", "--nproc", "2", "--profile", prof}, tiny...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Empty(t, stderr)
+	require.Contains(t, stdout, "layouts of 2 ranks")
+
+	missing := filepath.Join(t.TempDir(), "none.json")
+	code, _, stderr = runCLI(append([]string{"plan", "--nproc", "2", "--profile", missing}, tiny...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "tinyacc: plan: no profile at "+missing+": predicting from train.peak_flops")
 }

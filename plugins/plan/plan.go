@@ -90,10 +90,12 @@ func Search(cfg config.Config, world int, perRank int64, p *Profile) Result {
 	global := cfg.Train.BatchSize * cfg.Train.GradAccum
 	var res Result
 	counts := map[string]int{}
+	shown := map[string]string{} // a rule's line: its first layout's words
 	var order []string
-	exclude := func(rule string) {
+	exclude := func(rule, line string) {
 		if counts[rule] == 0 {
 			order = append(order, rule)
+			shown[rule] = line
 		}
 		counts[rule]++
 	}
@@ -106,32 +108,34 @@ func Search(cfg config.Config, world int, perRank int64, p *Profile) Result {
 			need, err = plugins.Need(l.Config, world)
 		}
 		if err != nil {
-			exclude("refused by train: " + ruleOf(err))
+			line, _, _ := strings.Cut(err.Error(), "\n")
+			exclude(ruleOf(err), "refused by train, e.g. "+line)
 			continue
 		}
 		if perRank > 0 && need > perRank {
-			exclude(memRule)
+			exclude(memRule, memRule)
 			continue
 		}
 		pred, err := Predict(l.Config, world, p)
 		if err != nil {
-			exclude("not predicted: " + ruleOf(err))
+			exclude("predict: "+ruleOf(err), "not predicted, e.g. "+err.Error())
 			continue
 		}
 		res.Fits = append(res.Fits, Candidate{Layout: l, World: world, PerRank: need, Pred: pred})
 	}
 	sort.SliceStable(res.Fits, func(i, j int) bool { return res.Fits[i].Pred.Step < res.Fits[j].Pred.Step })
 	for _, r := range order {
-		res.Excluded = append(res.Excluded, Exclusion{Rule: r, Count: counts[r]})
+		res.Excluded = append(res.Excluded, Exclusion{Rule: shown[r], Count: counts[r]})
 	}
 	return res
 }
 
-var digits = regexp.MustCompile(`[0-9]+`)
+var keyValue = regexp.MustCompile(`=[0-9]+`)
 
-// ruleOf is the rule an error states: its first line with every number
-// written N, so that the same check on different values counts once.
+// ruleOf is the rule an error states: its first line with every key's
+// number written N (parallel.pp=N), so that the same check on different
+// layouts counts once (and is shown with the first layout's numbers).
 func ruleOf(err error) string {
 	line, _, _ := strings.Cut(err.Error(), "\n")
-	return digits.ReplaceAllString(line, "N")
+	return keyValue.ReplaceAllString(line, "=N")
 }

@@ -42,7 +42,9 @@ type Prediction struct {
 // activation widths of nn.GPTConfig.ActWidths (forward once, backward
 // twice, selective recomputation a third more; the logits on the last
 // chunk) at the profile's kernel rate;
-// the optimizer reads and writes 32 bytes per parameter it updates.
+// the optimizer reads and writes 32 bytes per parameter it updates. Both
+// rates are scaled by the profile's efficiency (what a measured step of
+// a reference model achieved of them).
 //
 // Communication inside a micro-batch. Tensor parallel's all-reduces (or,
 // with sequence parallel, all-gathers and reduce-scatters) of one
@@ -103,8 +105,12 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	share := float64(p.Host.Cores) / float64(world)
 	rows := float64(cfg.Train.BatchSize*m.BlockSize) / float64(cp) // tokens of one micro-batch on one rank
 	C, V := float64(m.NEmbd), float64(m.VocabSize)
-	mmRate := p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
-	elRate := scaled(p.Elementwise.One, p.Elementwise.All, share)
+	eff := p.Efficiency
+	if !(eff > 0) {
+		eff = 1
+	}
+	mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
+	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
 	whole, splitW := m.ActWidths()
 	actBytes := 4 * rows * (float64(whole) + float64(splitW)/float64(tp)) // one block's activations
 	logitBytes := 4 * rows * 3 * V / float64(tp)

@@ -27,6 +27,12 @@ type Profile struct {
 	// every float once moves (GELU), one thread and every thread.
 	Elementwise Pair             `json:"elementwise_bytes_per_s"`
 	Collectives []CollectiveCost `json:"collectives"`
+	// Efficiency is the share of the kernel rates a real training step
+	// achieves: the predicted compute of one step of a reference model in
+	// one process and one thread over its measured time (the autograd,
+	// the allocator and the products' real shapes are in the second, not
+	// the first). Compute times are divided by it; 0 reads as 1.
+	Efficiency float64 `json:"efficiency"`
 	// Overlap is the share of a collective that runs hidden behind
 	// compute on the ranks' cores: 1 when compute and communication
 	// together take as long as the longer alone, 0 when they take the sum.
