@@ -19,6 +19,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/plan"
 )
 
@@ -33,10 +34,12 @@ var calibSizes = []int64{4 << 10, 1 << 20}
 // planCalibrate measures this machine for the cost model (plan.Profile)
 // in well under a minute: matrix products of five size classes and an
 // element-wise kernel, each with one thread and with every core's; each
-// one training step of a reference model in one thread against what the
-// rates predict for it (the efficiency); each
+// a reference model's step at two batch sizes in one thread, whose fixed
+// part is the per-block overhead; the same step in 1, 2 … --nproc
+// processes at once against what the rates predict (the efficiency); each
 // collective of calibOps at two sizes on groups of 2 up to --nproc ranks
-// as processes over tcp (commbench, median of 10); and the overlap: how
+// as processes over tcp (commbench, median of 10), and what a small one
+// adds between compute (measureBusy, median of three); and the overlap: how
 // much of an all-reduce runs hidden while the same ranks multiply
 // matrices. It writes the profile to --profile (default
 // plan.DefaultPath).
@@ -60,6 +63,8 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 			f.nproc = n
 		case "--comm-out": // a launched rank of the collectives' job
 			commOut = val
+		case "--ref-out": // a launched process of the reference steps
+			return referenceRank(val)
 		default:
 			return fmt.Errorf("plan calibrate: unknown flag %q (use --profile FILE, --nproc N)", name)
 		}
@@ -87,22 +92,10 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 	prof.Elementwise = plan.Pair{One: withThreads(1, geluRate), All: withThreads(cores, geluRate)}
 	fmt.Fprintf(stdout, "element-wise (GELU): %.2f GB/s one thread, %.2f all\n", prof.Elementwise.One/1e9, prof.Elementwise.All/1e9)
 
-	ref := benchShape{NLayer: 2, NHead: 4, NEmbd: 128, Block: 128, Vocab: 256, Batch: 4}
-	stepMS, err := tinyaccStepMS(ref, "no", 1, 1, 3)
-	if err != nil {
-		return fmt.Errorf("plan calibrate: the reference step: %w", err)
-	}
-	refCfg := ref.config()
-	refCfg.Train.BatchSize = ref.Batch
-	one := *prof
-	one.Host.Cores, one.Efficiency = 1, 1
-	pred, err := plan.Predict(refCfg, 1, &one)
-	if err != nil {
+	if err := blockOverhead(prof); err != nil {
 		return err
 	}
-	prof.Efficiency = min(1, pred.Step/(stepMS/1e3))
-	fmt.Fprintf(stdout, "reference step (GPT 2×128, context 128, batch 4, one thread): %.1f ms measured, %.1f ms from the rates: efficiency %.2f\n",
-		stepMS, 1e3*pred.Step, prof.Efficiency)
+	fmt.Fprintf(stdout, "fixed cost of a block's forward and backward on a micro-batch: %.0f µs\n", 1e6*prof.BlockOverhead)
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -113,9 +106,18 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	for n := 2; n <= f.nproc; n++ {
-		if n != 2 && n != f.nproc && n&(n-1) != 0 {
-			continue // 2, the powers of two and --nproc
+	for n := 1; n <= f.nproc; n++ {
+		if n > 2 && n != f.nproc && n&(n-1) != 0 {
+			continue // 1, 2, the powers of two and --nproc
+		}
+		eff, err := referenceEfficiency(exe, dir, n, prof, stderr)
+		if err != nil {
+			return err
+		}
+		prof.Efficiency = append(prof.Efficiency, eff)
+		fmt.Fprintf(stdout, "reference step (GPT 2×128, context 128, batch 4) in %d process(es) at once: %.2f of the rates\n", n, eff.Share)
+		if n == 1 {
+			continue
 		}
 		out := filepath.Join(dir, fmt.Sprintf("comm%d.json", n))
 		lo := launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}
@@ -131,7 +133,7 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("plan calibrate: %s: %w", out, err)
 		}
 		for _, c := range m.Costs {
-			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs, bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, c.BusBW/1e9)
+			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs (%7.1f µs between compute), bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, 1e6*c.Busy, c.BusBW/1e9)
 		}
 		prof.Collectives = append(prof.Collectives, m.Costs...)
 		if n == 2 {
@@ -239,6 +241,17 @@ func calibrateRank(out string) error {
 		}
 		res.Costs = append(res.Costs, plan.CollectiveCost{Backend: "tcp", Op: op, N: n, Latency: lat, BusBW: bw})
 	}
+	var busy []float64
+	for range 3 {
+		b, err := measureBusy(g)
+		if err != nil {
+			return err
+		}
+		busy = append(busy, b)
+	}
+	for i := range res.Costs {
+		res.Costs[i].Busy = median(busy)
+	}
 	if n == 2 {
 		var ovs []float64
 		for range 3 {
@@ -260,6 +273,38 @@ func calibrateRank(out string) error {
 		}
 	}
 	return g.Close()
+}
+
+// measureBusy is what a small collective adds between compute on every
+// rank: 30 rounds of matrix products alone, then 30 rounds of the same
+// products each followed by a 4 KiB all-reduce; the difference per round.
+func measureBusy(g comm.Group) (float64, error) {
+	const d, rounds = 128, 30
+	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
+	t := tensor.Default.New(tensor.Comm, tensor.Float32, 1024)
+	run := func(sync bool) (float64, error) {
+		if err := g.Barrier(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for range rounds {
+			for range 8 {
+				cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d)
+			}
+			if sync {
+				if err := g.AllReduce(t, comm.Sum); err != nil {
+					return 0, err
+				}
+			}
+		}
+		return time.Since(start).Seconds(), nil
+	}
+	alone, err := run(false)
+	if err != nil {
+		return 0, err
+	}
+	with, err := run(true)
+	return max(0, with-alone) / rounds, err
 }
 
 // measureOverlap times, on every rank, matrix products alone, all-reduces
@@ -309,4 +354,98 @@ func measureOverlap(g comm.Group) (float64, error) {
 		return 0, err
 	}
 	return min(1, max(0, (tc+ta-tb)/min(tc, ta))), nil
+}
+
+// blockOverhead measures the reference step with 1 and with 8 sequences
+// in one thread (the faster of three interleaved rounds each, so that a
+// busy machine's slow moments are left out) and extrapolates to none:
+// what is left, less the optimizer's predicted time, is fixed cost,
+// shared out per block (and the head, as one more).
+func blockOverhead(prof *plan.Profile) error {
+	ms := [2]float64{math.Inf(1), math.Inf(1)}
+	for range 3 {
+		for i, b := range []int{1, 8} {
+			s := refShape
+			s.Batch = b
+			t, err := tinyaccStepMS(s, "no", 1, 1, 4)
+			if err != nil {
+				return fmt.Errorf("plan calibrate: the reference step: %w", err)
+			}
+			ms[i] = min(ms[i], t)
+		}
+	}
+	fixed := (ms[0] - (ms[1]-ms[0])/7) / 1e3
+	optim := 32 * float64(trainerParams(refShape)) / prof.Elementwise.One
+	prof.BlockOverhead = max(0, fixed-optim) / float64(refShape.NLayer+1)
+	return nil
+}
+
+// trainerParams is the reference model's parameter count.
+func trainerParams(s benchShape) int64 {
+	return trainer.GPTConfig(s.config()).ActiveParams()
+}
+
+// refShape is the reference model whose step the efficiency compares
+// with the rates.
+var refShape = benchShape{NLayer: 2, NHead: 4, NEmbd: 128, Block: 128, Vocab: 256, Batch: 4}
+
+// referenceEfficiency runs the reference step in n processes at once
+// (each alone, every core's threads, as train.threads=0 does) and returns
+// what the rates of prof predict for one of n ranks over the median of
+// the processes' measured step.
+func referenceEfficiency(exe, dir string, n int, prof *plan.Profile, stderr io.Writer) (plan.Efficiency, error) {
+	out := filepath.Join(dir, fmt.Sprintf("ref%d", n))
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return plan.Efficiency{}, err
+	}
+	lo := launch.Options{NProc: n, Stdout: io.Discard, Stderr: stderr}
+	if err := launch.Run(context.Background(), lo, []string{exe, "plan", "calibrate", "--ref-out", out}); err != nil {
+		return plan.Efficiency{}, fmt.Errorf("plan calibrate: the reference step in %d processes: %w", n, err)
+	}
+	var ms []float64
+	for r := range n {
+		b, err := os.ReadFile(filepath.Join(out, strconv.Itoa(r)))
+		if err != nil {
+			return plan.Efficiency{}, err
+		}
+		x, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		if err != nil {
+			return plan.Efficiency{}, err
+		}
+		ms = append(ms, x)
+	}
+	cfg := refShape.config()
+	cfg.Train.BatchSize = refShape.Batch
+	rates := *prof
+	rates.Efficiency = nil
+	pred, err := plan.Predict(cfg, n, &rates)
+	if err != nil {
+		return plan.Efficiency{}, err
+	}
+	// Predict on n ranks counts the layout's collectives too; the
+	// reference processes run none, so only compute is compared.
+	return plan.Efficiency{Ranks: n, Share: pred.Compute / (median(ms) / 1e3)}, nil
+}
+
+// referenceRank is one process of referenceEfficiency: it trains the
+// reference model alone and writes its median step (ms) to dir/RANK.
+func referenceRank(dir string) error {
+	g, err := comm.InitFromEnv(comm.Options{Backend: "tcp"})
+	if err != nil {
+		return err
+	}
+	if err := g.Barrier(); err != nil { // start together
+		return err
+	}
+	ms, err := tinyaccStepMS(refShape, "no", runtime.NumCPU(), 2, 8)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(g.Rank())), []byte(strconv.FormatFloat(ms, 'f', -1, 64)), 0o644); err != nil {
+		return err
+	}
+	if err := g.Barrier(); err != nil { // nobody ends early and frees the cores
+		return err
+	}
+	return g.Close()
 }

@@ -151,7 +151,11 @@ func TestPlanCalibrateWritesWhatPlanReads(t *testing.T) {
 	p, err := plan.Load(prof)
 	require.NoError(t, err)
 	require.Empty(t, p.Elsewhere(plan.ThisHost()))
-	require.Positive(t, p.Efficiency)
+	require.Len(t, p.Efficiency, 2)
+	for i, e := range p.Efficiency {
+		require.Equal(t, i+1, e.Ranks)
+		require.Positive(t, e.Share)
+	}
 	ops := map[string]bool{}
 	for _, c := range p.Collectives {
 		require.Equal(t, 2, c.N)

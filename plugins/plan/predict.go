@@ -43,8 +43,9 @@ type Prediction struct {
 // twice, selective recomputation a third more; the logits on the last
 // chunk) at the profile's kernel rate;
 // the optimizer reads and writes 32 bytes per parameter it updates. Both
-// rates are scaled by the profile's efficiency (what a measured step of
-// a reference model achieved of them).
+// rates are scaled by the profile's efficiency for world ranks (what a
+// measured step of a reference model achieved of them with that many
+// processes at once).
 //
 // Communication inside a micro-batch. Tensor parallel's all-reduces (or,
 // with sequence parallel, all-gathers and reduce-scatters) of one
@@ -105,16 +106,16 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	share := float64(p.Host.Cores) / float64(world)
 	rows := float64(cfg.Train.BatchSize*m.BlockSize) / float64(cp) // tokens of one micro-batch on one rank
 	C, V := float64(m.NEmbd), float64(m.VocabSize)
-	eff := p.Efficiency
-	if !(eff > 0) {
-		eff = 1
-	}
+	eff := p.efficiency(world)
 	mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
 	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
 	whole, splitW := m.ActWidths()
 	actBytes := 4 * rows * (float64(whole) + float64(splitW)/float64(tp)) // one block's activations
 	logitBytes := 4 * rows * 3 * V / float64(tp)
 	bf, hf := pp.BlockFLOPs(m), pp.HeadFLOPs(m)
+	// The fixed cost of a block on a micro-batch runs on one core; ranks
+	// beyond the cores share them.
+	over := p.BlockOverhead * max(1, float64(world)/float64(p.Host.Cores))
 	ov := min(1, max(0, p.Overlap))
 
 	// Per block and micro-batch: the communication inside it.
@@ -150,9 +151,13 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 			fl += rows * hf / float64(tp)
 			el += logitBytes
 		}
-		f := fl/mmRate + el/elRate
+		blocks := L
+		if c == last {
+			blocks++ // the head and the loss
+		}
+		f := fl/mmRate + el/elRate + blocks*over/3
 		comm := L * (tpF + cpF)
-		back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB)
+		back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB) + 2*blocks*over/3
 		if cfg.Recompute.Granularity == "selective" {
 			back += L * actBytes / 3 / elRate
 		}

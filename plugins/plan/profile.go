@@ -27,16 +27,42 @@ type Profile struct {
 	// every float once moves (GELU), one thread and every thread.
 	Elementwise Pair             `json:"elementwise_bytes_per_s"`
 	Collectives []CollectiveCost `json:"collectives"`
-	// Efficiency is the share of the kernel rates a real training step
-	// achieves: the predicted compute of one step of a reference model in
-	// one process and one thread over its measured time (the autograd,
-	// the allocator and the products' real shapes are in the second, not
-	// the first). Compute times are divided by it; 0 reads as 1.
-	Efficiency float64 `json:"efficiency"`
+	// BlockOverhead is the seconds one block's forward and backward on one
+	// micro-batch cost beyond its FLOPs and bytes (the autograd's nodes,
+	// the allocator, each kernel's set-up), on one core: the fixed part
+	// of a reference step measured at two batch sizes, per block.
+	BlockOverhead float64 `json:"block_overhead_s"`
+	// Efficiency is, per number of ranks sharing the machine, the share of
+	// the kernel rates a real training step achieves: the predicted time
+	// of one step of a reference model when that many processes (each
+	// with every core's threads, as train.threads=0 runs) train it at
+	// once, over its measured time. The autograd, the allocator, the
+	// products' real shapes and the ranks' threads competing for the
+	// cores are in the second, not the first. Compute times are divided
+	// by the entry of the nearest rank count; none reads as 1.
+	Efficiency []Efficiency `json:"efficiency"`
 	// Overlap is the share of a collective that runs hidden behind
 	// compute on the ranks' cores: 1 when compute and communication
 	// together take as long as the longer alone, 0 when they take the sum.
 	Overlap float64 `json:"overlap"`
+}
+
+// Efficiency is what Ranks processes training at once achieve of the
+// kernel rates (see Profile.Efficiency).
+type Efficiency struct {
+	Ranks int     `json:"ranks"`
+	Share float64 `json:"share"`
+}
+
+// efficiency is the entry of the rank count nearest world, 1 when none.
+func (p *Profile) efficiency(world int) float64 {
+	best, e := -1, 1.0
+	for _, x := range p.Efficiency {
+		if x.Share > 0 && (best < 0 || abs(x.Ranks-world) < abs(best-world)) {
+			best, e = x.Ranks, x.Share
+		}
+	}
+	return e
 }
 
 // Host names a machine, so that a profile read on another one is said to be.
@@ -80,13 +106,17 @@ type MatMulRate struct {
 }
 
 // CollectiveCost is one collective on a group of N ranks of a backend:
-// time(bytes) = Latency + bytes·BusFactor/BusBW, with bytes the buffer
-// as commbench counts it.
+// time(bytes) = max(Latency, Busy) + bytes·BusFactor/BusBW, with bytes
+// the buffer as commbench counts it. Latency is measured between idle
+// ranks; Busy is what a small one adds between the ranks' compute, as in
+// a step: on a machine with fewer cores than ranks, a rank that waits is
+// woken only when the scheduler gives it a core back.
 type CollectiveCost struct {
 	Backend string  `json:"backend"`
 	Op      string  `json:"op"`
 	N       int     `json:"n"`
 	Latency float64 `json:"latency_s"`
+	Busy    float64 `json:"busy_latency_s"`
 	BusBW   float64 `json:"busbw_bytes_per_s"`
 }
 
@@ -227,7 +257,7 @@ func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
 	}
 	lat, bw := 50e-6, 1e9
 	if best != nil {
-		lat, bw = best.Latency, best.BusBW
+		lat, bw = max(best.Latency, best.Busy), best.BusBW
 	}
 	return lat + bytes*busFactor(op, n)/bw
 }
