@@ -130,7 +130,9 @@ func MeshDims() []Dim {
 // pipeline schedule and its virtual stages where pp > 1, the micro-batch
 // count (train.grad_accum, with train.batch_size so that their product ×
 // dp is the global batch of global sequences), and the recomputation
-// granularity. Mixed precision is the run's choice, never searched.
+// granularity. Mixed precision is the run's choice, never searched. A
+// new axis (expert parallel for a mixture of experts, say) is one more
+// Dim before zero.stage whose Values return none where it does not apply.
 func PlanDims(global int) []Dim {
 	return append(MeshDims(),
 		stringDim("pp.schedule", func(c config.Config, _ int) []string {

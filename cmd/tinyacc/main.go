@@ -57,7 +57,7 @@ Usage:
       would start with the same arguments, without starting it. --json: one
       JSON object per rank, one per line.
   tinyacc plan --nproc N [--top K] [--json] [--profile FILE] [--verify K]
-               [--keep DIR] [--config FILE] [--key=value ...]
+               [--rounds R] [--keep DIR] [--config FILE] [--key=value ...]
       Search the layouts of N ranks (dp, tp, pp, cp, ZeRO stage, pipeline
       schedule, virtual stages, micro-batches, recomputation) for the run
       train would start with the same keys, at its global batch: keep those
@@ -65,7 +65,8 @@ Usage:
       the machine's profile, print the fastest K (default 10) and one line
       per rule that excluded layouts. --json: one layout per line with the
       flags that start it. --verify K runs the top K and K at random, 5
-      steps each, predicted against measured (docs/plan.md).
+      steps each (--rounds R: R times in turns, the median), predicted
+      against measured (docs/plan.md).
   tinyacc plan calibrate [--profile FILE] [--nproc N]
       Measure this machine for plan's cost model (matrix products, kernels,
       collectives, overlap); the profile goes to the user's cache directory.

@@ -16,6 +16,7 @@ import (
 // them.
 type planFlags struct {
 	nproc, top, verify int
+	rounds             int // --rounds: runs of each verified layout
 	asJSON             bool
 	profile, keep      string
 	rest               []string // config flags, --config FILE included
@@ -23,8 +24,8 @@ type planFlags struct {
 
 // parsePlanFlags takes plan's flags (--flag N or --flag=N) out of args.
 func parsePlanFlags(args []string) (planFlags, error) {
-	f := planFlags{top: 10}
-	ints := map[string]*int{"--nproc": &f.nproc, "--top": &f.top, "--verify": &f.verify}
+	f := planFlags{top: 10, rounds: 1}
+	ints := map[string]*int{"--nproc": &f.nproc, "--top": &f.top, "--verify": &f.verify, "--rounds": &f.rounds}
 	strs := map[string]*string{"--profile": &f.profile, "--keep": &f.keep}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -59,8 +60,8 @@ func parsePlanFlags(args []string) (planFlags, error) {
 	if f.nproc < 1 {
 		return f, errors.New("plan: --nproc N is required: the ranks to plan for, e.g. --nproc 4")
 	}
-	if f.top < 1 {
-		return f, errors.New("plan: --top must be at least 1")
+	if f.top < 1 || f.rounds < 1 {
+		return f, errors.New("plan: --top and --rounds must be at least 1")
 	}
 	return f, nil
 }

@@ -276,10 +276,12 @@ func calibrateRank(out string) error {
 }
 
 // measureBusy is what a small collective adds between compute on every
-// rank: 30 rounds of matrix products alone, then 30 rounds of the same
+// rank: 100 rounds of matrix products alone, then 100 rounds of the same
 // products each followed by a 4 KiB all-reduce; the difference per round.
+// The rounds span many of the scheduler's time slices, so a rank that
+// loses its core while it waits is in the figure.
 func measureBusy(g comm.Group) (float64, error) {
-	const d, rounds = 128, 30
+	const d, rounds = 128, 100
 	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
 	t := tensor.Default.New(tensor.Comm, tensor.Float32, 1024)
 	run := func(sync bool) (float64, error) {

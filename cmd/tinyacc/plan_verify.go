@@ -43,8 +43,10 @@ func verifyPick(fits []plan.Candidate, k int) []plan.Candidate {
 // that fit, verifySteps steps each as a job of `train --nproc N` with the
 // layout's flags, and prints predicted against measured ms/step and peak
 // memory, the rank correlation of the step times (Spearman) and the
-// median absolute error. --keep DIR keeps each run's metrics file
-// (verify-I.jsonl for row I).
+// median absolute error. --rounds R runs every layout R times, the
+// layouts taking turns so that a busy machine's load falls on all alike,
+// and takes the median run. --keep DIR keeps each run's metrics file
+// (verify-I.jsonl for row I, verify-I-roundR.jsonl for later rounds).
 func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stderr io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -60,22 +62,43 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		return err
 	}
 	pick := verifyPick(fits, f.verify)
-	ms := make([]measured, len(pick))
-	for i, c := range pick {
-		metrics := filepath.Join(dir, fmt.Sprintf("verify-%d.jsonl", i+1))
-		argv := append([]string{exe, "train"}, layoutFlags(c, f.rest)...)
-		argv = append(argv, fmt.Sprintf("--train.steps=%d", verifySteps), "--train.eval_every=0", "--train.eval_batches=1",
-			"--train.log_every=1", "--save_to=", "--checkpoint.dir=", "--trace=", "--metrics_file="+metrics)
-		fmt.Fprintf(stderr, "plan verify: %d/%d %s\n", i+1, len(pick), c.Name())
-		lo := launch.Options{NProc: f.nproc, Stdout: io.Discard, Stderr: stderr}
-		if err := launch.Run(context.Background(), lo, argv); err != nil {
-			return fmt.Errorf("plan verify: %s: %w", c.Name(), err)
-		}
-		if ms[i], err = readVerifyMetrics(metrics); err != nil {
-			return fmt.Errorf("plan verify: %s: %w", c.Name(), err)
+	runs := make([][]measured, len(pick))
+	for round := 1; round <= f.rounds; round++ {
+		for i, c := range pick {
+			name := fmt.Sprintf("verify-%d.jsonl", i+1)
+			if round > 1 {
+				name = fmt.Sprintf("verify-%d-round%d.jsonl", i+1, round)
+			}
+			metrics := filepath.Join(dir, name)
+			argv := append([]string{exe, "train"}, layoutFlags(c, f.rest)...)
+			argv = append(argv, fmt.Sprintf("--train.steps=%d", verifySteps), "--train.eval_every=0", "--train.eval_batches=1",
+				"--train.log_every=1", "--save_to=", "--checkpoint.dir=", "--trace=", "--metrics_file="+metrics)
+			fmt.Fprintf(stderr, "plan verify: round %d/%d, %d/%d %s\n", round, f.rounds, i+1, len(pick), c.Name())
+			lo := launch.Options{NProc: f.nproc, Stdout: io.Discard, Stderr: stderr}
+			if err := launch.Run(context.Background(), lo, argv); err != nil {
+				return fmt.Errorf("plan verify: %s: %w", c.Name(), err)
+			}
+			m, err := readVerifyMetrics(metrics)
+			if err != nil {
+				return fmt.Errorf("plan verify: %s: %w", c.Name(), err)
+			}
+			runs[i] = append(runs[i], m)
 		}
 	}
-	fmt.Fprintf(stdout, "verify: %d steps per layout (the first %d not timed), %d processes each\n", verifySteps, verifyUntimed, f.nproc)
+	ms := make([]measured, len(pick))
+	for i, rs := range runs {
+		var steps []float64
+		for _, r := range rs {
+			steps = append(steps, r.stepMS)
+			ms[i].rssPeak = max(ms[i].rssPeak, r.rssPeak)
+		}
+		ms[i].stepMS = median(steps)
+	}
+	rounds := ""
+	if f.rounds > 1 {
+		rounds = fmt.Sprintf("; %d interleaved rounds, the median run", f.rounds)
+	}
+	fmt.Fprintf(stdout, "verify: %d steps per layout (the first %d not timed), %d processes each%s\n", verifySteps, verifyUntimed, f.nproc, rounds)
 	fmt.Fprintf(stdout, "%-4s %-34s %12s %12s %8s %12s %12s\n", "#", "layout", "pred ms", "meas ms", "error", "pred peak", "meas peak")
 	var pred, meas, errs []float64
 	best := 0
