@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/plan"
@@ -181,10 +182,21 @@ func layoutFlags(c plan.Candidate, rest []string) []string {
 // writePlanTable prints the layouts with their predictions; tokens is the
 // global batch's tokens.
 func writePlanTable(w io.Writer, cs []plan.Candidate, tokens int) {
-	fmt.Fprintf(w, "%-4s %-34s %10s %10s %12s %8s %8s %8s\n", "#", "layout", "ms/step", "tokens/s", "peak/rank", "compute", "comm", "bubble")
+	n := nameWidth(cs)
+	fmt.Fprintf(w, "%-4s %-*s %10s %10s %12s %8s %8s %8s\n", "#", n, "layout", "ms/step", "tokens/s", "peak/rank", "compute", "comm", "bubble")
 	for i, c := range cs {
 		p := c.Pred
-		fmt.Fprintf(w, "%-4d %-34s %10.1f %10.0f %12s %7.0f%% %7.0f%% %7.0f%%\n", i+1, c.Name(), 1e3*p.Step, float64(tokens)/p.Step,
+		fmt.Fprintf(w, "%-4d %-*s %10.1f %10.0f %12s %7.0f%% %7.0f%% %7.0f%%\n", i+1, n, c.Name(), 1e3*p.Step, float64(tokens)/p.Step,
 			trainer.FormatBytes(c.PerRank), 100*p.Compute/p.Step, 100*p.Comm/p.Step, 100*p.Bubble/p.Step)
 	}
+}
+
+// nameWidth is the width of the layout column: the longest name, at
+// least the header's.
+func nameWidth(cs []plan.Candidate) int {
+	n := len("layout")
+	for _, c := range cs {
+		n = max(n, utf8.RuneCountInString(c.Name()))
+	}
+	return n
 }

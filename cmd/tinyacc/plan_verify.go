@@ -99,7 +99,8 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		rounds = fmt.Sprintf("; %d interleaved rounds, the median run", f.rounds)
 	}
 	fmt.Fprintf(stdout, "verify: %d steps per layout (the first %d not timed), %d processes each%s\n", verifySteps, verifyUntimed, f.nproc, rounds)
-	fmt.Fprintf(stdout, "%-4s %-34s %12s %12s %8s %12s %12s\n", "#", "layout", "pred ms", "meas ms", "error", "pred peak", "meas peak")
+	n := nameWidth(pick)
+	fmt.Fprintf(stdout, "%-4s %-*s %12s %12s %8s %12s %12s\n", "#", n, "layout", "pred ms", "meas ms", "error", "pred peak", "meas peak")
 	var pred, meas, errs []float64
 	best := 0
 	for i, c := range pick {
@@ -109,7 +110,7 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		if m < ms[best].stepMS {
 			best = i
 		}
-		fmt.Fprintf(stdout, "%-4d %-34s %12.1f %12.1f %+7.0f%% %12s %12s\n", i+1, c.Name(), p, m, 100*(p-m)/m,
+		fmt.Fprintf(stdout, "%-4d %-*s %12.1f %12.1f %+7.0f%% %12s %12s\n", i+1, n, c.Name(), p, m, 100*(p-m)/m,
 			trainer.FormatBytes(c.PerRank), trainer.FormatBytes(ms[i].rssPeak))
 	}
 	fmt.Fprintf(stdout, "Spearman: %.3f\n", spearman(pred, meas))
