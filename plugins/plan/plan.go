@@ -130,7 +130,7 @@ func Search(cfg config.Config, world int, perRank int64, p *Profile) Result {
 	return res
 }
 
-var keyValue = regexp.MustCompile(`=[0-9]+`)
+var keyValue = regexp.MustCompile(`= ?[0-9]+`)
 
 // ruleOf is the rule an error states: its first line with every key's
 // number written N (parallel.pp=N), so that the same check on different
