@@ -21,47 +21,46 @@ func (f Fit) String() string {
 	return fmt.Sprintf("%s (%s per rank)", f.Flags, trainer.FormatBytes(f.PerRank))
 }
 
-// Fits lists the layouts of world ranks (every split into tp × pp × cp ×
-// dp, with each ZeRO stage where dp > 1) that the config accepts and whose
-// estimate gives every rank at most perRank bytes, least memory first.
-// Each is named by the flags that differ from cfg's: what a refused run
-// can be changed to, computed rather than guessed.
+// Fits lists the layouts of world ranks (MeshDims: every split into tp ×
+// pp × cp × dp, with each ZeRO stage where dp > 1) that the config
+// accepts and whose estimate gives every rank at most perRank bytes,
+// least memory first. Each is named by the flags that differ from cfg's:
+// what a refused run can be changed to, computed rather than guessed.
 func Fits(cfg config.Config, world int, perRank int64) []Fit {
 	var out []Fit
-	for _, tp := range divisors(world) {
-		for _, pp := range divisors(world / tp) {
-			for _, cp := range divisors(world / (tp * pp)) {
-				dp := world / (tp * pp * cp)
-				for stage := 0; stage <= 3; stage++ {
-					if stage > 0 && dp == 1 {
-						break
-					}
-					c := cfg
-					c.Parallel.TP, c.Parallel.PP, c.Parallel.CP, c.Zero.Stage = tp, pp, cp, stage
-					if cfg.Parallel.DP != 0 {
-						c.Parallel.DP = dp
-					}
-					flags := changedFlags(cfg, c)
-					if flags == "" || c.Validate() != nil {
-						continue // the run itself, or a layout the config refuses
-					}
-					es, err := Estimate(c, world)
-					if err != nil {
-						continue
-					}
-					var need int64
-					for _, e := range es {
-						need = max(need, e.ProcessBytes())
-					}
-					if need <= perRank {
-						out = append(out, Fit{Flags: flags, PerRank: need})
-					}
-				}
-			}
+	for _, l := range Layouts(cfg, world, MeshDims()) {
+		flags := changedFlags(cfg, l.Config)
+		if flags == "" || l.Err != nil {
+			continue // the run itself
+		}
+		need, err := Need(l.Config, world)
+		if err != nil {
+			continue // a layout the config refuses
+		}
+		if need <= perRank {
+			out = append(out, Fit{Flags: flags, PerRank: need})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Fit) int { return cmp.Compare(a.PerRank, b.PerRank) })
 	return out
+}
+
+// Need is the most bytes a rank of cfg on world ranks is estimated to
+// need (ProcessBytes), or why the config or the layout is refused: what
+// train checks before any work, but the memory limit.
+func Need(cfg config.Config, world int) (int64, error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	es, err := Estimate(cfg, world)
+	if err != nil {
+		return 0, err
+	}
+	var need int64
+	for _, e := range es {
+		need = max(need, e.ProcessBytes())
+	}
+	return need, nil
 }
 
 // changedFlags names, as flags, the layout keys whose values differ.

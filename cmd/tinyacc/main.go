@@ -5,6 +5,7 @@
 //	tinyacc config show [--config FILE] [--key=value ...]
 //	tinyacc export --from CHECKPOINT --to FILE.safetensors
 //	tinyacc ckpt inspect CHECKPOINT
+//	tinyacc plan --nproc 4 [--verify K]                the fastest layouts that fit, predicted
 //	tinyacc pp draw --pp 4 --micro 8 --schedule 1f1b   a pipeline schedule's timeline
 //	tinyacc bench step                                  tinyacc vs PyTorch, ms/step
 //	tinyacc launch --nproc N -- PROGRAM ARGS...         start N ranks
@@ -55,6 +56,20 @@ Usage:
       activations, communication, data, set-up and peak) for the run train
       would start with the same arguments, without starting it. --json: one
       JSON object per rank, one per line.
+  tinyacc plan --nproc N [--top K] [--json] [--profile FILE] [--verify K]
+               [--rounds R] [--keep DIR] [--config FILE] [--key=value ...]
+      Search the layouts of N ranks (dp, tp, pp, cp, ZeRO stage, pipeline
+      schedule, virtual stages, micro-batches, recomputation) for the run
+      train would start with the same keys, at its global batch: keep those
+      whose memory estimate fits memory.limit, predict each one's step from
+      the machine's profile, print the fastest K (default 10) and one line
+      per rule that excluded layouts. --json: one layout per line with the
+      flags that start it. --verify K runs the top K and K at random, 5
+      steps each (--rounds R: R times in turns, the median), predicted
+      against measured (docs/plan.md).
+  tinyacc plan calibrate [--profile FILE] [--nproc N]
+      Measure this machine for plan's cost model (matrix products, kernels,
+      collectives, overlap); the profile goes to the user's cache directory.
   tinyacc tokenize --in FILE --out FILE.bin
       Write a token shard (llm.c's .bin layout) from text with the byte
       tokenizer; train reads it with data.path=FILE.bin.
@@ -153,6 +168,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdPlot(args[1:], stdout)
 	case "estimate":
 		err = cmdEstimate(args[1:], stdout, stderr)
+	case "plan":
+		err = cmdPlan(args[1:], stdout, stderr)
 	case "sample":
 		err = cmdSample(args[1:], stdout)
 	case "config":

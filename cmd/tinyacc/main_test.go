@@ -95,7 +95,7 @@ func TestHelpEverywhere(t *testing.T) {
 		require.Equal(t, 0, run(args, &out, &errb), "%v", args)
 		require.Contains(t, out.String(), "tinyacc train [--config FILE]")
 	}
-	for _, cmd := range []string{"train", "estimate", "sample", "config", "export", "ckpt", "bench", "launch", "tokenize", "plot", "version"} {
+	for _, cmd := range []string{"train", "estimate", "plan", "sample", "config", "export", "ckpt", "bench", "launch", "tokenize", "plot", "version"} {
 		for _, flag := range []string{"--help", "-h"} {
 			var out, errb bytes.Buffer
 			require.Equal(t, 0, run([]string{cmd, flag}, &out, &errb), "%s %s: %s", cmd, flag, errb.String())

@@ -30,6 +30,14 @@ func blockCost(c nn.GPTConfig) float64 {
 
 func headCost(c nn.GPTConfig) float64 { return 2 * float64(c.VocabSize) * float64(c.NEmbd) }
 
+// BlockFLOPs and HeadFLOPs are the forward FLOPs per token of one block
+// and of the head, the cost model of Balance; the planner's step time
+// starts from the same counts.
+func BlockFLOPs(c nn.GPTConfig) float64 { return blockCost(c) }
+
+// HeadFLOPs: see BlockFLOPs.
+func HeadFLOPs(c nn.GPTConfig) float64 { return headCost(c) }
+
 // Balance splits the model's blocks into k contiguous chunks, each at
 // least one block, minimising the most expensive chunk (the last one
 // carries the head). It returns the block count of each chunk.

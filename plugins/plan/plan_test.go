@@ -1,0 +1,116 @@
+package plan
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins"
+)
+
+// golden is the fixed profile of testdata: every product at 1 GFLOP/s per
+// thread (4 on all 4 cores), kernels at 1 GB/s per thread, collectives
+// of 100 µs (2 ranks) or 200 µs (4 ranks) and 1 GB/s, overlap 0.5.
+func golden(t *testing.T) *Profile {
+	t.Helper()
+	p, err := Load("testdata/profile.json")
+	require.NoError(t, err)
+	return p
+}
+
+func tinyConfig() config.Config {
+	cfg := config.Defaults()
+	cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.VocabSize = 4, 4, 64, 32, 4096
+	cfg.Train.BatchSize, cfg.Train.GradAccum = 8, 1
+	cfg.Memory.Limit = "0"
+	return cfg
+}
+
+// find is the candidate of res named name.
+func find(t *testing.T, res Result, name string) Candidate {
+	t.Helper()
+	for _, c := range res.Fits {
+		if c.Name() == name {
+			return c
+		}
+	}
+	t.Fatalf("no layout %q among the %d that fit", name, len(res.Fits))
+	return Candidate{}
+}
+
+// One process on all 4 cores of the golden machine (4 GFLOP/s, 4 GB/s),
+// worked out by hand from the model's doc: per token, a GPT-2 block's
+// forward is 24C² + 4TC FLOPs and the head's 2VC; a block moves 4·(6C +
+// 12C) bytes of activations and the logits 4·3V; backward is twice the
+// forward; the optimizer moves 32 bytes per parameter; one rank has no
+// collective.
+func TestPredictOneProcessByHand(t *testing.T) {
+	cfg := tinyConfig()
+	pred, err := Predict(cfg, 1, golden(t))
+	require.NoError(t, err)
+	C, T, V, L, rows := 64.0, 32.0, 4096.0, 4.0, 8.0*32
+	flops := rows * (L*(24*C*C+4*T*C) + 2*V*C)
+	bytes := rows * (L*4*(6*C+12*C) + 4*3*V)
+	fwd := flops/4e9 + bytes/4e9
+	psi := V*C + T*C + L*(12*C*C+13*C) + 2*C
+	want := 3*fwd + 32*psi/4e9
+	require.InDelta(t, want, pred.Step, 1e-12*want)
+	require.InDelta(t, pred.Step, pred.Compute, 1e-12*want)
+	require.Zero(t, pred.Comm)
+	require.Zero(t, pred.Bubble)
+}
+
+// Under a limit that data parallel over 4 ranks without ZeRO exceeds and
+// ZeRO-3 meets, the search keeps dp4 z3 and excludes dp4 (same
+// micro-batches) by the memory rule; every enumerated layout is either
+// kept or counted by one rule.
+func TestSearchExcludesByMemory(t *testing.T) {
+	cfg := tinyConfig()
+	base := cfg
+	base.Parallel.DP, base.Train.BatchSize = 4, 2
+	plain, err := plugins.Need(base, 4)
+	require.NoError(t, err)
+	base.Zero.Stage = 3
+	z3, err := plugins.Need(base, 4)
+	require.NoError(t, err)
+	require.Less(t, z3, plain)
+
+	res := Search(cfg, 4, z3, golden(t))
+	find(t, res, "dp4 z3 m1×b2")
+	for _, c := range res.Fits {
+		require.NotEqual(t, "dp4 m1×b2", c.Name())
+		require.LessOrEqual(t, c.PerRank, z3)
+	}
+	n := len(res.Fits)
+	mem := 0
+	for _, e := range res.Excluded {
+		n += e.Count
+		if e.Rule == "need > "+trainer.FormatBytes(z3)+" per rank (memory.limit over 4 ranks)" {
+			mem = e.Count
+		}
+	}
+	require.Equal(t, len(plugins.Layouts(cfg, 4, plugins.PlanDims(8))), res.Enumerated)
+	require.Equal(t, res.Enumerated, n)
+	require.Positive(t, mem, "%v", res.Excluded)
+}
+
+// The naive sum (compute plus the bubble formula's (p-1)/(v·m) share)
+// puts interleaved pp2 × cp2 over 8 micro-batches ahead of 1F1B pp2 × dp2
+// over 4; played by the pipeline simulator the order reverses: with 4
+// blocks in 4 chunks, the last chunk carries one block and the head of a
+// 4096-token vocabulary, several times a block's work, and the formula
+// assumes equal chunks.
+func TestSimulatorOrdersUnlikeNaiveSum(t *testing.T) {
+	res := Search(tinyConfig(), 4, 0, golden(t))
+	il := find(t, res, "dp1 pp2 cp2 interleaved/v2 m8×b1")
+	ofob := find(t, res, "dp2 pp2 1f1b m4×b1")
+	require.Less(t, il.Pred.Naive, ofob.Pred.Naive)
+	require.Less(t, ofob.Pred.Step, il.Pred.Step)
+	for _, c := range []Candidate{il, ofob} {
+		p := c.Pred
+		require.InDelta(t, p.Step, p.Compute+p.Comm+p.Bubble, 1e-12)
+		require.Positive(t, p.Bubble)
+	}
+}

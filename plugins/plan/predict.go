@@ -1,0 +1,242 @@
+// Package plan chooses a layout for a model and a machine: it enumerates
+// the layouts of N ranks (plugins.PlanDims), keeps those whose memory
+// estimate fits, and predicts each one's step time from a profile of the
+// machine (Profile, measured by `tinyacc plan calibrate`).
+package plan
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/pp"
+)
+
+// Prediction is a layout's predicted optimizer step: its length and how
+// it divides into compute, exposed communication and pipeline bubble
+// (seconds; the three add up to Step).
+type Prediction struct {
+	Step    float64 `json:"step_s"`
+	Compute float64 `json:"compute_s"`
+	Comm    float64 `json:"exposed_comm_s"`
+	Bubble  float64 `json:"bubble_s"`
+	// Naive is the step as the naive sum: every rank's compute and
+	// communication plus the bubble formula's share of the compute
+	// (pp.Formula), no schedule played. Kept beside Step to show what
+	// playing the schedule changes.
+	Naive float64 `json:"naive_step_s"`
+}
+
+// Predict is the step time of cfg's layout on world ranks of the machine
+// p describes. It is a pure function of its arguments. The model:
+//
+// Compute. Every rank runs its share of each micro-batch (batch_size
+// sequences, block_size/cp tokens each): per block the forward FLOPs
+// per token of pp.BlockFLOPs, the head's pp.HeadFLOPs on the last
+// chunk, both divided by tp; backward twice the forward; full
+// recomputation one more forward of its blocks. FLOPs run at the
+// profile's matrix-product rate for the product's class (the cube root
+// of rows × n_embd × n_embd/tp), with cores/world of the machine's cores
+// each (the ranks share them). Element-wise kernels move, per block, the
+// activation widths of nn.GPTConfig.ActWidths (forward once, backward
+// twice, selective recomputation a third more; the logits on the last
+// chunk) at the profile's kernel rate;
+// the optimizer reads and writes 32 bytes per parameter it updates. Both
+// rates are scaled by the profile's efficiency for world ranks (what a
+// measured step of a reference model achieved of them with that many
+// processes at once).
+//
+// Communication inside a micro-batch. Tensor parallel's all-reduces (or,
+// with sequence parallel, all-gathers and reduce-scatters) of one
+// activation, two per block forward and two backward, cannot overlap:
+// they add to the chunk's forward and backward. Context parallel's ring
+// passes cp-1 key/value blocks per block forward and 2cp-1 backward, of
+// which the profile's overlap share hides behind the attention; its
+// all-gather variant hides nothing. Pipeline messages (one activation
+// per micro-batch and chunk) are the latency of the pipeline's play.
+//
+// Bubble. The schedule (pp.Generate) is played by the pipeline
+// simulator with these per-chunk costs (pp.SimulateChunks); its makespan
+// is the pipelined part of the step, and the bubble is the makespan less
+// the busiest rank's work. Without a pipeline the same play is one rank
+// running its micro-batches one after the other.
+//
+// After the micro-batches. The gradients of the rank's parameters
+// (Ψ/(tp·pp)) are averaged over the dp × cp group: an all-reduce (ZeRO
+// 0, bucketed: the profile's overlap share of it, at most one micro-
+// batch's backward, hides behind backward), a reduce-scatter and an
+// all-gather (ZeRO 1, nothing hidden; ZeRO 2, the reduce-scatter hidden
+// as DDP's), and ZeRO 3's all-gathers of the parameters before every
+// forward and backward (hidden by the overlap share). The loss and the
+// gradient norm are two small all-reduces over the world; a pipeline
+// sums the tied embedding's gradient over its first and last stage.
+//
+// Step = makespan + exposed gradient communication + optimizer + the
+// small all-reduces. What it leaves out: the cores that ranks idle in a
+// bubble lend to the others, and memory bandwidth shared between ranks.
+func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
+	var out Prediction
+	m := trainer.GPTConfig(cfg)
+	par := cfg.Parallel
+	tp, ppN, cp := max(1, par.TP), max(1, par.PP), max(1, par.CP)
+	dp := world / (tp * ppN * cp)
+	if dp < 1 || dp*tp*ppN*cp != world {
+		return out, fmt.Errorf("plan: tp=%d × pp=%d × cp=%d does not divide %d ranks", tp, ppN, cp, world)
+	}
+	v, sched := 1, pp.OneFOneB
+	if ppN > 1 {
+		v, sched = max(1, cfg.PP.VirtualStages), cfg.PP.Schedule
+	}
+	M := cfg.Train.GradAccum
+	s, err := pp.Generate(sched, ppN, v, M)
+	if err != nil {
+		return out, err
+	}
+	split, err := cfg.PPLayers()
+	if err != nil {
+		return out, err
+	}
+	if split == nil {
+		if split, err = pp.Balance(m, ppN*v); err != nil {
+			return out, err
+		}
+	}
+	backend := cfg.Comm.Backend
+	share := float64(p.Host.Cores) / float64(world)
+	rows := float64(cfg.Train.BatchSize*m.BlockSize) / float64(cp) // tokens of one micro-batch on one rank
+	C, V := float64(m.NEmbd), float64(m.VocabSize)
+	eff := p.efficiency(world)
+	mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
+	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
+	whole, splitW := m.ActWidths()
+	actBytes := 4 * rows * (float64(whole) + float64(splitW)/float64(tp)) // one block's activations
+	logitBytes := 4 * rows * 3 * V / float64(tp)
+	bf, hf := pp.BlockFLOPs(m), pp.HeadFLOPs(m)
+	// The fixed cost of a block on a micro-batch runs on one core; ranks
+	// beyond the cores share them.
+	over := p.BlockOverhead * max(1, float64(world)/float64(p.Host.Cores))
+	ov := min(1, max(0, p.Overlap))
+
+	// Per block and micro-batch: the communication inside it.
+	var tpF, tpB, cpF, cpB float64
+	if tp > 1 {
+		one := 4 * rows * C
+		if cfg.TP.SequenceParallel {
+			c := p.collective(backend, "all_gather", tp, one) + p.collective(backend, "reduce_scatter", tp, one)
+			tpF, tpB = 2*c, 2*c
+		} else {
+			c := p.collective(backend, "all_reduce", tp, one)
+			tpF, tpB = 2*c, 2*c
+		}
+	}
+	if cp > 1 {
+		blk := 2 * 4 * rows * C // one rank's keys and values
+		if cfg.CP.Attention == "allgather" {
+			c := p.collective(backend, "all_gather", cp, blk*float64(cp)) + p.collective(backend, "reduce_scatter", cp, blk*float64(cp))
+			cpF, cpB = c, c
+		} else {
+			msg := p.collective(backend, "broadcast", 2, blk)
+			cpF, cpB = (1-ov)*float64(cp-1)*msg, (1-ov)*float64(2*cp-1)*msg
+		}
+	}
+	last := len(split) - 1
+	costs := make([]pp.Costs, len(split))
+	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward
+	for c, nb := range split {
+		L := float64(nb)
+		fl := rows * L * bf / float64(tp)
+		el := L * actBytes
+		if c == last {
+			fl += rows * hf / float64(tp)
+			el += logitBytes
+		}
+		blocks := L
+		if c == last {
+			blocks++ // the head and the loss
+		}
+		f := fl/mmRate + el/elRate + blocks*over/3
+		comm := L * (tpF + cpF)
+		back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB) + 2*blocks*over/3
+		if cfg.Recompute.Granularity == "selective" {
+			back += L * actBytes / 3 / elRate
+		}
+		if k := trainer.RecomputedBlocks(cfg, nb); k > 0 {
+			back += float64(k) * (rows*bf/float64(tp)/mmRate + actBytes/elRate + tpF + cpF)
+			comm += float64(k) * (tpF + cpF)
+		}
+		commOf[c] = comm + L*(tpB+cpB)
+		costs[c] = pp.Costs{F: f + L*(tpF+cpF), B: back, W: 0}
+		if s.Split {
+			costs[c].B, costs[c].W = back/2, back/2
+		}
+		if ppN > 1 {
+			costs[c].L = p.collective(backend, "broadcast", 2, 4*rows*C)
+		}
+	}
+	sim, err := s.SimulateChunks(func(c int) pp.Costs { return costs[c] })
+	if err != nil {
+		return out, err
+	}
+	busy, busyComm := 0.0, 0.0
+	for r, spans := range sim.Spans {
+		b := 0.0
+		for _, sp := range spans {
+			b += sp.End - sp.Start
+		}
+		if b > busy {
+			busy = b
+			busyComm = 0
+			for c := r; c < len(split); c += ppN {
+				busyComm += float64(M) * commOf[c]
+			}
+		}
+	}
+
+	// After the micro-batches.
+	psi := float64(m.ActiveParams()) / float64(tp*ppN)
+	grads := 4 * psi
+	g := dp * cp
+	lastBackward := busy / float64(M) * 2 / 3
+	var gradComm float64
+	switch cfg.Zero.Stage {
+	case 0:
+		t := p.collective(backend, "all_reduce", g, grads)
+		if cfg.DDP.Mode == "bucketed" {
+			t -= min(ov*t, lastBackward)
+		}
+		gradComm = t
+	case 1:
+		gradComm = p.collective(backend, "reduce_scatter", g, grads) + p.collective(backend, "all_gather", g, grads)
+	case 2:
+		rs := p.collective(backend, "reduce_scatter", g, grads)
+		gradComm = rs - min(ov*rs, lastBackward) + p.collective(backend, "all_gather", g, grads)
+	default:
+		rs := p.collective(backend, "reduce_scatter", g, grads)
+		ag := float64(2*M) * p.collective(backend, "all_gather", g, grads)
+		gradComm = (1 - ov) * (rs + ag)
+	}
+	if g < 2 {
+		gradComm = 0
+	}
+	updated := psi
+	if cfg.Zero.Stage > 0 && g > 1 {
+		updated /= float64(g)
+	}
+	optim := 32 * updated / elRate
+	small := 2 * p.collective(backend, "all_reduce", world, 16)
+	if ppN > 1 {
+		small += p.collective(backend, "all_reduce", 2, 4*V*C)
+	}
+
+	out.Step = sim.Makespan + gradComm + optim + small
+	out.Compute = busy - busyComm + optim
+	out.Comm = busyComm + gradComm + small
+	out.Bubble = sim.Makespan - busy
+	formula, _ := pp.Formula(sched, ppN, v, M)
+	if ppN == 1 {
+		formula = 0
+	}
+	out.Naive = busy*(1+formula) + gradComm + optim + small
+	return out, nil
+}
