@@ -35,6 +35,58 @@ package comm
 TAC_FOLD(tac_fold_f32, float)
 TAC_FOLD(tac_fold_f64, double)
 TAC_FOLD(tac_fold_u32, uint32_t)
+
+// The sums of half-precision folds (half.go): each source widened to float
+// exactly, summed in float in source order, divided by div when div > 1
+// (an average), rounded once to nearest even. bf16 is the top half of a
+// float, so both directions are integer operations the compiler
+// vectorizes; fp16 uses _Float16, whose conversions are the F16C
+// instructions where the CPU has them and round to nearest even either way.
+static inline float tac_bf16_f32(uint16_t h) {
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline uint16_t tac_f32_bf16(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16) | 0x40;
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+static inline float tac_f16_f32(uint16_t h) {
+	_Float16 x;
+	memcpy(&x, &h, 2);
+	return (float)x;
+}
+static inline uint16_t tac_f32_f16(float f) {
+	_Float16 x = (_Float16)f;
+	uint16_t h;
+	memcpy(&h, &x, 2);
+	return h;
+}
+#define TAC_FOLD_HALF(NAME, CLONES, WIDEN, NARROW)                               \
+	__attribute__((target_clones(CLONES, "default")))                           \
+	void NAME(uint16_t* dst, const char* base, size_t stride, int nsrc, size_t n, int div) { \
+		float acc[TAC_TILE];                                                     \
+		for (size_t i0 = 0; i0 < n; i0 += TAC_TILE) {                            \
+			size_t m = n - i0 < TAC_TILE ? n - i0 : TAC_TILE;                    \
+			const uint16_t* a = (const uint16_t*)base + i0;                      \
+			for (size_t i = 0; i < m; i++) acc[i] = WIDEN(a[i]);                 \
+			for (int k = 1; k < nsrc; k++) {                                     \
+				const uint16_t* s = (const uint16_t*)(base + (size_t)k * stride) + i0; \
+				for (size_t i = 0; i < m; i++) acc[i] += WIDEN(s[i]);            \
+			}                                                                    \
+			if (div > 1) {                                                       \
+				float d = (float)div;                                            \
+				for (size_t i = 0; i < m; i++) acc[i] /= d;                      \
+			}                                                                    \
+			for (size_t i = 0; i < m; i++) dst[i0 + i] = NARROW(acc[i]);         \
+		}                                                                        \
+	}
+TAC_FOLD_HALF(tac_fold_bf16, "avx2", tac_bf16_f32, tac_f32_bf16)
+TAC_FOLD_HALF(tac_fold_f16, "arch=haswell", tac_f16_f32, tac_f32_f16)
 */
 import "C"
 
@@ -63,5 +115,27 @@ func foldSum(dt tensor.DType, dst []byte, base unsafe.Pointer, stride, nsrc int)
 		C.tac_fold_f64((*C.double)(d), b, s, k, C.size_t(len(dst)/8))
 	case tensor.Int32:
 		C.tac_fold_u32((*C.uint32_t)(d), b, s, k, C.size_t(len(dst)/4))
+	}
+}
+
+// foldHalf sets the half dst to the fold of nsrc half sources, source k at
+// base[k*stride:], by the rule of half.go: widened, combined in float32 in
+// source order, divided by nsrc for Avg, rounded once. Sums and averages
+// run in C; Max and Min, which round nothing, in Go. base may be Go memory:
+// the C code keeps no pointer past the call.
+func foldHalf(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, stride, nsrc int) {
+	if len(dst) < foldMin || (op != Sum && op != Avg) {
+		foldHalfGo(dt, op, dst, base, stride, nsrc)
+		return
+	}
+	div := C.int(1)
+	if op == Avg {
+		div = C.int(nsrc)
+	}
+	d, b, s, k, n := (*C.uint16_t)(unsafe.Pointer(&dst[0])), (*C.char)(base), C.size_t(stride), C.int(nsrc), C.size_t(len(dst)/2)
+	if dt == tensor.BFloat16 {
+		C.tac_fold_bf16(d, b, s, k, n, div)
+	} else {
+		C.tac_fold_f16(d, b, s, k, n, div)
 	}
 }

@@ -1,0 +1,166 @@
+package comm
+
+import (
+	"fmt"
+	"math/rand"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// A half-precision sum rounds once: rank 0 holds big, every other rank
+// small, and big+small is not representable while the exact total is.
+// bf16 (last place 2 at 256): 256 + 0.75 + 0.75 = 257.5, which rounds to
+// 258, where rounding after each addition would stay at 256. fp16 (last
+// place 2 at 2048): 2048 + 0.75 + 0.75 rounds to 2050. Checked on every
+// backend, through the segment too, for all-reduce, reduce-scatter and
+// reduce; and the bytes sent are half those of the same float32
+// all-reduce, 2(N-1)/N of the tensor.
+func TestHalfReductionsRoundOnce(t *testing.T) {
+	const n, cnt = 3, 3 * 4099
+	big := map[tensor.DType]float64{tensor.BFloat16: 256, tensor.Float16: 2048}
+	want := map[tensor.DType]float64{tensor.BFloat16: 258, tensor.Float16: 2050}
+	run := func(t *testing.T, runner runner) {
+		require.NoError(t, runner(t, n, Options{ChunkBytes: 4096}, func(g Group) error {
+			for _, dt := range halfDTypes {
+				in := func(k int) *tensor.Tensor {
+					x := tensor.Default.New(tensor.Comm, dt, k)
+					for i := range k {
+						x.Set(i, 0.75)
+						if g.Rank() == 0 {
+							x.Set(i, big[dt])
+						}
+					}
+					return x
+				}
+				bc := g.(ByteCounter)
+				before := bc.SentBytes()
+				x := in(cnt)
+				if err := g.AllReduce(x, Sum); err != nil {
+					return err
+				}
+				halfBytes := bc.SentBytes() - before
+				if err := expectEq(fmt.Sprintf("all_reduce %s", dt), x, fill(cnt, want[dt])); err != nil {
+					return err
+				}
+				if w := int64(2 * (n - 1) * cnt / n * 2); halfBytes != w {
+					return fmt.Errorf("%s all_reduce of %d elements sent %d bytes, want 2(N-1)/N of %d bytes = %d", dt, cnt, halfBytes, 2*cnt, w)
+				}
+				before = bc.SentBytes()
+				if err := g.AllReduce(tensor.Default.New(tensor.Comm, tensor.Float32, cnt), Sum); err != nil {
+					return err
+				}
+				if f32 := bc.SentBytes() - before; f32 != 2*halfBytes {
+					return fmt.Errorf("float32 all_reduce sent %d bytes, %s %d: want twice", f32, dt, halfBytes)
+				}
+				out := tensor.Default.New(tensor.Comm, dt, cnt/n)
+				if err := g.ReduceScatter(in(cnt), out, Sum); err != nil {
+					return err
+				}
+				if err := expectEq(fmt.Sprintf("reduce_scatter %s", dt), out, fill(cnt/n, want[dt])); err != nil {
+					return err
+				}
+				r := in(cnt)
+				if err := g.Reduce(r, 1, Sum); err != nil {
+					return err
+				}
+				if g.Rank() == 1 {
+					if err := expectEq(fmt.Sprintf("reduce %s", dt), r, fill(cnt, want[dt])); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}))
+	}
+	for name, runner := range backendRunners {
+		t.Run(name, func(t *testing.T) {
+			if name == "tcp" {
+				t.Setenv("TINYACC_SHM", "0")
+			}
+			run(t, runner)
+		})
+	}
+	t.Run("segment", func(t *testing.T) {
+		t.Setenv("TINYACC_SHM", "1")
+		run(t, runTCP)
+	})
+}
+
+func fill(n int, v float64) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+// The C fold of half sources (fold_cgo.go) gives the bits of the Go fold
+// and of the rule computed apart: random finite halves of every magnitude
+// (fp16 subnormals and sums that overflow to infinity included) widened,
+// summed in float32 in source order, divided for avg, rounded once by
+// roundHalfRef or, past the largest half, to an infinity.
+func TestFoldHalfMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	for _, dt := range halfDTypes {
+		for _, op := range []ReduceOp{Sum, Avg, Max, Min} {
+			for _, nsrc := range []int{1, 2, 5} {
+				const m = 3001
+				srcs := make([]uint16, nsrc*m)
+				for i := range srcs {
+					for {
+						h := uint16(rng.Uint32())
+						if e := h >> 7 & 0xff; dt == tensor.BFloat16 && e != 0xff && e > 60 && e < 200 {
+							srcs[i] = h
+							break
+						}
+						if dt == tensor.Float16 && h>>10&0x1f != 0x1f {
+							srcs[i] = h
+							break
+						}
+					}
+				}
+				base := unsafe.Pointer(&srcs[0])
+				got := make([]uint16, m)
+				foldHalf(dt, op, u16Bytes(got), base, 2*m, nsrc)
+				goFold := make([]uint16, m)
+				foldHalfGo(dt, op, u16Bytes(goFold), base, 2*m, nsrc)
+				require.Equal(t, goFold, got, "%s %s nsrc=%d: C and Go folds differ", dt, op, nsrc)
+				src := tensor.FromBF16(srcs, nsrc*m)
+				res := tensor.FromBF16(got, m)
+				if dt == tensor.Float16 {
+					src, res = tensor.FromF16(srcs, nsrc*m), tensor.FromF16(got, m)
+				}
+				for i := range m {
+					acc := float32(src.At(i))
+					for k := 1; k < nsrc; k++ {
+						v := float32(src.At(k*m + i))
+						switch op {
+						case Sum, Avg:
+							acc += v
+						case Max:
+							acc = max(acc, v)
+						case Min:
+							acc = min(acc, v)
+						}
+					}
+					if op == Avg {
+						acc /= float32(nsrc)
+					}
+					w := roundHalfRef(dt, float64(acc))
+					if limit := map[tensor.DType]float64{tensor.BFloat16: 0x1.fep127, tensor.Float16: 65504}[dt]; w > limit || w < -limit {
+						w = float64(w) * 1e300 * 1e300 // an infinity of its sign
+					}
+					require.Equal(t, w, res.At(i), "%s %s nsrc=%d element %d", dt, op, nsrc, i)
+				}
+			}
+		}
+	}
+}
+
+func u16Bytes(s []uint16) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
+}
