@@ -23,7 +23,9 @@ import (
 //	           backward N-1 blocks again and N gradient blocks:
 //	           4 · 2·b·Tl·h · (3N-2)
 //	allgather  per layer: an all-gather and a reduce-scatter of the
-//	           N·2·b·Tl·h-float whole: 2 · (N-1)/N · 4 · N·2·b·Tl·h
+//	           N·2·b·Tl·h-element whole: 2 · (N-1)/N · e · N·2·b·Tl·h
+//	           (e = 4, or 2 under mixed precision; the ring's blocks stay
+//	           float32)
 //
 // plus, as for dp N: the gradients averaged over the DP × CP group
 // (2(N-1)/N · 4Ψ), the loss twice (the forward's CP mean and DDP's, 8
@@ -35,9 +37,9 @@ func cpCommBytes(ring bool) func(b layoutBench, n int) float64 {
 		blk := 2 * float64(b.global) * float64(b.model.BlockSize) / N * float64(b.model.NEmbd) // floats of one block
 		perLayer := 4 * blk * (3*N - 2)
 		if !ring {
-			perLayer = 2 * (N - 1) / N * 4 * N * blk
+			perLayer = 2 * (N - 1) / N * float64(b.act()) * N * blk
 		}
-		return float64(b.model.NLayer)*perLayer + ar*4*float64(b.model.NumParams()) + 2*ar*8 + normBytes(n)
+		return float64(b.model.NLayer)*perLayer + ar*4*float64(b.model.NumParams()) + 2*ar*8 + b.normBytes(n)
 	}
 }
 

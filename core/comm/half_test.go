@@ -164,3 +164,72 @@ func TestFoldHalfMatchesReference(t *testing.T) {
 func u16Bytes(s []uint16) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 2*len(s))
 }
+
+// The float32 helpers that carry a tensor in a half dtype round it once to
+// that dtype, move 2-byte elements (half of float32's bytes) and widen the
+// result back: SendAs/RecvAs, AllGatherAs, and AllReduceAs and
+// ReduceScatterAs by the round-once rule. With Float32 they are the plain
+// collectives, bitwise.
+func TestCarriedAsHalf(t *testing.T) {
+	const n, k = 2, 4098
+	x := func(r int) []float32 { // 1 + r/3 + i/7: none of them a half
+		out := make([]float32, k)
+		for i := range out {
+			out[i] = 1 + float32(r)/3 + float32(i%50)/7
+		}
+		return out
+	}
+	for _, d := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Float16} {
+		round := func(v float32) float64 {
+			if d == tensor.Float32 {
+				return float64(v)
+			}
+			return roundHalfRef(d, float64(v))
+		}
+		require.NoError(t, RunLocal(n, Options{}, func(g Group) error {
+			bc, me := g.(ByteCounter), g.Rank()
+			mine := tensor.FromF32(x(me), k)
+			before := bc.SentBytes()
+			got := tensor.FromF32(make([]float32, k), k)
+			if me == 0 {
+				if err := SendAs(g, mine, 1, d); err != nil {
+					return err
+				}
+				if sent := bc.SentBytes() - before; sent != int64(k*d.Size()) {
+					return fmt.Errorf("%s: SendAs sent %d bytes, want %d", d, sent, k*d.Size())
+				}
+			} else if err := RecvAs(g, got, 0, d); err != nil {
+				return err
+			}
+			all := tensor.FromF32(make([]float32, n*k), n*k)
+			if err := AllGatherAs(g, mine, all, d); err != nil {
+				return err
+			}
+			sum := tensor.FromF32(x(me), k)
+			if err := AllReduceAs(g, sum, Sum, d); err != nil {
+				return err
+			}
+			rs := tensor.FromF32(make([]float32, k/n), k/n)
+			if err := ReduceScatterAs(g, tensor.FromF32(x(me), k), rs, Sum, d); err != nil {
+				return err
+			}
+			for i := range k {
+				a, b := x(0)[i], x(1)[i]
+				if me == 1 && got.At(i) != round(a) {
+					return fmt.Errorf("%s: RecvAs element %d = %v, want %v", d, i, got.At(i), round(a))
+				}
+				if all.At(i) != round(a) || all.At(k+i) != round(b) {
+					return fmt.Errorf("%s: AllGatherAs element %d", d, i)
+				}
+				w := round(float32(round(a)) + float32(round(b))) // widened halves summed in float32, rounded once
+				if sum.At(i) != w {
+					return fmt.Errorf("%s: AllReduceAs element %d = %v, want %v", d, i, sum.At(i), w)
+				}
+				if j := i - me*(k/n); j >= 0 && j < k/n && rs.At(j) != w {
+					return fmt.Errorf("%s: ReduceScatterAs element %d = %v, want %v", d, j, rs.At(j), w)
+				}
+			}
+			return nil
+		}))
+	}
+}
