@@ -136,10 +136,10 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 // context s, b sequences per rank per micro-batch, V = b·s·h, Ψ parameters,
 // e the bytes of an activation element: 4 in float32; 2 under --precision
 // bf16 or fp16, where activations and their gradients travel in the
-// compute dtype (pipeline sends, TP/SP collectives, the CP all-gather and
-// its reduce-scatter), so those terms halve. Parameter gradients, the
-// loss, the cross-entropy's statistics, the norm and the CP ring's blocks
-// stay 4-byte:
+// compute dtype (pipeline sends, TP/SP collectives, the CP ring's blocks,
+// its all-gather and reduce-scatter), so those terms halve. Parameter
+// gradients, the loss, the cross-entropy's statistics and the norm stay
+// 4-byte:
 //
 //	dp N       2(N-1)/N · (4Ψ + 8)                      gradients and the loss
 //	tp N       2(N-1)/N · (e·(4L + 2)·V + 4·3·b·s)       per layer V all-reduced twice forward and twice
