@@ -9,6 +9,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
 
@@ -74,6 +75,12 @@ type reducerObj struct {
 	timeout time.Duration
 	rank    int
 	rec     *trace.Recorder // nil: no trace
+	// reduceDType is the dtype buckets are reduced in (ddp.reduce_dtype,
+	// tinyacc_reducer_reduce_dtype): Float32, or BFloat16, where a bucket
+	// is rounded into wire[i], all-reduced (summed in float32, rounded
+	// once) and widened back. Set before the first round.
+	reduceDType tensor.DType
+	wire        [][]uint16
 
 	mu       sync.Mutex
 	ready    []bool
@@ -111,12 +118,47 @@ func (r *reducerObj) reduce(i int) error {
 	if b.released {
 		return fmt.Errorf("its buffer was freed while the reducer still uses it")
 	}
+	if r.reduceDType == tensor.BFloat16 {
+		w := r.wire[i]
+		cpu.BF16FromF32s(w, b.data)
+		span := r.rec.Begin(fmt.Sprintf("all-reduce bucket %d", i), "comm", trace.Comm).With("bucket", i).With("bytes", 2*len(w))
+		err := r.run(func(g comm.Group) error {
+			return g.AllReduce(tensor.FromBF16(w, len(w)), comm.Avg)
+		})
+		span.End()
+		if err == nil {
+			cpu.BF16ToF32s(b.data, w)
+		}
+		return err
+	}
 	span := r.rec.Begin(fmt.Sprintf("all-reduce bucket %d", i), "comm", trace.Comm).With("bucket", i).With("bytes", 4*len(b.data))
 	err := r.run(func(g comm.Group) error {
 		return g.AllReduce(tensor.FromF32(b.data, len(b.data)), comm.Avg)
 	})
 	span.End()
 	return err
+}
+
+// setReduceDType sets the dtype of the reductions: "fp32" or "bf16" (the
+// values of ddp.reduce_dtype), before any bucket of the first round.
+func (r *reducerObj) setReduceDType(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.next > 0 {
+		return fail(errState, "reducer_reduce_dtype: a round has started; set the dtype before the first bucket_ready")
+	}
+	switch name {
+	case "fp32":
+		r.reduceDType, r.wire = tensor.Float32, nil
+	case "bf16":
+		r.reduceDType, r.wire = tensor.BFloat16, make([][]uint16, len(r.bufs))
+		for i, b := range r.bufs {
+			r.wire[i] = make([]uint16, len(b.data))
+		}
+	default:
+		return fail(errInvalidArg, "reducer_reduce_dtype: %q is not a reduce dtype: use fp32 or bf16 (ddp.reduce_dtype)", name)
+	}
+	return nil
 }
 
 // release stops the worker once the handle is freed.

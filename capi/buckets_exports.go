@@ -74,6 +74,21 @@ func apiReducerNew(handles []int64, timeoutS float64, traced bool) (int64, error
 	return register(newReducer(bufs, run, rank, time.Duration(timeoutS*float64(time.Second)), traced)), nil
 }
 
+//export tinyacc_reducer_reduce_dtype
+func tinyacc_reducer_reduce_dtype(reducer C.int64_t, dtype *C.char) C.int {
+	return call(func() error {
+		r, err := get[reducerObj](int64(reducer))
+		if err != nil {
+			return err
+		}
+		d, err := cString("dtype", dtype, false)
+		if err != nil {
+			return err
+		}
+		return r.setReduceDType(d)
+	})
+}
+
 //export tinyacc_bucket_ready
 func tinyacc_bucket_ready(reducer C.int64_t, bucket C.int64_t) C.int {
 	return call(func() error {

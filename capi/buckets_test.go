@@ -189,3 +189,40 @@ func TestBufferAndReducerThroughTheABI(t *testing.T) {
 	_, err = apiReducerNew([]int64{h + 1000}, 10, false)
 	assert.Contains(t, fmt.Sprint(err), "is not a tinyacc handle")
 }
+
+// Under reducer_reduce_dtype "bf16" a bucket is rounded to bfloat16, averaged
+// in float32 and rounded once, in place: 256 on one rank and 259 on the
+// other average to 257.5, which rounds to 258 (bf16's last place at 256 is
+// 2), and 1/3 + 1/3 averages to bf16's nearest of 1/3 exactly. Other names
+// are refused, and so is a change once a round started.
+func TestReducerBF16RoundsOnce(t *testing.T) {
+	runs := localRunners(t, 2, comm.Options{Timeout: 5 * time.Second})
+	mem := [][]float32{{256, 1.0 / 3}, {259, 1.0 / 3}}
+	third := float32(0.333984375) // the bfloat16 nearest to 1/3
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r := 0; r < 2; r++ {
+		red := newReducer(bufs(mem[r]), runs[r], r, 5*time.Second, false)
+		defer red.release()
+		require.EqualError(t, red.setReduceDType("fp16"), `reducer_reduce_dtype: "fp16" is not a reduce dtype: use fp32 or bf16 (ddp.reduce_dtype)`)
+		require.NoError(t, red.setReduceDType("bf16"))
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			if err := red.bucketReady(0); err != nil {
+				errs[r] = err
+				return
+			}
+			if err := red.setReduceDType("fp32"); err == nil || !strings.Contains(err.Error(), "a round has started") {
+				errs[r] = fmt.Errorf("changing the dtype mid-round: %v", err)
+				return
+			}
+			errs[r] = red.waitAll()
+		}(r)
+	}
+	wg.Wait()
+	for r := 0; r < 2; r++ {
+		require.NoError(t, errs[r])
+		assert.Equal(t, []float32{258, third}, mem[r], "rank %d", r)
+	}
+}

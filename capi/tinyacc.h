@@ -345,6 +345,12 @@ int tinyacc_buffer_register(float *data, int64_t n, tinyacc_handle *out);
  * bucket for tinyacc_reducer_trace. */
 int tinyacc_reducer_new(const tinyacc_handle *buffers, int64_t n, double timeout_s, int32_t traced, tinyacc_handle *out);
 
+/* The dtype the reducer averages buckets in (ddp.reduce_dtype): "fp32"
+ * (the default) or "bf16": each float32 bucket is rounded to bfloat16,
+ * all-reduced (summed in float32 and rounded once) and widened back in
+ * place, half the bytes. Call before the first bucket_ready. */
+int tinyacc_reducer_reduce_dtype(tinyacc_handle reducer, const char *dtype);
+
 /* Bucket `bucket`'s gradients are final on this rank: its all-reduce (an
  * average over the ranks) starts on a library thread as soon as every
  * bucket before it is ready too (so all ranks issue them in the same

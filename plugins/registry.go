@@ -105,20 +105,25 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 // dataParallel is the data-parallel plugin of cfg over m's dp group.
 func dataParallel(cfg config.Config, m *mesh.Mesh) (trainer.Plugin, error) {
 	if cfg.Zero.Stage > 0 {
-		return zero.New(m.DP(), cfg.Zero.Stage)
+		z, err := zero.New(m.DP(), cfg.Zero.Stage)
+		if err != nil {
+			return nil, err
+		}
+		z.Reduce = ddp.ReduceDType(cfg)
+		return z, nil
 	}
 	if cfg.DDP.Process {
 		return process.NewDDP(m.DP(), m.Rank())
 	}
 	if cfg.Parallel.CP > 1 {
-		d, err := ddp.New(m.DPCP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+		d, err := ddp.FromConfig(m.DPCP(), cfg)
 		if err != nil {
 			return nil, err
 		}
 		d.Data = m.DP()
 		return d, nil
 	}
-	return ddp.New(m.DP(), cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+	return ddp.FromConfig(m.DP(), cfg)
 }
 
 // ddpOverDPCP reports whether data parallel is plain DDP, which averages

@@ -300,20 +300,36 @@ func TestTensorParallelResumeUnevenVocabulary(t *testing.T) {
 }
 
 // The bytes a rank sends per step are tp.StepBytes plus the gradient
-// norm's all-reduce over the world (two float64), to the byte: with two
+// norm's all-reduce over the world (two float64, three under fp16), to the byte: with two
 // ranks the direct algorithms of small buffers send what the ring factors
 // say.
+//
+// Under mixed precision (bf16 and fp16) activations travel in 2 bytes and
+// the formula says so (e = 2): the activation terms are half of float32's.
 func TestTensorParallelCommBytes(t *testing.T) {
-	for _, sp := range []bool{false, true} {
-		for _, accum := range []int{1, 2} {
-			cfg := tpConfig(2, sp, accum)
-			cfg.Train.Steps = 2
-			cfg.Train.DType = "float32" // tp.StepBytes counts float32 payloads
-			got := ptest.Parallel(t, cfg, 2, "local", buildFrom(cfg))
-			want := tp.StepBytes(trainer.GPTConfig(cfg), cfg.Train.BatchSize, accum, 2, sp) + 16
-			for r := range got {
-				for s, b := range got[r].CommBytes {
-					require.Equal(t, int64(want), b, "sp=%v accum %d rank %d step %d", sp, accum, r, s)
+	for _, mp := range []string{"no", "bf16", "fp16"} {
+		for _, sp := range []bool{false, true} {
+			for _, accum := range []int{1, 2} {
+				if mp != "no" && accum == 2 {
+					continue
+				}
+				cfg := tpConfig(2, sp, accum)
+				cfg.Train.Steps = 2
+				cfg.Train.DType = "float32" // tp.StepBytes counts float32 payloads
+				cfg.Train.MixedPrecision = mp
+				e, norm := 4, 16.0
+				if mp != "no" {
+					e = 2
+				}
+				if mp == "fp16" {
+					norm = 24 // the overflow flag of loss scaling rides with the norm
+				}
+				got := ptest.Parallel(t, cfg, 2, "local", buildFrom(cfg))
+				want := tp.StepBytes(trainer.GPTConfig(cfg), cfg.Train.BatchSize, accum, 2, sp, e) + norm
+				for r := range got {
+					for s, b := range got[r].CommBytes {
+						require.Equal(t, int64(want), b, "%s sp=%v accum %d rank %d step %d", mp, sp, accum, r, s)
+					}
 				}
 			}
 		}

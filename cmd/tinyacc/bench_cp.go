@@ -19,11 +19,14 @@ import (
 // sends per step, fp32, with b sequences per micro-batch, context s,
 // width h, L layers, Ψ parameters, Tl = s/N rows per rank:
 //
-//	ring       per layer: forward N-1 key/value blocks of 2·b·Tl·h floats,
+//	ring       per layer: forward N-1 key/value blocks of 2·b·Tl·h elements,
 //	           backward N-1 blocks again and N gradient blocks:
-//	           4 · 2·b·Tl·h · (3N-2)
+//	           e · 2·b·Tl·h · (3N-2)
 //	allgather  per layer: an all-gather and a reduce-scatter of the
-//	           N·2·b·Tl·h-float whole: 2 · (N-1)/N · 4 · N·2·b·Tl·h
+//	           N·2·b·Tl·h-element whole: 2 · (N-1)/N · e · N·2·b·Tl·h
+//
+// (e = 4 bytes an element, 2 under mixed precision, whose blocks travel in
+// the compute dtype)
 //
 // plus, as for dp N: the gradients averaged over the DP × CP group
 // (2(N-1)/N · 4Ψ), the loss twice (the forward's CP mean and DDP's, 8
@@ -33,11 +36,11 @@ func cpCommBytes(ring bool) func(b layoutBench, n int) float64 {
 		N := float64(n)
 		ar := 2 * (N - 1) / N
 		blk := 2 * float64(b.global) * float64(b.model.BlockSize) / N * float64(b.model.NEmbd) // floats of one block
-		perLayer := 4 * blk * (3*N - 2)
+		perLayer := float64(b.act()) * blk * (3*N - 2)
 		if !ring {
-			perLayer = 2 * (N - 1) / N * 4 * N * blk
+			perLayer = 2 * (N - 1) / N * float64(b.act()) * N * blk
 		}
-		return float64(b.model.NLayer)*perLayer + ar*4*float64(b.model.NumParams()) + 2*ar*8 + normBytes(n)
+		return float64(b.model.NLayer)*perLayer + ar*4*float64(b.model.NumParams()) + 2*ar*8 + b.normBytes(n)
 	}
 }
 

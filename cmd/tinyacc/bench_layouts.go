@@ -46,23 +46,33 @@ var ppMicroFlag = " --train.grad_accum=" + strconv.Itoa(ppMicro)
 // ppCommBytes: rank 0 holds the first stage's v chunks. Each of the m
 // micro-batches sends the output activation (b·s·h floats, b = the
 // micro-batch's sequences) of every one of its chunks forward, and the
-// input gradient of every chunk but chunk 0 backward: (2v-1)·m·b·s·h·4
-// bytes. The tied wte's gradient is summed over the first and last stage
+// input gradient of every chunk but chunk 0 backward: (2v-1)·m·b·s·h·e
+// bytes (e = 4 in float32, 2 under --precision bf16/fp16). The tied wte's gradient is summed over the first and last stage
 // (an all-reduce of vocab·h floats) and the norm is all-reduced; the loss
 // is broadcast from the last stage, which rank 0 receives.
 func ppCommBytes(v int) func(b layoutBench, n int) float64 {
 	return func(b layoutBench, n int) float64 {
 		micro := float64(b.global / ppMicro)
-		act := micro * float64(b.model.BlockSize*b.model.NEmbd) * 4
+		act := micro * float64(b.model.BlockSize*b.model.NEmbd) * float64(b.act())
 		wte := float64(b.model.VocabSize*b.model.NEmbd) * 4
-		return float64((2*v-1)*ppMicro)*act + wte + normBytes(n)
+		return float64((2*v-1)*ppMicro)*act + wte + b.normBytes(n)
 	}
 }
 
 // layoutBench is the model and global batch every row trains.
 type layoutBench struct {
-	model  nn.GPTConfig
-	global int // sequences per step
+	model     nn.GPTConfig
+	global    int    // sequences per step
+	precision string // train.mixed_precision of every row: no, bf16, fp16
+}
+
+// act is e, the bytes of an activation element on the wire: 4, or 2 under
+// mixed precision, where activations travel in the compute dtype.
+func (b layoutBench) act() int {
+	if b.precision == "bf16" || b.precision == "fp16" {
+		return 2
+	}
+	return 4
 }
 
 // flags registers the model's shape (defaults def), --batch (the global
@@ -86,21 +96,28 @@ func (b *layoutBench) parse(fs *flag.FlagSet, args []string) error {
 }
 
 // normBytes is what a rank sends for the gradient norm's all-reduce over
-// the world of w ranks (the sum of squares and the stop flag, two float64).
-func normBytes(w int) float64 { return 2 * float64(w-1) / float64(w) * 16 }
+// the world of w ranks: the sum of squares and the stop flag, two float64,
+// and under fp16 a third, the overflow flag of loss scaling.
+func (b layoutBench) normBytes(w int) float64 {
+	k := 16.0
+	if b.precision == "fp16" {
+		k = 24
+	}
+	return 2 * float64(w-1) / float64(w) * k
+}
 
 // dpCommBytes: plain data parallel all-reduces every gradient once per step
 // (4Ψ bytes, factor 2(N-1)/N) and the loss (one float64), plus the norm.
 func dpCommBytes(b layoutBench, n int) float64 {
 	ar := 2 * float64(n-1) / float64(n)
-	return ar*4*float64(b.model.NumParams()) + ar*8 + normBytes(n)
+	return ar*4*float64(b.model.NumParams()) + ar*8 + b.normBytes(n)
 }
 
 // tpCommBytes is tp.StepBytes for the whole global batch (tensor parallel
 // ranks share their micro-batch) plus the norm.
 func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 	return func(b layoutBench, n int) float64 {
-		return tp.StepBytes(b.model, b.global, 1, n, sp) + normBytes(n)
+		return tp.StepBytes(b.model, b.global, 1, n, sp, b.act()) + b.normBytes(n)
 	}
 }
 
@@ -113,23 +130,30 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 // parameter bytes of rank 0 and its activation peak (the allocator's) as a
 // ratio to one process's.
 //
-// The formulas, in bytes sent per rank per step, fp32, with ring factors
+// The formulas, in bytes sent per rank per step, with ring factors
 // 2(N-1)/N for an all-reduce and (N-1)/N of the whole buffer for an
 // all-gather or a reduce-scatter (docs/formulas.md); L layers, width h,
-// context s, b sequences per rank per micro-batch, V = b·s·h, Ψ parameters:
+// context s, b sequences per rank per micro-batch, V = b·s·h, Ψ parameters,
+// e the bytes of an activation element: 4 in float32; 2 under --precision
+// bf16 or fp16, where activations and their gradients travel in the
+// compute dtype (pipeline sends, TP/SP collectives, the CP ring's blocks,
+// its all-gather and reduce-scatter), so those terms halve. Parameter
+// gradients, the loss, the cross-entropy's statistics and the norm stay
+// 4-byte:
 //
 //	dp N       2(N-1)/N · (4Ψ + 8)                      gradients and the loss
-//	tp N       2(N-1)/N · 4 · ((4L + 2)·V + 3·b·s)       per layer V all-reduced twice forward and twice
+//	tp N       2(N-1)/N · (e·(4L + 2)·V + 4·3·b·s)       per layer V all-reduced twice forward and twice
 //	                                                     backward; the embedding, the head's input gradient
 //	                                                     and three b·s cross-entropy reductions
-//	tp N + SP  (N-1)/N · 4 · (8L + 4)·V                  the same volume as all-gathers and reduce-scatters
+//	tp N + SP  (N-1)/N · e · (8L + 4)·V                  the same volume as all-gathers and reduce-scatters
 //	           + 2(N-1)/N · 4 · (3·b·s + (6L + 2)·h + s·h)   the cross-entropy, and the summed gradients
 //	                                                     of ln_1, ln_2, the row-parallel biases, ln_f, wpe
-//	pp N       (2v-1)·m·4·V + 4·vocab·h                  activations forward and gradients backward of the
+//	pp N       (2v-1)·m·e·V + 4·vocab·h                  activations forward and gradients backward of the
 //	                                                     first stage's v chunks over m micro-batches; the
 //	                                                     tied wte's gradient summed with the last stage
 //
-// each plus 2(N-1)/N · 16 for the gradient norm (see tp.StepBytes). With
+// each plus 2(N-1)/N · 16 for the gradient norm (24 under fp16, whose
+// overflow flag travels with it; see tp.StepBytes). With
 // N = 2 the direct algorithms the comm layer uses for small buffers send
 // exactly these amounts; for larger N a small all-reduce sends (N-1)·n.
 func benchLayouts(args []string, stdout, stderr io.Writer) error {
@@ -138,11 +162,15 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 6, "training steps per run (the first is not timed)")
 	repeats := fs.Int("repeats", 3, "interleaved runs of every layout (medians are reported)")
 	var b layoutBench
+	fs.StringVar(&b.precision, "precision", "no", "train.mixed_precision of every row: no (float32), bf16 or fp16")
 	keep := b.flags(fs, nn.GPTConfig{NLayer: 4, NHead: 4, NEmbd: 256, BlockSize: 256, VocabSize: 256}, 8)
 	if err := b.parse(fs, args); err != nil {
 		return err
 	}
 	n := *nproc
+	if b.precision != "no" && b.act() != 2 {
+		return fmt.Errorf("bench layouts: --precision %q: use no, bf16 or fp16", b.precision)
+	}
 	if n < 2 {
 		return fmt.Errorf("bench layouts: --nproc %d: the parallel layouts need 2 or more ranks", n)
 	}
@@ -175,14 +203,14 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 		if dp < 1 || b.global%(dp*accum) != 0 {
 			return fmt.Errorf("bench layouts: row %q: a global batch of %d does not split over %d data-parallel ranks × %d micro-batches", j.name, b.global, dp, accum)
 		}
-		j.argv = trainArgs(exe, b.model, b.global/(dp*accum), *steps, append([]string{"--train.schedule=constant"}, flags...)...)
+		j.argv = trainArgs(exe, b.model, b.global/(dp*accum), *steps, append([]string{"--train.schedule=constant", "--train.mixed_precision=" + b.precision}, flags...)...)
 		if err := c.CheckWorld(j.procs); err != nil {
 			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
 		}
 		jobs[i] = j
 	}
-	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; global batch %d sequences; %d steps x %d interleaved repeats; tcp backend\n",
-		b.model.NLayer, b.model.NHead, b.model.NEmbd, b.model.BlockSize, b.model.VocabSize, float64(b.model.NumParams())/1e6, b.global, *steps, *repeats)
+	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; global batch %d sequences; %d steps x %d interleaved repeats; tcp backend; mixed precision %s (activations on the wire: %d bytes)\n",
+		b.model.NLayer, b.model.NHead, b.model.NEmbd, b.model.BlockSize, b.model.VocabSize, float64(b.model.NumParams())/1e6, b.global, *steps, *repeats, b.precision, b.act())
 	results := make([]layoutResult, len(jobs))
 	for r := 0; r < *repeats; r++ {
 		for i, j := range jobs {

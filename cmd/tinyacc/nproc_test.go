@@ -38,22 +38,26 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 
 // `tinyacc bench layouts` runs every layout as processes and holds the
 // bytes each sends to its formula (it fails beyond 1%): one table, one row
-// per layout.
+// per layout; in float32 and under --precision bf16, where activations
+// travel in 2 bytes and the formula's activation terms halve.
 func TestBenchLayouts(t *testing.T) {
 	bin := tinyaccBinary(t)
-	cmd := exec.Command(bin, "bench", "layouts", "--nproc", "2", "--steps", "3", "--repeats", "1",
-		"--n_layer", "4", "--n_embd", "32", "--block_size", "16", "--batch", "8")
-	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "%s", stderr.String())
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
-	for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1"} {
-		row := lines[2+i]
-		require.True(t, strings.HasPrefix(row, name), row)
-		if i > 0 {
-			require.Contains(t, row, " +0.000% ", "measured bytes equal the formula at N = 2: %s", row)
+	for _, precision := range []string{"no", "bf16"} {
+		cmd := exec.Command(bin, "bench", "layouts", "--nproc", "2", "--steps", "3", "--repeats", "1", "--precision", precision,
+			"--n_layer", "4", "--n_embd", "32", "--block_size", "16", "--batch", "8")
+		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		require.NoError(t, cmd.Run(), "%s", stderr.String())
+		lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+		require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
+		require.Contains(t, lines[0], "mixed precision "+precision)
+		for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1", "cp 2 ring", "cp 2 allgather"} {
+			row := lines[2+i]
+			require.True(t, strings.HasPrefix(row, name), row)
+			if i > 0 {
+				require.Contains(t, row, " +0.000% ", "%s: measured bytes equal the formula at N = 2: %s", precision, row)
+			}
 		}
 	}
 }

@@ -102,6 +102,9 @@ func directExchangeReduce(c *opCtx, dt tensor.DType, op ReduceOp, mine []byte, s
 }
 
 func allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte) error {
+	if isHalf(dt) {
+		return reduceHalf(c, dt, op, buf, true)
+	}
 	if s, err := c.g.segment(c); s != nil || err != nil {
 		if err != nil {
 			return err
@@ -144,6 +147,9 @@ func allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte) error {
 // reduceScatter reduces in (n equal blocks) and leaves block me in out
 // without touching in: partial sums travel through two scratch blocks.
 func reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out []byte) error {
+	if isHalf(dt) {
+		return reduceScatterHalf(c, dt, op, in, out)
+	}
 	if s, err := c.g.segment(c); s != nil || err != nil {
 		if err != nil {
 			return err
@@ -301,6 +307,9 @@ func broadcast(c *opCtx, dt tensor.DType, buf []byte, root int) error {
 // reduce leaves the reduction in root's buf: direct when small, else a ring
 // reduce-scatter after which every rank hands its finished block to root.
 func reduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, root int) error {
+	if isHalf(dt) {
+		return reduceToRoot(c, dt, op, buf)
+	}
 	if s, err := c.g.segment(c); s != nil || err != nil {
 		if err != nil {
 			return err

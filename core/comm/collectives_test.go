@@ -129,6 +129,7 @@ func TestCollectivesEveryWorldSize(t *testing.T) {
 				dtypes := []tensor.DType{tensor.Float32}
 				if n == 3 || n == 4 {
 					dtypes = append(dtypes, tensor.Float64, tensor.Int32)
+					dtypes = append(dtypes, halfDTypes...)
 				}
 				require.NoError(t, run(t, n, opts, func(g Group) error {
 					if g.Size() != n {

@@ -64,8 +64,10 @@ type Handle interface {
 }
 
 // Group is a set of ranks that communicate. All tensors must be contiguous
-// CPU tensors of a supported dtype (float32, float64, int32) and every member
-// must pass tensors of matching sizes; the Debug option checks the latter.
+// CPU tensors of a supported dtype (float32, float64, int32, bfloat16,
+// float16; half-precision reductions sum in float32 and round once, half.go)
+// and every member must pass tensors of matching sizes; the Debug option
+// checks the latter.
 type Group interface {
 	// Rank is this process's position in the group, 0..Size()-1.
 	Rank() int

@@ -13,3 +13,8 @@ import (
 func foldSum(dt tensor.DType, dst []byte, base unsafe.Pointer, stride, nsrc int) {
 	foldSumGo(dt, dst, base, stride, nsrc)
 }
+
+// foldHalf folds half sources by the rule of half.go (in Go without cgo).
+func foldHalf(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, stride, nsrc int) {
+	foldHalfGo(dt, op, dst, base, stride, nsrc)
+}

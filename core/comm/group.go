@@ -82,6 +82,7 @@ type group struct {
 	broken   error // first failure: the group cannot be trusted after it
 	closed   bool
 	scratch  []byte
+	half     []byte // halfScratch: blocks a half-precision reduction receives
 
 	// seg is the shared-memory segment of a group on one host (shmseg.go),
 	// set up by its first collective; segState says whether that happened.

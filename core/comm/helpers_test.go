@@ -2,6 +2,7 @@ package comm
 
 import (
 	"bytes"
+	"math"
 	"sync"
 	"testing"
 
@@ -61,7 +62,10 @@ func filled(dt tensor.DType, r, n int, shift int) *tensor.Tensor {
 }
 
 // refReduce is the serial reference: element i reduced over ranks in
-// float64, then rounded to dt the way the collective finishes Avg.
+// float64, then rounded to dt the way the collective finishes Avg. The
+// sums are exact in float64 and in float32, so for half dtypes the
+// reference is the rule of half.go computed independently: the exact sum
+// (divided in float32 for Avg) rounded once by roundHalfRef.
 func refReduce(dt tensor.DType, op ReduceOp, nranks, n, shift int) []float64 {
 	out := make([]float64, n)
 	for i := range n {
@@ -79,13 +83,36 @@ func refReduce(dt tensor.DType, op ReduceOp, nranks, n, shift int) []float64 {
 		}
 		if op == Avg {
 			switch dt {
-			case tensor.Float32:
+			case tensor.Float32, tensor.BFloat16, tensor.Float16:
 				acc = float64(float32(acc) / float32(nranks))
 			default:
 				acc /= float64(nranks)
 			}
 		}
+		if dt == tensor.BFloat16 || dt == tensor.Float16 {
+			acc = roundHalfRef(dt, acc)
+		}
 		out[i] = acc
 	}
 	return out
+}
+
+// halfDTypes are the half-precision dtypes every backend's tables add.
+var halfDTypes = []tensor.DType{tensor.BFloat16, tensor.Float16}
+
+// roundHalfRef rounds x to the nearest bfloat16 or float16, ties to even,
+// by scaling to the format's last place (8 significant bits for bf16; 11
+// for fp16, whose last place never goes below the subnormal 2^-24), written
+// apart from the conversions under test. Values stay far from overflow.
+func roundHalfRef(dt tensor.DType, x float64) float64 {
+	if x == 0 {
+		return 0
+	}
+	_, e := math.Frexp(x) // |x| = m * 2^e, m in [0.5, 1)
+	bits, minQ := 8, math.Inf(-1)
+	if dt == tensor.Float16 {
+		bits, minQ = 11, math.Ldexp(1, -24)
+	}
+	q := math.Max(math.Ldexp(1, e-bits), minQ)
+	return math.RoundToEven(x/q) * q
 }

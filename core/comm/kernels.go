@@ -38,6 +38,12 @@ func bytesOf(t *tensor.Tensor) []byte {
 			return nil
 		}
 		return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*4)
+	case tensor.BFloat16, tensor.Float16:
+		s := t.U16()
+		if len(s) == 0 {
+			return nil
+		}
+		return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*2)
 	}
 	return nil
 }
@@ -47,9 +53,9 @@ func checkDType(t *tensor.Tensor) error {
 		return fmt.Errorf("nil tensor")
 	}
 	switch t.DType() {
-	case tensor.Float32, tensor.Float64, tensor.Int32:
+	case tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16:
 	default:
-		return fmt.Errorf("dtype %s is not supported (use float32, float64 or int32)", t.DType())
+		return fmt.Errorf("dtype %s is not supported (use float32, float64, int32, bfloat16 or float16)", t.DType())
 	}
 	if t.Device() != tensor.CPU {
 		return fmt.Errorf("tensor on device %s: this backend works on CPU tensors", t.Device().Name())

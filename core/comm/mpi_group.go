@@ -111,6 +111,31 @@ func (g *mpiGroup) avgFinish(op ReduceOp, dt tensor.DType, buf []byte) func() {
 	return func() { scaleBytes(dt, buf, len(g.ranks)) }
 }
 
+// mpiWide is how this backend reduces half dtypes by the rule of half.go:
+// src widened to a float32 buffer that MPI reduces in place, and a finish
+// that divides by the group size for Avg and rounds into dst once.
+func (g *mpiGroup) mpiWide(op ReduceOp, dt tensor.DType, src, dst []byte, wideOut int) (in, out []float32, finish func()) {
+	in = make([]float32, len(src)/2)
+	widen(dt, in, u16s(src))
+	out = in
+	if wideOut != len(in) {
+		out = make([]float32, wideOut)
+	}
+	return in, out, func() {
+		if op == Avg {
+			scaleBytes(tensor.Float32, f32Bytes(out), len(g.ranks))
+		}
+		narrow(dt, u16s(dst), out)
+	}
+}
+
+func f32Bytes(s []float32) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*4)
+}
+
 func (g *mpiGroup) AllReduce(t *tensor.Tensor, op ReduceOp) error {
 	return g.AllReduceAsync(t, op).Wait()
 }
@@ -121,6 +146,12 @@ func (g *mpiGroup) AllReduceAsync(t *tensor.Tensor, op ReduceOp) Handle {
 		return g.reject(name, err)
 	}
 	dt, buf := t.DType(), bytesOf(t)
+	if isHalf(dt) {
+		w, _, finish := g.mpiWide(op, dt, buf, buf, t.Numel())
+		return g.start(name, func(req *C.uint64_t) C.int {
+			return C.tac_iallreduce(bufPtr(f32Bytes(w)), C.int(len(w)), mpiDType(tensor.Float32), mpiOp(op), g.comm, req)
+		}, finish, t, w)
+	}
 	return g.start(name, func(req *C.uint64_t) C.int {
 		return C.tac_iallreduce(bufPtr(buf), C.int(t.Numel()), mpiDType(dt), mpiOp(op), g.comm, req)
 	}, g.avgFinish(op, dt, buf), t)
@@ -136,6 +167,12 @@ func (g *mpiGroup) ReduceScatterAsync(in, out *tensor.Tensor, op ReduceOp) Handl
 		return g.reject(name, err)
 	}
 	dt, ib, ob := in.DType(), bytesOf(in), bytesOf(out)
+	if isHalf(dt) {
+		wi, wo, finish := g.mpiWide(op, dt, ib, ob, out.Numel())
+		return g.start(name, func(req *C.uint64_t) C.int {
+			return C.tac_ireduce_scatter(bufPtr(f32Bytes(wi)), bufPtr(f32Bytes(wo)), C.int(len(wo)), mpiDType(tensor.Float32), mpiOp(op), g.comm, req)
+		}, finish, in, out, wi, wo)
+	}
 	return g.start(name, func(req *C.uint64_t) C.int {
 		return C.tac_ireduce_scatter(bufPtr(ib), bufPtr(ob), C.int(out.Numel()), mpiDType(dt), mpiOp(op), g.comm, req)
 	}, g.avgFinish(op, dt, ob), in, out)
@@ -225,6 +262,15 @@ func (g *mpiGroup) ReduceAsync(t *tensor.Tensor, root int, op ReduceOp) Handle {
 	var finish func()
 	if root == g.me {
 		isRoot, finish = 1, g.avgFinish(op, dt, buf)
+	}
+	if isHalf(dt) {
+		w, _, wfinish := g.mpiWide(op, dt, buf, buf, t.Numel())
+		if root != g.me {
+			wfinish = nil
+		}
+		return g.start(name, func(req *C.uint64_t) C.int {
+			return C.tac_ireduce(bufPtr(f32Bytes(w)), C.int(len(w)), mpiDType(tensor.Float32), mpiOp(op), C.int(root), isRoot, g.comm, req)
+		}, wfinish, t, w)
 	}
 	return g.start(name, func(req *C.uint64_t) C.int {
 		return C.tac_ireduce(bufPtr(buf), C.int(t.Numel()), mpiDType(dt), mpiOp(op), C.int(root), isRoot, g.comm, req)

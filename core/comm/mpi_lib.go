@@ -16,7 +16,7 @@ typedef void* H;
 
 static void* tac_lib;
 static int tac_abi; // 1 Open MPI, 2 MPICH
-static H tac_world, tac_float, tac_double, tac_int, tac_sum, tac_max, tac_min, tac_errors_return;
+static H tac_world, tac_float, tac_double, tac_int, tac_u16, tac_sum, tac_max, tac_min, tac_errors_return;
 static void* tac_in_place;
 static void* tac_status_ignore;
 
@@ -53,6 +53,7 @@ static const char* tac_mpi_open(const char* path) {
 		TAC_OBJ(tac_float, "ompi_mpi_float");
 		TAC_OBJ(tac_double, "ompi_mpi_double");
 		TAC_OBJ(tac_int, "ompi_mpi_int");
+		TAC_OBJ(tac_u16, "ompi_mpi_uint16_t");
 		TAC_OBJ(tac_sum, "ompi_mpi_op_sum");
 		TAC_OBJ(tac_max, "ompi_mpi_op_max");
 		TAC_OBJ(tac_min, "ompi_mpi_op_min");
@@ -66,6 +67,7 @@ static const char* tac_mpi_open(const char* path) {
 		tac_float = (H)(uintptr_t)0x4c00040a;
 		tac_double = (H)(uintptr_t)0x4c00080b;
 		tac_int = (H)(uintptr_t)0x4c000405;
+		tac_u16 = (H)(uintptr_t)0x4c00023c; // MPI_UINT16_T
 		tac_sum = (H)(uintptr_t)0x58000003;
 		tac_max = (H)(uintptr_t)0x58000001;
 		tac_min = (H)(uintptr_t)0x58000002;
@@ -95,7 +97,7 @@ static const char* tac_mpi_open(const char* path) {
 
 static const char* tac_dlerror(void) { return dlerror(); }
 
-static H tac_dtype(int code) { return code == 0 ? tac_float : code == 1 ? tac_double : tac_int; }
+static H tac_dtype(int code) { return code == 0 ? tac_float : code == 1 ? tac_double : code == 2 ? tac_int : tac_u16; }
 static H tac_op(int code) { return code == 0 ? tac_sum : code == 1 ? tac_max : tac_min; }
 static void* tac_buf(void* p, int inplace) { return inplace ? tac_in_place : p; }
 
@@ -225,6 +227,8 @@ func mpiDType(dt tensor.DType) C.int {
 		return 1
 	case tensor.Int32:
 		return 2
+	case tensor.BFloat16, tensor.Float16:
+		return 3 // their bit patterns; reductions widen first (mpiWide)
 	}
 	return 0
 }

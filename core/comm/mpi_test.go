@@ -20,7 +20,7 @@ import (
 // collective in every dtype against the serial reference, the same on a
 // sub-group in reverse rank order, and a send/recv ring.
 func checkSuite(g Group) error {
-	all := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32}
+	all := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16}
 	if err := checkAllOps(g, all); err != nil {
 		return err
 	}

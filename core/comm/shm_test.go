@@ -73,7 +73,7 @@ func TestShmCollectivesMatchReference(t *testing.T) {
 		if files := ringFiles(t); len(files) != 0 {
 			return fmt.Errorf("ring files left after rendezvous: %v", files)
 		}
-		if err := checkAllOps(g, []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32}); err != nil {
+		if err := checkAllOps(g, []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16}); err != nil {
 			return err
 		}
 		const cnt = 1<<20 + 3

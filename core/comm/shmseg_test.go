@@ -40,7 +40,7 @@ func TestSegmentCollectivesEveryRankCount(t *testing.T) {
 	t.Setenv("TINYACC_SHM", "1")
 	for _, n := range []int{2, 3, 4, 8} {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			dtypes := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32}
+			dtypes := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16}
 			require.NoError(t, runTCP(t, n, Options{ChunkBytes: 32 << 10}, func(g Group) error {
 				if err := checkAllOps(g, dtypes); err != nil {
 					return err

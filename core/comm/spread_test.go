@@ -44,7 +44,7 @@ func TestSpreadCollectivesMatchReference(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
 			err := runTCPLocalHosts(len(hosts), hosts, Options{ChunkBytes: 8 << 10}, func(g Group) error {
-				if err := checkAllOps(g, []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32}); err != nil {
+				if err := checkAllOps(g, []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16}); err != nil {
 					return err
 				}
 				layout, members := spreadOf(g)

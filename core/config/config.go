@@ -152,6 +152,7 @@ type Config struct {
 		BucketMB      float64 `koanf:"bucket_mb"`       // bucket size in MiB
 		FirstBucketMB float64 `koanf:"first_bucket_mb"` // the first (last layers') bucket, smaller to start early
 		Process       bool    `koanf:"process"`         // run DDP in a plugin process (tensors through shared memory)
+		ReduceDType   string  `koanf:"reduce_dtype"`    // "fp32" | "bf16": the dtype gradients are reduced in
 	} `koanf:"ddp"`
 	Plugins struct {
 		Process []string `koanf:"process"` // plugin binaries to run as processes, in order
@@ -242,6 +243,7 @@ func Defaults() Config {
 	c.DDP.Mode = "bucketed"
 	c.DDP.BucketMB = 25
 	c.DDP.FirstBucketMB = 1
+	c.DDP.ReduceDType = "fp32"
 	c.Zero.Stage = 0
 
 	c.Device = "cpu"

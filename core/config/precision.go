@@ -13,7 +13,9 @@ import (
 // before backward so small gradients do not flush to zero: train.loss_scale
 // is "dynamic" (start high, halve on an overflow and skip that step, double
 // after train.loss_scale_window good steps) or a fixed number. bf16 has
-// float32's range and needs no scaling.
+// float32's range and needs no scaling. ddp.reduce_dtype is the dtype data
+// parallel reduces gradients in: "fp32" (the default), or "bf16": half the
+// bytes, summed in float32 and rounded once.
 
 // DynamicLossScaleStart is the first scale of dynamic fp16 loss scaling,
 // 2^16 as in PyTorch's GradScaler and Megatron.
@@ -43,4 +45,8 @@ func (c *Config) validatePrecision(v *validator) {
 		}
 	}
 	v.positive("train.loss_scale_window", int64(t.LossScaleWindow))
+	v.oneOf("ddp.reduce_dtype", c.DDP.ReduceDType, "fp32", "bf16")
+	if c.DDP.ReduceDType == "bf16" && t.DType == "float64" {
+		v.addf("config: ddp.reduce_dtype=bf16 rounds float32 gradients, but train.dtype=float64: set ddp.reduce_dtype=fp32 for float64")
+	}
 }

@@ -125,6 +125,12 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 		} else {
 			t.i32 = make([]int32, n)
 		}
+	case BFloat16, Float16:
+		if buf != nil {
+			t.u16 = buf.([]uint16)
+		} else {
+			t.u16 = make([]uint16, n)
+		}
 	default:
 		panic("tensor: no storage for " + dtype.String())
 	}
@@ -148,8 +154,10 @@ func (t *Tensor) Release() {
 		buf = t.f64
 	case Int32:
 		buf = t.i32
+	case BFloat16, Float16:
+		buf = t.u16
 	}
-	t.f32, t.f64, t.i32 = nil, nil, nil
+	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 	a.mu.Lock()
 	a.cur[t.cat] -= b
 	a.total -= b
@@ -254,5 +262,5 @@ func (t *Tensor) Allocate() {
 		a = Default
 	}
 	s := a.New(t.cat, t.dtype, t.shape...)
-	t.f32, t.f64, t.i32, t.alloc = s.f32, s.f64, s.i32, a
+	t.f32, t.f64, t.i32, t.u16, t.alloc = s.f32, s.f64, s.i32, s.u16, a
 }

@@ -19,9 +19,9 @@ import (
 //     them hold;
 //   - their results come out of the float32 accumulator unrounded: weight
 //     gradients stay float32 (Megatron's main gradients) and accumulate in
-//     float32 across micro-batches, and a product split over ranks (tensor
-//     parallel's partial sums) sums float32 partials, so every layout
-//     computes what one process does up to float32 summation order;
+//     float32 across micro-batches (what crosses ranks between layers,
+//     tensor parallel's partial sums included, travels in the compute
+//     dtype: comm.AllReduceAs and its kin);
 //   - everything else (LayerNorm statistics, GELU, softmax, the attention
 //     and its log-sum-exp, cross-entropy and the loss) computes in float32.
 //

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // DType is the element type of a tensor.
@@ -21,8 +22,8 @@ const (
 	Float32 DType = iota
 	Float64
 	Int32
-	BFloat16 // a compute dtype under mixed precision (precision.go); no tensor stores it yet
-	Float16  // IEEE binary16, likewise a compute dtype only
+	BFloat16 // a compute dtype under mixed precision (precision.go), and what half-width communication carries
+	Float16  // IEEE binary16, likewise
 )
 
 // Size is the number of bytes of one element.
@@ -85,6 +86,7 @@ type Tensor struct {
 	f32 []float32
 	f64 []float64
 	i32 []int32
+	u16 []uint16 // BFloat16 and Float16: the 16-bit patterns (cpu/half.go)
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
@@ -141,6 +143,20 @@ func FromF64(data []float64, shape ...int) *Tensor {
 func FromI32(data []int32, shape ...int) *Tensor {
 	mustMatch(len(data), shape)
 	return &Tensor{shape: clone(shape), dtype: Int32, dev: CPU, i32: data, cat: Other}
+}
+
+// FromBF16 wraps data (not copied), bfloat16 bit patterns, in a bfloat16
+// tensor.
+func FromBF16(data []uint16, shape ...int) *Tensor {
+	mustMatch(len(data), shape)
+	return &Tensor{shape: clone(shape), dtype: BFloat16, dev: CPU, u16: data, cat: Other}
+}
+
+// FromF16 wraps data (not copied), IEEE binary16 bit patterns, in a float16
+// tensor.
+func FromF16(data []uint16, shape ...int) *Tensor {
+	mustMatch(len(data), shape)
+	return &Tensor{shape: clone(shape), dtype: Float16, dev: CPU, u16: data, cat: Other}
 }
 
 func mustMatch(n int, shape []int) {
@@ -201,6 +217,15 @@ func (t *Tensor) I32() []int32 {
 	return t.i32
 }
 
+// U16 returns the bit patterns of a bfloat16 or float16 tensor; it panics
+// for other dtypes.
+func (t *Tensor) U16() []uint16 {
+	if t.dtype != BFloat16 && t.dtype != Float16 {
+		panic("tensor: U16 on a " + t.dtype.String() + " tensor")
+	}
+	return t.u16
+}
+
 // At returns element i (flat index) as a float64, whatever the dtype.
 func (t *Tensor) At(i int) float64 {
 	switch t.dtype {
@@ -210,6 +235,10 @@ func (t *Tensor) At(i int) float64 {
 		return t.f64[i]
 	case Int32:
 		return float64(t.i32[i])
+	case BFloat16:
+		return float64(cpu.BF16ToF32(t.u16[i]))
+	case Float16:
+		return float64(cpu.F16ToF32(t.u16[i]))
 	}
 	panic("tensor: At on " + t.dtype.String())
 }
@@ -223,6 +252,10 @@ func (t *Tensor) Set(i int, v float64) {
 		t.f64[i] = v
 	case Int32:
 		t.i32[i] = int32(v)
+	case BFloat16:
+		t.u16[i] = cpu.BF16FromF32(float32(v))
+	case Float16:
+		t.u16[i] = cpu.F16FromF32(float32(v))
 	default:
 		panic("tensor: Set on " + t.dtype.String())
 	}
@@ -276,6 +309,10 @@ func (t *Tensor) Span(lo, hi int, shape ...int) *Tensor {
 		return FromF64(t.f64[lo:hi:hi], shape...)
 	case Int32:
 		return FromI32(t.i32[lo:hi:hi], shape...)
+	case BFloat16:
+		return FromBF16(t.u16[lo:hi:hi], shape...)
+	case Float16:
+		return FromF16(t.u16[lo:hi:hi], shape...)
 	}
 	panic(fmt.Sprintf("tensor: Span of %s", t))
 }
@@ -292,6 +329,8 @@ func (t *Tensor) CopyFrom(src *Tensor) {
 		copy(t.f64, src.f64)
 	case Int32:
 		copy(t.i32, src.i32)
+	case BFloat16, Float16:
+		copy(t.u16, src.u16)
 	}
 }
 
@@ -312,6 +351,8 @@ func (t *Tensor) Zero() {
 		clear(t.f64)
 	case Int32:
 		clear(t.i32)
+	case BFloat16, Float16:
+		clear(t.u16)
 	}
 }
 
@@ -351,6 +392,8 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 		t.f64 = flat.f64[offset : offset+n : offset+n]
 	case Int32:
 		t.i32 = flat.i32[offset : offset+n : offset+n]
+	case BFloat16, Float16:
+		t.u16 = flat.u16[offset : offset+n : offset+n]
 	}
 	t.cat = flat.cat
 }
@@ -359,10 +402,10 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 // a parameter between uses); any use of its data in between panics.
 func (t *Tensor) DropStorage() {
 	t.Release()
-	t.f32, t.f64, t.i32 = nil, nil, nil
+	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 }
 
 // HasStorage reports whether t currently holds elements.
 func (t *Tensor) HasStorage() bool {
-	return t.f32 != nil || t.f64 != nil || t.i32 != nil || t.Numel() == 0
+	return t.f32 != nil || t.f64 != nil || t.i32 != nil || t.u16 != nil || t.Numel() == 0
 }

@@ -49,8 +49,9 @@ func gatherForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.T
 	kv := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
 	all := al.NewUninit(tensor.Activations, dt, n*blk) // kept for backward
-	span := a.Trace.Begin("cp all_gather kv", "comm", trace.Comm).With("bytes", all.Bytes()).With("group", a.G.Name())
-	err = a.G.AllGather(kv, all)
+	wd := al.Compute()                                 // under mixed precision the blocks travel in bf16/fp16
+	span := a.Trace.Begin("cp all_gather kv", "comm", trace.Comm).With("bytes", wireBytes(all, wd)).With("group", a.G.Name())
+	err = comm.AllGatherAs(a.G, kv, all, wd)
 	span.End()
 	kv.Release()
 	if err != nil {
@@ -110,8 +111,9 @@ func gatherBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor
 	}
 	mine := al.NewUninit(tensor.Comm, dt, blk)
 	defer mine.Release()
-	span := a.Trace.Begin("cp reduce_scatter dkv", "comm", trace.Comm).With("bytes", dall.Bytes()).With("group", a.G.Name())
-	err := a.G.ReduceScatter(dall, mine, comm.Sum)
+	wd := al.Compute()
+	span := a.Trace.Begin("cp reduce_scatter dkv", "comm", trace.Comm).With("bytes", wireBytes(dall, wd)).With("group", a.G.Name())
+	err := comm.ReduceScatterAs(a.G, dall, mine, comm.Sum, wd)
 	span.End()
 	if err != nil {
 		gq.Release()
@@ -119,4 +121,12 @@ func gatherBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor
 	}
 	unpackAdd(vals[F](mine), vals[F](gq), B*T, C)
 	return gq, nil
+}
+
+// wireBytes is what the float32 buffer t weighs carried in dtype d.
+func wireBytes(t *tensor.Tensor, d tensor.DType) int64 {
+	if t.DType() != tensor.Float32 {
+		return t.Bytes()
+	}
+	return int64(t.Numel()) * int64(d.Size())
 }

@@ -31,6 +31,9 @@ import (
 // values are again received while the current one is computed, and the
 // accumulator's receive is posted before the compute too.
 //
+// Under mixed precision the blocks and accumulators travel in the compute
+// dtype (ringWire, wire.go): half the bytes.
+//
 // Every rank posts its sends and receives in the same order (forward: kv;
 // backward: at step s the accumulator of step s-1, then kv; at the end
 // the last accumulator), which is the order the matching ranks send them
@@ -66,6 +69,9 @@ func ringForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Ten
 	kv := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	nxt := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
+	w := newRingWire(a.G, al, dt)
+	defer w.release()
+	w.round(kv) // every rank computes with the block as the others receive it
 	d := C.dims(B, T)
 	out := al.New(tensor.Activations, dt, B, T, C.Q)
 	lse := al.New(tensor.Activations, dt, B, a.NHead, T)
@@ -81,7 +87,7 @@ func ringForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Ten
 		src := (r - s + n) % n
 		var p *pending
 		if s < n-1 {
-			p = a.post("kv", s, kv.Bytes(), a.G.SendAsync(kv, next), a.G.RecvAsync(nxt, prev))
+			p = a.post("kv", s, w.bytes(kv), w.send(kv, next), w.recv(nxt, prev))
 		}
 		if future(qpos, a.Pos[src]) {
 			a.skipped()
@@ -118,6 +124,9 @@ func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.T
 	acc := al.NewUninit(tensor.Comm, dt, B, T, C.KV2)
 	dkv := [2]*tensor.Tensor{al.NewUninit(tensor.Comm, dt, B, T, C.KV2), al.NewUninit(tensor.Comm, dt, B, T, C.KV2)}
 	pack(vals[F](qkv), vals[F](kv), B*T, C)
+	w := newRingWire(a.G, al, dt)
+	defer w.release()
+	w.round(kv)
 	var sends [2]*pending
 	var inflight []*pending
 	fail := func(what string, err error) (*tensor.Tensor, error) {
@@ -135,10 +144,10 @@ func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.T
 		src := (r - s + n) % n
 		var accIn, kvIn *pending
 		if s > 0 {
-			accIn = a.post("dkv", s, acc.Bytes(), a.G.RecvAsync(acc, prev))
+			accIn = a.post("dkv", s, w.bytes(acc), w.recv(acc, prev))
 		}
 		if s < n-1 {
-			kvIn = a.post("kv", s, kv.Bytes(), a.G.SendAsync(kv, next), a.G.RecvAsync(nxt, prev))
+			kvIn = a.post("kv", s, w.bytes(kv), w.send(kv, next), w.recv(nxt, prev))
 		}
 		inflight = []*pending{accIn, kvIn}
 		buf := dkv[s%2]
@@ -161,7 +170,7 @@ func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.T
 			}
 		}
 		if n > 1 {
-			sends[s%2] = a.post("dkv", s, buf.Bytes(), a.G.SendAsync(buf, next))
+			sends[s%2] = a.post("dkv", s, w.bytes(buf), w.send(buf, next))
 		}
 		if err := kvIn.wait(); err != nil {
 			return fail(fmt.Sprintf("ring backward step %d: send keys and values to rank %d, receive from rank %d", s, next, prev), err)
@@ -171,7 +180,7 @@ func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.T
 	inflight = nil
 	own := dkv[(n-1)%2]
 	if n > 1 {
-		p := a.post("dkv", n, acc.Bytes(), a.G.RecvAsync(acc, prev))
+		p := a.post("dkv", n, w.bytes(acc), w.recv(acc, prev))
 		inflight = []*pending{p}
 		if err := p.wait(); err != nil {
 			return fail(fmt.Sprintf("ring backward: receive the gradient of this rank's keys and values from rank %d", prev), err)

@@ -13,8 +13,11 @@ import (
 // bucket is one flat gradient buffer and the parameters whose gradients
 // are views of it.
 type bucket struct {
-	index  int
-	flat   *tensor.Tensor // float32, accounted as gradients
+	index int
+	flat  *tensor.Tensor // float32, accounted as gradients
+	// wire is flat rounded to bfloat16 for the all-reduce under
+	// ddp.reduce_dtype=bf16 (accounted as communication); nil otherwise.
+	wire   *tensor.Tensor
 	params []*tensor.Tensor
 	// pending counts the gradients of this bucket not yet final in the
 	// current step's last micro-batch; the all-reduce starts at zero.
@@ -105,6 +108,9 @@ func (d *DDP) layout(t *trainer.Trainer) error {
 		}
 		b := &bucket{index: bi, flat: t.Alloc.New(tensor.Grads, t.DType(), n)}
 		b.flat.Name = fmt.Sprintf("ddp.bucket.%d", bi)
+		if d.halfWire(t) {
+			b.wire = t.Alloc.New(tensor.Comm, tensor.BFloat16, n)
+		}
 		off := 0
 		for _, i := range idx {
 			p := order[i]
@@ -151,12 +157,20 @@ func (d *DDP) gradReady(t *trainer.Trainer, p *tensor.Tensor) error {
 // launch issues b's asynchronous all-reduce; backward may go on meanwhile
 // because no later gradient of this step writes into b.
 func (d *DDP) launch(t *trainer.Trainer, b *bucket) {
+	sent := b.flat
+	if b.wire != nil {
+		roundInto(b.wire, b.flat)
+		sent = b.wire
+	}
 	span := t.Trace.Begin(fmt.Sprintf("all_reduce bucket %d", b.index), "comm", trace.Comm).
-		With("bytes", b.flat.Bytes()).With("params", len(b.params))
-	h := d.g.AllReduceAsync(b.flat, comm.Avg)
+		With("bytes", sent.Bytes()).With("params", len(b.params))
+	h := d.g.AllReduceAsync(sent, comm.Avg)
 	f := &inflight{done: make(chan struct{})}
 	go func() {
 		f.err = h.Wait()
+		if f.err == nil && b.wire != nil {
+			widenInto(b.flat, b.wire)
+		}
 		span.End()
 		close(f.done)
 	}()

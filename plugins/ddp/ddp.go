@@ -6,6 +6,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -27,6 +28,13 @@ type DDP struct {
 	// over the DP × CP group, whose CP ranks read the same sequences
 	// (their own chunks of them): Data is then the DP group.
 	Data comm.Group
+
+	// Reduce is the dtype gradients are reduced in (ddp.reduce_dtype):
+	// Float32 (the default), or BFloat16, where each float32 gradient
+	// bucket is rounded to bfloat16, all-reduced (summed in float32 and
+	// rounded once, comm/half.go) and widened back: half the bytes on the
+	// wire, gradients that carry bf16's 8 significant bits.
+	Reduce tensor.DType
 
 	g    comm.Group
 	mode string
@@ -73,8 +81,35 @@ func New(g comm.Group, mode string, bucketMB, firstBucketMB float64) (*DDP, erro
 
 // FromConfig is New with the ddp.* keys of cfg.
 func FromConfig(g comm.Group, cfg config.Config) (*DDP, error) {
-	return New(g, cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+	d, err := New(g, cfg.DDP.Mode, cfg.DDP.BucketMB, cfg.DDP.FirstBucketMB)
+	if err != nil {
+		return nil, err
+	}
+	d.Reduce = ReduceDType(cfg)
+	return d, nil
 }
+
+// ReduceDType is the dtype of ddp.reduce_dtype: BFloat16 for "bf16",
+// Float32 otherwise.
+func ReduceDType(cfg config.Config) tensor.DType {
+	if cfg.DDP.ReduceDType == "bf16" {
+		return tensor.BFloat16
+	}
+	return tensor.Float32
+}
+
+// halfWire reports whether gradients travel rounded to bfloat16: asked
+// for, and the model's gradients are float32 (config validation refuses
+// bf16 with float64 training).
+func (d *DDP) halfWire(t *trainer.Trainer) bool {
+	return d.Reduce == tensor.BFloat16 && t.DType() == tensor.Float32
+}
+
+// roundInto rounds the float32 src into the bfloat16 dst, to nearest even.
+func roundInto(dst, src *tensor.Tensor) { cpu.BF16FromF32s(dst.U16(), src.F32()) }
+
+// widenInto widens the bfloat16 src into the float32 dst (exact).
+func widenInto(dst, src *tensor.Tensor) { cpu.BF16ToF32s(dst.F32(), src.U16()) }
 
 // Name implements trainer.Plugin.
 func (d *DDP) Name() string { return "ddp" }

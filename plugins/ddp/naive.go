@@ -20,9 +20,20 @@ func (d *DDP) allReduceEach(t *trainer.Trainer) error {
 			p.Grad = t.Alloc.New(tensor.Grads, p.DType(), p.Shape()...)
 			p.Grad.Name = p.Name
 		}
-		span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", p.Grad.Bytes())
-		err := d.g.AllReduce(p.Grad, comm.Avg)
+		sent := p.Grad
+		if d.halfWire(t) {
+			sent = t.Alloc.New(tensor.Comm, tensor.BFloat16, p.Grad.Shape()...)
+			roundInto(sent, p.Grad)
+		}
+		span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", sent.Bytes())
+		err := d.g.AllReduce(sent, comm.Avg)
 		span.End()
+		if sent != p.Grad {
+			if err == nil {
+				widenInto(p.Grad, sent)
+			}
+			sent.Release()
+		}
 		if err != nil {
 			return fmt.Errorf("ddp: all-reduce gradient of %s: %w", p.Name, err)
 		}

@@ -139,7 +139,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			x, _ := t.Train.Batch(step, a.Micro, t.DataRank, t.DataSize, B, A)
 			sl.in = t.Alloc.New(tensor.Activations, t.DType(), x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
 			span := o.commSpan(t, "recv", "act", a.Chunk-1, a.Micro, step)
-			err = o.group.Recv(sl.in, a.Peer)
+			err = comm.RecvAs(o.group, sl.in, a.Peer, t.Alloc.Compute())
 			span.End()
 			if err == nil {
 				sl.in.RequiresGrad()
@@ -157,12 +157,12 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			}
 		case SendAct:
 			span := o.commSpan(t, "send", "act", a.Chunk, a.Micro, step)
-			err = o.group.Send(sl.out, a.Peer)
+			err = comm.SendAs(o.group, sl.out, a.Peer, t.Alloc.Compute())
 			span.End()
 		case RecvGrad:
 			sl.gradOut = t.Alloc.New(tensor.Activations, t.DType(), sl.out.Shape()...)
 			span := o.commSpan(t, "recv", "grad", a.Chunk+1, a.Micro, step)
-			err = o.group.Recv(sl.gradOut, a.Peer)
+			err = comm.RecvAs(o.group, sl.gradOut, a.Peer, t.Alloc.Compute())
 			span.End()
 		case Backward:
 			if a.Chunk == last {
@@ -192,7 +192,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			}
 		case SendGrad:
 			span := o.commSpan(t, "send", "grad", a.Chunk, a.Micro, step)
-			err = o.group.Send(sl.in.Grad, a.Peer)
+			err = comm.SendAs(o.group, sl.in.Grad, a.Peer, t.Alloc.Compute())
 			span.End()
 		}
 		if err != nil {
@@ -305,7 +305,7 @@ func (o *Pipeline) EvalLoss(t *trainer.Trainer, x, y *tensor.Tensor) (float64, e
 		var in *tensor.Tensor
 		if c > 0 {
 			in = t.Alloc.New(tensor.Activations, t.DType(), x.Dim(0), x.Dim(1)/t.SeqParts, t.Model.Config.NEmbd)
-			if err := o.group.Recv(in, s.RankOf(c-1)); err != nil {
+			if err := comm.RecvAs(o.group, in, s.RankOf(c-1), t.Alloc.Compute()); err != nil {
 				return 0, fmt.Errorf("pp: stage %d: evaluation input of chunk %d: %w", o.rank, c, err)
 			}
 		}
@@ -315,7 +315,7 @@ func (o *Pipeline) EvalLoss(t *trainer.Trainer, x, y *tensor.Tensor) (float64, e
 		}
 		if c == last {
 			v = out.Scalar()
-		} else if err := o.group.Send(out, s.RankOf(c+1)); err != nil {
+		} else if err := comm.SendAs(o.group, out, s.RankOf(c+1), t.Alloc.Compute()); err != nil {
 			return 0, fmt.Errorf("pp: stage %d: evaluation output of chunk %d: %w", o.rank, c, err)
 		}
 		tensor.FreeGraph(out)

@@ -55,6 +55,27 @@ func (c *Comm) allReduce(what string, t *tensor.Tensor) error {
 	return c.run("all_reduce "+what, t.Bytes(), func() error { return c.G.AllReduce(t, comm.Sum) })
 }
 
+// act is the dtype activations and their gradients travel in: the rank's
+// compute dtype, bf16 or fp16 under mixed precision (half the bytes;
+// comm.AllReduceAs and its kin), else their own. Parameter gradients and
+// the cross-entropy's statistics stay float32.
+func (c *Comm) act() tensor.DType { return c.alloc().Compute() }
+
+// wireBytes is what a float32 buffer of t's size weighs in dtype d.
+func wireBytes(t *tensor.Tensor, d tensor.DType) int64 {
+	if t.DType() != tensor.Float32 {
+		return t.Bytes()
+	}
+	return int64(t.Numel()) * int64(d.Size())
+}
+
+// allReduceAct sums the activation (or activation gradient) t over the
+// group in place, carried in the compute dtype.
+func (c *Comm) allReduceAct(what string, t *tensor.Tensor) error {
+	d := c.act()
+	return c.run("all_reduce "+what, wireBytes(t, d), func() error { return comm.AllReduceAs(c.G, t, comm.Sum, d) })
+}
+
 // backAlloc is the allocator of a backward pass.
 func backAlloc(ctx *tensor.FuncCtx) *tensor.Allocator {
 	if ctx.Backprop != nil {
@@ -79,7 +100,7 @@ func (f *copyFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tenso
 
 // Backward sums the gradient in place: the buffer is this op's own.
 func (f *copyFn) Backward(_ *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
-	if err := f.c.allReduce("copy.grad", g); err != nil {
+	if err := f.c.allReduceAct("copy.grad", g); err != nil {
 		return nil, err
 	}
 	return []*tensor.Tensor{g}, nil
@@ -107,7 +128,7 @@ func (f *reduceFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Ten
 		out = f.c.alloc().NewUninit(tensor.Activations, x.DType(), x.Shape()...)
 		out.CopyFrom(x)
 	}
-	if err := f.c.allReduce("reduce", out); err != nil {
+	if err := f.c.allReduceAct("reduce", out); err != nil {
 		if !f.inPlace {
 			out.Release()
 		}
@@ -187,7 +208,8 @@ func (c *Comm) gatherSeq(a *tensor.Allocator, x *tensor.Tensor, what string) (*t
 	n := c.G.Size()
 	raw := a.NewUninit(tensor.Comm, x.DType(), n*x.Numel()) // [N, B, Tl, C]
 	defer raw.Release()
-	if err := c.run("all_gather "+what, raw.Bytes(), func() error { return c.G.AllGather(x, raw) }); err != nil {
+	d := c.act()
+	if err := c.run("all_gather "+what, wireBytes(raw, d), func() error { return comm.AllGatherAs(c.G, x, raw, d) }); err != nil {
 		return nil, err
 	}
 	out := a.NewUninit(tensor.Activations, x.DType(), B, n*Tl, C)
@@ -210,7 +232,8 @@ func (c *Comm) scatterSeq(a *tensor.Allocator, x *tensor.Tensor, what string) (*
 	defer raw.Release()
 	permute(raw, x, n, B, Tl*C, true)
 	out := a.NewUninit(tensor.Activations, x.DType(), B, Tl, C)
-	err = c.run("reduce_scatter "+what, raw.Bytes(), func() error { return c.G.ReduceScatter(raw, out, comm.Sum) })
+	d := c.act()
+	err = c.run("reduce_scatter "+what, wireBytes(raw, d), func() error { return comm.ReduceScatterAs(c.G, raw, out, comm.Sum, d) })
 	if err != nil {
 		out.Release()
 		return nil, err

@@ -4,8 +4,10 @@ import "github.com/tinyacc/tinyacc/core/nn"
 
 // StepBytes is what one rank of a tensor-parallel group of n sends over the
 // group in one optimizer step of accum micro-batches of b sequences (its
-// data-parallel slice; s = c.BlockSize tokens each), with 4-byte floats,
-// counted as bytes sent per rank with the ring factors of
+// data-parallel slice; s = c.BlockSize tokens each), with activations of
+// e bytes (4 in float32; 2 under mixed precision, whose activations and
+// activation gradients travel in bf16/fp16; parameter gradients and the
+// cross-entropy's statistics stay 4-byte floats), counted as bytes sent per rank with the ring factors of
 // docs/formulas.md: 2(n-1)/n of the buffer for an all-reduce, (n-1)/n of
 // the whole (gathered) buffer for an all-gather or a reduce-scatter. With
 // L layers of width h and the per-micro-batch volume V = b·s·h:
@@ -17,7 +19,7 @@ import "github.com/tinyacc/tinyacc/core/nn"
 // all-reduces three numbers per token (the maximum, the sum of
 // exponentials, the target's logit):
 //
-//	plain = accum · 2(n-1)/n · 4 · ((4L + 2)·V + 3·b·s)
+//	plain = accum · 2(n-1)/n · (e·(4L + 2)·V + 4·3·b·s)
 //
 // Sequence parallel moves the same activation volume as all-gathers and
 // reduce-scatters (each layer: 4 forward, 4 backward; the embedding's
@@ -27,10 +29,10 @@ import "github.com/tinyacc/tinyacc/core/nn"
 // sequence: ln_1, ln_2 (2h each), the two row-parallel biases (h each) per
 // layer, ln_f (2h) and the whole wpe (s·h):
 //
-//	sp = accum · ((n-1)/n · 4 · (8L + 4)·V + 2(n-1)/n · 4 · (3·b·s + (6L + 2)·h + s·h))
+//	sp = accum · ((n-1)/n · e · (8L + 4)·V + 2(n-1)/n · 4 · (3·b·s + (6L + 2)·h + s·h))
 //
 // The activation terms are equal: 2(n-1)/n·(4L+2) = (n-1)/n·(8L+4).
-func StepBytes(c nn.GPTConfig, b, accum, n int, sp bool) float64 {
+func StepBytes(c nn.GPTConfig, b, accum, n int, sp bool, e int) float64 {
 	if n < 2 {
 		return 0
 	}
@@ -39,7 +41,7 @@ func StepBytes(c nn.GPTConfig, b, accum, n int, sp bool) float64 {
 	V := B * s * h
 	ar, ag := 2*(N-1)/N, (N-1)/N // all-reduce; all-gather and reduce-scatter
 	if !sp {
-		return float64(accum) * ar * 4 * ((4*L+2)*V + 3*B*s)
+		return float64(accum) * ar * (float64(e)*(4*L+2)*V + 4*3*B*s)
 	}
-	return float64(accum) * (ag*4*(8*L+4)*V + ar*4*(3*B*s+(6*L+2)*h+s*h))
+	return float64(accum) * (ag*float64(e)*(8*L+4)*V + ar*4*(3*B*s+(6*L+2)*h+s*h))
 }

@@ -2,6 +2,8 @@ package zero
 
 import (
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trace"
 )
 
@@ -23,6 +25,32 @@ type op struct {
 func (z *Zero) issue(name string, bytes int64, start func() comm.Handle, then func()) *op {
 	span := z.t.Trace.Begin(name, "comm", trace.Comm).With("bytes", bytes).With("group", z.g.Name())
 	return &op{h: start(), span: span, then: then}
+}
+
+// reduceScatter issues the averaging reduce-scatter of a full gradient
+// into out and then runs then. With Reduce = BFloat16 (ddp.reduce_dtype
+// bf16) and float32 gradients, full is rounded to bf16 first, the shard
+// arrives in bf16 (summed in float32 and rounded once, comm/half.go) and is
+// widened into out: half the bytes on the wire.
+func (z *Zero) reduceScatter(name string, full, out *tensor.Tensor, then func()) *op {
+	if z.Reduce != tensor.BFloat16 || full.DType() != tensor.Float32 {
+		return z.issue(name, full.Bytes(), func() comm.Handle {
+			return z.g.ReduceScatterAsync(full, out, comm.Avg)
+		}, then)
+	}
+	wire := z.t.Alloc.NewUninit(tensor.Comm, tensor.BFloat16, full.Numel())
+	cpu.BF16FromF32s(wire.U16(), full.F32())
+	shard := z.t.Alloc.NewUninit(tensor.Comm, tensor.BFloat16, out.Numel())
+	return z.issue(name, wire.Bytes(), func() comm.Handle {
+		return z.g.ReduceScatterAsync(wire, shard, comm.Avg)
+	}, func() {
+		cpu.BF16ToF32s(out.F32(), shard.U16())
+		wire.Release()
+		shard.Release()
+		if then != nil {
+			then()
+		}
+	})
 }
 
 // wait blocks until the collective is done; later calls return the same

@@ -3,7 +3,6 @@ package zero
 import (
 	"fmt"
 
-	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trainer"
@@ -30,9 +29,7 @@ func (z *Zero) PreStep(t *trainer.Trainer) error {
 	ops := make([]*op, len(z.units))
 	for i, u := range z.units {
 		tmp := z.t.Alloc.NewUninit(tensor.Comm, u.shardGrad.DType(), u.Shard)
-		ops[i] = z.issue("reduce_scatter "+u.Name, u.grad.Bytes(), func() comm.Handle {
-			return z.g.ReduceScatterAsync(u.grad, tmp, comm.Avg)
-		}, func() {
+		ops[i] = z.reduceScatter("reduce_scatter "+u.Name, u.grad, tmp, func() {
 			u.shardGrad.CopyFrom(tmp)
 			tmp.Release()
 		})
@@ -91,9 +88,7 @@ func (z *Zero) reduceUnit(u *unitState, info tensor.PassInfo) error {
 		out = tmp
 	}
 	shardGrad := u.shardGrad
-	o := z.issue("reduce_scatter "+u.Name, grad.Bytes(), func() comm.Handle {
-		return z.g.ReduceScatterAsync(grad, out, comm.Avg)
-	}, func() {
+	o := z.reduceScatter("reduce_scatter "+u.Name, grad, out, func() {
 		if tmp != nil {
 			if shardGrad.DType() == tensor.Float32 {
 				cpu.Add(shardGrad.F32(), tmp.F32(), shardGrad.F32())

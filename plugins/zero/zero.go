@@ -17,6 +17,9 @@ type Zero struct {
 	// unit when a unit starts, so it overlaps compute. Off, every unit is
 	// gathered when it is needed: the simplest form, kept to test against.
 	Prefetch bool
+	// Reduce is the dtype gradients are reduce-scattered in
+	// (ddp.reduce_dtype): Float32, the default, or BFloat16.
+	Reduce tensor.DType
 
 	g     comm.Group
 	stage int

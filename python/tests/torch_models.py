@@ -355,6 +355,11 @@ def train_case(case, out_dir):
                 res["held_peak"] = max(res["held_peak"], held_bytes(model, opt))
                 acc_loss += float(acc.reduce(loss.detach(), "mean")) / G
                 if acc.sync_gradients:
+                    # Whether every reduced gradient is a bfloat16 value
+                    # (ddp.reduce_dtype=bf16 leaves nothing else).
+                    res.setdefault("grads_bf16", []).append(all(
+                        p.grad is None or torch.equal(p.grad, p.grad.to(torch.bfloat16).float())
+                        for p in model.parameters()))
                     if case.get("clip"):
                         res["norms"].append(float(acc.clip_grad_norm_(model.parameters(), case["clip"])))
                     res["losses"].append(acc_loss)

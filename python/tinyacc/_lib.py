@@ -134,6 +134,7 @@ _SIGNATURES = {
     "tinyacc_bucket_ready": (_c, [i64, i64]),
     "tinyacc_buckets_wait": (_c, [i64]),
     "tinyacc_reducer_trace": (_c, [i64, _s]),
+    "tinyacc_reducer_reduce_dtype": (_c, [i64, _s]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():

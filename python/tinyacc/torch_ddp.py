@@ -34,6 +34,11 @@ with the buckets to know); one used on some ranks gets zeros from the
 others. ``ddp.mode: naive`` keeps the same layout but all-reduces each
 parameter's gradient after backward, one call per parameter: the plain
 form to compare against.
+
+``ddp.reduce_dtype: bf16`` reduces the buckets in bfloat16: each float32
+bucket is rounded to bf16 (to nearest even), all-reduced (the ranks' values
+summed in float32, averaged, rounded once) and widened back in place, half
+the bytes; gradients still accumulate in float32 across micro-batches.
 """
 
 import ctypes
@@ -86,6 +91,10 @@ class DDPEngine(TorchEngine):
         self.stepped_backward = False  # a backward since the last step
         self.any_backward = False
         self.timeout = parse_duration(cfg.comm.timeout)
+        rd = str(cfg.ddp.reduce_dtype)
+        if rd not in ("fp32", "bf16"):
+            raise ValueError("tinyacc: ddp.reduce_dtype=%r is not one of fp32, bf16" % rd)
+        self.reduce_bf16 = rd == "bf16"
 
         if self.world > 1:
             # Every rank starts from rank 0's weights, whatever its seed.
@@ -128,6 +137,10 @@ class DDPEngine(TorchEngine):
                 h = i64()
                 check(lib.tinyacc_reducer_new(arr, len(self._handles), self.timeout, 1 if cfg.trace else 0, ctypes.byref(h)))
                 self.reducer = _lib.Handle(h.value)
+                if self.reduce_bf16:
+                    # The used-mask is a bucket too: an average of zeros and
+                    # ones stays positive wherever one rank used the parameter.
+                    check(lib.tinyacc_reducer_reduce_dtype(self.reducer.handle, b"bf16"))
         # Hooks on the gradient accumulators; the nodes are kept alive here.
         self._acc_nodes = []
         self._fired = [False] * len(self.params)
@@ -187,7 +200,13 @@ class DDPEngine(TorchEngine):
                 check(lib.tinyacc_buckets_wait(self.reducer.handle))
             else:
                 for v in self.views:
+                    if self.reduce_bf16:
+                        # The plain form of the bf16 reduction: the same rule
+                        # (rounded, averaged in float32, rounded once), float32 bytes.
+                        v.copy_(v.to(torch.bfloat16))
                     check(lib.tinyacc_all_reduce(ctypes.cast(v.data_ptr(), _lib._f32p), v.numel(), _AVG))
+                    if self.reduce_bf16:
+                        v.copy_(v.to(torch.bfloat16))
                 check(lib.tinyacc_all_reduce(ctypes.cast(self.used.data_ptr(), _lib._f32p), self.used.numel(), _AVG))
         for i, p in enumerate(self.params):
             if self.used[i] > 0:
