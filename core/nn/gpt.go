@@ -15,6 +15,9 @@ type GPTConfig struct {
 	BlockSize int
 	VocabSize int
 	MoE       MoEConfig // mixture-of-experts blocks (moe.go); zero = dense
+	// LoRA freezes the base and adds adapters (lora.go); nil trains
+	// every weight.
+	LoRA *LoRAShape
 	// Llama describes a Llama-family model (llama.go); nil for GPT-2.
 	Llama *LlamaShape
 }
@@ -179,8 +182,11 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 		alloc = tensor.Default
 	}
 	newP := func(mod *Module, local string, shape ...int) *tensor.Tensor {
-		p := alloc.NewShell(tensor.Params, dtype, shape...)
-		return mod.AddParam(local, p).RequiresGrad()
+		p := mod.AddParam(local, alloc.NewShell(tensor.Params, dtype, shape...))
+		if !cfg.Frozen(p.Name) { // lora.go
+			p.RequiresGrad()
+		}
+		return p
 	}
 	if ranges[0][0] == 0 {
 		e := &Embed{Module: NewModule("embed", "")}
@@ -214,6 +220,7 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 			}
 			b.Core = &CausalAttention{NHead: cfg.NHead}
 			b.Norm1, b.Norm2 = &LayerNorm{W: b.Ln1W, B: b.Ln1B}, &LayerNorm{W: b.Ln2W, B: b.Ln2B}
+			cfg.addAdapters(b, func(local string, shape ...int) *tensor.Tensor { return newP(b.Module, local, shape...) })
 			c.Blocks = append(c.Blocks, b)
 		}
 		m.Chunks = append(m.Chunks, c)
@@ -496,6 +503,7 @@ func (c GPTConfig) ParamShapes() []ParamShape {
 		out = append(out,
 			ParamShape{p + "mlp.c_fc.weight", []int{C, 4 * C}}, ParamShape{p + "mlp.c_fc.bias", []int{4 * C}},
 			ParamShape{p + "mlp.c_proj.weight", []int{4 * C, C}}, ParamShape{p + "mlp.c_proj.bias", []int{C}})
+		out = append(out, c.loraShapes(p[:len(p)-1])...) // lora.go
 	}
 	return append(out, ParamShape{"ln_f.weight", []int{C}}, ParamShape{"ln_f.bias", []int{C}})
 }

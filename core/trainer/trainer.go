@@ -168,7 +168,7 @@ func New(cfg config.Config, opts Options) (*Trainer, error) {
 			return nil, err
 		}
 		defer w.Close()
-		fill = w.fill
+		fill = baseFrom(w.fill, fill)
 	}
 	if t.Model, err = nn.Describe(GPTConfig(cfg), DTypeOf(cfg), t.Alloc); err != nil {
 		return nil, err
@@ -357,12 +357,17 @@ func GPTConfig(cfg config.Config) nn.GPTConfig {
 		c.Llama = &nn.LlamaShape{NKVHead: cfg.KVHeads(), Intermediate: cfg.FFNWidth(), RopeTheta: cfg.Model.RopeTheta,
 			NormEps: cfg.Model.NormEps, Tied: cfg.Model.TieEmbeddings}
 	}
+	if l := cfg.LoRA; l.Rank > 0 {
+		c.LoRA = &nn.LoRAShape{Rank: l.Rank, Alpha: l.Alpha, Targets: l.Targets, TrainBiases: l.TrainBiases == "all"}
+	}
 	return c
 }
 
-// BuildOptimizer creates the optimizer of cfg over params (weight decay
-// for tensors of two or more dimensions).
+// BuildOptimizer creates the optimizer of cfg over those of params that
+// take a gradient (weight decay for tensors of two or more dimensions):
+// a frozen base weight (LoRA) has no optimizer state.
 func BuildOptimizer(cfg config.Config, params []*tensor.Tensor, alloc *tensor.Allocator) optim.Optimizer {
+	params = slices.DeleteFunc(slices.Clone(params), func(p *tensor.Tensor) bool { return !p.NeedsGrad() })
 	return NewOptimizer(cfg, optim.DecayGroups(params, cfg.Train.WeightDecay), alloc)
 }
 
