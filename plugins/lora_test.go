@@ -1,0 +1,112 @@
+package plugins
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/mesh"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins/ptest"
+)
+
+// The LoRA rows of the matrix: adapters on c_attn (a column-parallel,
+// per-head fused layer under tp) and both c_proj (row-parallel) beside a
+// frozen float64 GPT-2, trained in each layout like one process on the
+// same global batch, to 1e-9; the frozen base ends bitwise as it began.
+
+// loraMatrixConfig is matrixConfig with adapters of rank 4.
+func loraMatrixConfig() config.Config {
+	c := matrixConfig()
+	c.LoRA.Rank, c.LoRA.Alpha, c.LoRA.Targets = 4, 8, []string{"c_attn", "c_proj"}
+	return c
+}
+
+// loraRow lays base out as s, with more settings, and checks it against
+// want, and that every rank's base is unchanged.
+func loraRow(t *testing.T, want ptest.Result, base config.Config, s shape4, what string, more func(c *config.Config)) []ptest.Result {
+	t.Helper()
+	cfg := base
+	s.apply(&cfg)
+	if more != nil {
+		more(&cfg)
+	}
+	what = "lora " + s.String() + " " + what
+	require.NoError(t, cfg.Validate(), what)
+	got := ptest.Parallel(t, cfg, s.ranks(), "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+	ptest.Check(t, want, got, what)
+	for name, v := range got[0].Params {
+		if !nn.IsAdapter(name) {
+			require.Equal(t, want.Initial[name], v, "%s: frozen %s unchanged", what, name)
+		}
+	}
+	return got
+}
+
+func TestLoRADataParallel(t *testing.T) {
+	base := loraMatrixConfig()
+	want := ptest.Single(t, base)
+	require.NotEqual(t, want.Initial["h.0.attn.c_attn.lora_B.weight"], want.Params["h.0.attn.c_attn.lora_B.weight"], "the adapters train")
+	for _, v := range variants {
+		got := loraRow(t, want, base, shape4{2, 1, 1, 1}, v.name, v.apply)
+		// Gradients and optimizer state: the adapters' bytes only, all of
+		// them per rank under DDP, a shard of them under ZeRO.
+		adapters := 8 * trainer.Numel(trainer.TrainedOf(trainer.GPTConfig(base), trainer.GPTConfig(base).ParamShapes()))
+		for _, r := range got {
+			if strings.HasPrefix(v.name, "ddp") {
+				require.Equal(t, adapters, r.Memory.GradsBytes, v.name)
+				require.Equal(t, 2*adapters, r.Memory.OptimBytes, v.name)
+			} else {
+				require.Less(t, r.Memory.OptimBytes, 2*adapters, v.name)
+			}
+		}
+	}
+}
+
+// TestLoRAEstimateMatchesMeasured: under LoRA every layout's gradients
+// and optimizer state are the adapters' (all of them under DDP, a shard
+// of them under ZeRO) and the estimate, made from the config alone,
+// equals what the allocators count, to the byte, parameters included
+// (ZeRO leaves the frozen base whole on every rank, beside its shards).
+func TestLoRAEstimateMatchesMeasured(t *testing.T) {
+	for _, biases := range []string{"none", "all"} {
+		for _, l := range estimateLayouts {
+			if l.cp != "" {
+				continue
+			}
+			t.Run(biases+"/"+l.name, func(t *testing.T) {
+				cfg := ptest.Config()
+				cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 3, 33, 16, 3
+				cfg.Train.Steps, cfg.Train.GradAccum, cfg.Zero.Stage = 2, l.accum, l.stage
+				cfg.LoRA.Rank, cfg.LoRA.Targets, cfg.LoRA.TrainBiases = 3, []string{"c_attn", "mlp.c_proj"}, biases
+				if l.mode != "" {
+					cfg.DDP.Mode = l.mode
+				}
+				m := trainer.GPTConfig(cfg)
+				trained := 4 * trainer.Numel(m.TrainedShapes())
+				est, err := Estimate(cfg, l.world)
+				require.NoError(t, err)
+				got := measure(t, cfg, l.world)
+				var optim int64
+				for r, g := range got {
+					e := est[r]
+					require.Equal(t, g.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+					require.Equal(t, g.GradsBytes, e.GradsBytes, "rank %d grads", r)
+					require.Equal(t, g.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
+					if l.stage == 0 {
+						require.Equal(t, trained, g.GradsBytes, "rank %d: the trained parameters' gradients", r)
+						require.Equal(t, 2*trained, g.OptimBytes, "rank %d: their two moments", r)
+					}
+					optim += g.OptimBytes
+				}
+				if l.stage > 0 {
+					require.Equal(t, 2*trained, optim, "the ranks' shards hold the trained parameters' moments once")
+				}
+			})
+		}
+	}
+}
