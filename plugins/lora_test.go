@@ -110,3 +110,27 @@ func TestLoRAEstimateMatchesMeasured(t *testing.T) {
 		}
 	}
 }
+
+// A pipeline keeps each block's adapters with the block, under every
+// schedule (zb1 defers the adapters' weight gradients like any other).
+func TestLoRAPipeline(t *testing.T) {
+	base := loraMatrixConfig()
+	want := ptest.Single(t, base)
+	for _, sched := range []string{"afab", "1f1b", "interleaved", "zb1"} {
+		sched := sched
+		loraRow(t, want, base, shape4{1, 1, 2, 1}, sched, func(c *config.Config) {
+			c.PP.Schedule = sched
+			if sched == "interleaved" {
+				c.PP.VirtualStages = 2
+			}
+		})
+	}
+}
+
+// Context parallel needs nothing of its own: the adapters are replicated
+// over the cp group and their gradients summed like every weight's.
+func TestLoRAContextParallel(t *testing.T) {
+	base := loraMatrixConfig()
+	want := ptest.Single(t, base)
+	loraRow(t, want, base, shape4{1, 1, 1, 2}, "ring zigzag", nil)
+}

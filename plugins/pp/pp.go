@@ -269,8 +269,8 @@ func (o *Pipeline) forward(t *trainer.Trainer, k int, first, last bool, in, x, y
 // neither waits on the other's pipeline traffic.
 func (o *Pipeline) tiedGrad(t *trainer.Trainer) error {
 	wte := t.Model.Param(t.Model.Config.TiedTable()) // none: an untied Llama
-	if wte == nil {
-		return nil
+	if wte == nil || !wte.NeedsGrad() {
+		return nil // or a frozen table (LoRA): no gradient to sum
 	}
 	if wte.Grad == nil {
 		return fmt.Errorf("pp: stage %d holds %s but backward gave it no gradient", o.rank, wte.Name)
