@@ -134,3 +134,32 @@ func TestLoRAContextParallel(t *testing.T) {
 	want := ptest.Single(t, base)
 	loraRow(t, want, base, shape4{1, 1, 1, 2}, "ring zigzag", nil)
 }
+
+// Tensor parallel, with and without sequence parallelism: c_attn's B
+// split by the q, k and v rows of each rank's heads, A whole (its
+// gradient summed over the group); c_proj's A split by input columns, B
+// whole (its gradient summed).
+func TestLoRATensorParallel(t *testing.T) {
+	base := loraMatrixConfig()
+	base.LoRA.Targets = []string{"c_attn", "c_proj", "c_fc"}
+	want := ptest.Single(t, base)
+	for _, sp := range []bool{false, true} {
+		sp := sp
+		loraRow(t, want, base, shape4{1, 2, 1, 1}, map[bool]string{false: "tp", true: "tp+sp"}[sp], func(c *config.Config) { c.TP.SequenceParallel = sp })
+	}
+	loraRow(t, want, base, shape4{2, 2, 1, 1}, "ddp", nil)
+	loraRow(t, want, base, shape4{2, 2, 1, 1}, "zero3 sp", func(c *config.Config) { c.Zero.Stage, c.TP.SequenceParallel = 3, true })
+}
+
+// A Llama's adapters on q, v (inside the fused q|k|v, per kv head group),
+// o, up and down under tensor parallel, with sequence parallelism, and
+// under data parallel.
+func TestLoRALlama(t *testing.T) {
+	base := llamaMatrixConfig(false)
+	base.LoRA.Rank, base.LoRA.Alpha, base.LoRA.Targets = 4, 8, []string{"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+	want := ptest.Single(t, base)
+	loraRow(t, want, base, shape4{1, 2, 1, 1}, "llama tp", nil)
+	loraRow(t, want, base, shape4{1, 2, 1, 1}, "llama tp+sp", func(c *config.Config) { c.TP.SequenceParallel = true })
+	loraRow(t, want, base, shape4{2, 1, 1, 1}, "llama zero2", func(c *config.Config) { c.Zero.Stage = 2 })
+	loraRow(t, want, base, shape4{1, 1, 2, 1}, "llama pp 1f1b", nil)
+}

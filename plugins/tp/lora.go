@@ -1,0 +1,145 @@
+package tp
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
+)
+
+// LoRA adapters under tensor parallel follow their base layer:
+//
+//	column-parallel base  A whole on every rank, B this rank's rows of the
+//	                      output, split exactly as the base's output
+//	                      (c_attn: the q, k and v rows of this rank's
+//	                      heads). The input is the region's (replicated,
+//	                      or gathered under sequence parallelism), so the
+//	                      update of this rank's columns is exact; A's
+//	                      gradient is a partial sum (each rank's output
+//	                      columns contribute) and is summed over the group.
+//	row-parallel base     A this rank's columns of the input, B whole: the
+//	                      update x·Aᵀ·Bᵀ of this rank's input part is a
+//	                      partial sum like the base's product and is added
+//	                      to it before their sum over the group; B's
+//	                      gradient is a partial sum and is summed.
+//
+// The input gradient needs nothing new: it is summed (column) or already
+// this rank's part (row) with the base's.
+
+// addAdapters adds the updates of ads on input x into y, the output of a
+// column-parallel (column) or row-parallel layer before its collective.
+func (c *Comm) addAdapters(y, x *tensor.Tensor, ads []*nn.Adapter, column bool) (*tensor.Tensor, error) {
+	for _, a := range ads {
+		d, err := tensor.Apply("tp.lora", &loraFn{c: c, a: a, column: column}, x, a.A, a.B)
+		if err != nil {
+			return nil, err
+		}
+		if a.Lo == 0 && d.Dim(-1) == y.Dim(-1) {
+			y = tensor.Add(y, d)
+		} else {
+			y = tensor.AddColumns(y, d, a.Lo)
+		}
+	}
+	return y, nil
+}
+
+// loraFn is Scale·x·Aᵀ·Bᵀ of one adapter's local parts. It reads A and B
+// through the adapter in backward (ZeRO-3 gathers them again by then) and
+// keeps x and the rank-wide middle Scale·x·Aᵀ.
+type loraFn struct {
+	c      *Comm
+	a      *nn.Adapter
+	column bool
+}
+
+func (f *loraFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tensor, error) {
+	x, A, B := in[0], in[1], in[2]
+	k, r, out := x.Dim(-1), A.Dim(0), B.Dim(0)
+	if A.Dim(1) != k || B.Dim(1) != r {
+		return nil, fmt.Errorf("tp: adapter of %v with A %v and B %v", x.Shape(), A.Shape(), B.Shape())
+	}
+	rows := x.Numel() / k
+	a := f.c.alloc()
+	h := a.NewUninit(tensor.Activations, x.DType(), rows, r)
+	shape := append(append([]int(nil), x.Shape()[:len(x.Shape())-1]...), out)
+	y := a.NewUninit(tensor.Activations, x.DType(), shape...)
+	if x.DType() == tensor.Float32 {
+		loraForward(x.F32(), A.F32(), B.F32(), h.F32(), y.F32(), rows, k, r, out, float32(f.a.Scale))
+	} else {
+		loraForward(x.F64(), A.F64(), B.F64(), h.F64(), y.F64(), rows, k, r, out, f.a.Scale)
+	}
+	ctx.Save(x, h)
+	ctx.Own(h)
+	return y, nil
+}
+
+func loraForward[T cpu.Float](x, A, B, h, y []T, rows, k, r, out int, s T) {
+	cpu.Gemm(false, true, rows, r, k, s, x, k, A, k, 0, h, r)
+	cpu.Gemm(false, true, rows, out, r, 1, h, r, B, r, 0, y, out)
+}
+
+func (f *loraFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
+	x, h := ctx.Saved()[0], ctx.Saved()[1]
+	A, B := f.a.A, f.a.B
+	k, r, out := x.Dim(-1), A.Dim(0), B.Dim(0)
+	rows := x.Numel() / k
+	a := backAlloc(ctx)
+	var gx *tensor.Tensor // none when x takes no gradient (the first block's input under a frozen base)
+	if x.NeedsGrad() {
+		gx = a.New(tensor.Activations, x.DType(), x.Shape()...)
+	}
+	gA, gB := a.New(tensor.Activations, A.DType(), A.Shape()...), a.New(tensor.Activations, B.DType(), B.Shape()...)
+	gh := a.NewUninit(tensor.Activations, x.DType(), rows, r)
+	defer gh.Release()
+	if x.DType() == tensor.Float32 {
+		loraBackward(g.F32(), x.F32(), h.F32(), A.F32(), B.F32(), gh.F32(), data32(gx), gA.F32(), gB.F32(), rows, k, r, out, float32(f.a.Scale))
+	} else {
+		loraBackward(g.F64(), x.F64(), h.F64(), A.F64(), B.F64(), gh.F64(), data64(gx), gA.F64(), gB.F64(), rows, k, r, out, f.a.Scale)
+	}
+	partial := gB
+	if f.column {
+		partial = gA
+	}
+	if err := f.c.reduceGrads(a, "lora.grad", partial); err != nil {
+		return nil, err
+	}
+	return []*tensor.Tensor{gx, gA, gB}, nil
+}
+
+// loraBackward: gB = gᵀ·h, gh = Scale·g·B, gA = ghᵀ·x, gx = gh·A (gx
+// nil: not wanted).
+func loraBackward[T cpu.Float](g, x, h, A, B, gh, gx, gA, gB []T, rows, k, r, out int, s T) {
+	cpu.Gemm(true, false, out, r, rows, 1, g, out, h, r, 0, gB, r)
+	cpu.Gemm(false, false, rows, r, out, s, g, out, B, r, 0, gh, r)
+	cpu.Gemm(true, false, r, k, rows, 1, gh, r, x, k, 0, gA, k)
+	if gx != nil {
+		cpu.Gemm(false, false, rows, k, r, 1, gh, r, A, k, 0, gx, k)
+	}
+}
+
+func data32(t *tensor.Tensor) []float32 {
+	if t == nil {
+		return nil
+	}
+	return t.F32()
+}
+
+func data64(t *tensor.Tensor) []float64 {
+	if t == nil {
+		return nil
+	}
+	return t.F64()
+}
+
+// unwrapAdapters takes the adapters off a block's four linear layers,
+// leaving the base layers for Prepare to split, and returns them by slot.
+func unwrapAdapters(b *nn.Block) [4][]*nn.Adapter {
+	var ads [4][]*nn.Adapter
+	for s := nn.SlotAttn; s <= nn.SlotMlpProj; s++ {
+		l := b.Layer(s)
+		ads[s] = nn.Adapters(*l)
+		*l = nn.Unwrap(*l)
+	}
+	return ads
+}
