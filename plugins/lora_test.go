@@ -1,11 +1,18 @@
 package plugins
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -162,4 +169,103 @@ func TestLoRALlama(t *testing.T) {
 	loraRow(t, want, base, shape4{1, 2, 1, 1}, "llama tp+sp", func(c *config.Config) { c.TP.SequenceParallel = true })
 	loraRow(t, want, base, shape4{2, 1, 1, 1}, "llama zero2", func(c *config.Config) { c.Zero.Stage = 2 })
 	loraRow(t, want, base, shape4{1, 1, 2, 1}, "llama pp 1f1b", nil)
+}
+
+// TestLoRAEstimateModelLayouts: under tensor and pipeline parallel too,
+// the estimate's parameters, gradients and optimizer state equal what
+// the allocators count, to the byte, with the adapters split as their
+// base layers (tensor parallel) and kept with their blocks (pipeline).
+func TestLoRAEstimateModelLayouts(t *testing.T) {
+	for _, l := range modelLayouts {
+		t.Run(l.name, func(t *testing.T) {
+			cfg := ptest.Config()
+			cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 4, 32, 16, 2
+			cfg.Train.Steps = 2
+			cfg.LoRA.Rank, cfg.LoRA.Targets = 4, []string{"c_attn", "c_proj", "c_fc"}
+			l.set(&cfg)
+			if cfg.Model.NHead%cfg.Parallel.TP != 0 {
+				t.Skipf("%d heads do not split over tp %d", cfg.Model.NHead, cfg.Parallel.TP)
+			}
+			if cfg.Parallel.PP > 1 {
+				cfg.Train.GradAccum = 4
+			}
+			est, err := Estimate(cfg, l.world)
+			require.NoError(t, err)
+			got := measure(t, cfg, l.world)
+			for r, m := range got {
+				e := est[r]
+				require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+				require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
+				require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
+			}
+		})
+	}
+}
+
+// saveBase writes the base weights of cfg's model (no adapters) under
+// seed to a file, as a short run's save_to would.
+func saveBase(t *testing.T, cfg config.Config, seed int64, path string) {
+	cfg.LoRA.Rank, cfg.Train.Seed = 0, seed
+	m, err := trainer.BuildModel(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, trainer.SaveWeights(m, path))
+}
+
+// TestLoRAResumeAcrossLayouts: a LoRA checkpoint holds the adapters and
+// their optimizer state and the base's SHA-256, nothing of the base; saved
+// by tp 2 × dp 2 it resumes on one process, under ZeRO-3, under a pipeline
+// and under tp + sp, each continuing exactly as the uninterrupted single
+// process; against another base it is refused before any work.
+func TestLoRAResumeAcrossLayouts(t *testing.T) {
+	dir := t.TempDir()
+	basePath, otherPath := filepath.Join(dir, "base.safetensors"), filepath.Join(dir, "other.safetensors")
+	lora := func(c config.Config) config.Config {
+		c.LoRA.Rank, c.LoRA.Alpha, c.LoRA.Targets = 4, 8, []string{"c_attn", "c_proj"}
+		c.InitFrom = basePath
+		return c
+	}
+	saveBase(t, ptest.Config64(), 7, basePath)
+	saveBase(t, ptest.Config64(), 8, otherPath)
+	on := func(l layout, steps int) config.Config { return lora(l.on(ptest.Config64(), steps)) }
+	saver := layout{"tp2 dp2", 4, func(c *config.Config) { c.Parallel.TP = 2 }}
+	full := layouts[0].run(t, on(layouts[0], resumeSteps), "local")
+	want := full
+	want.Losses, want.GradNorms = full.Losses[resumeSave:], full.GradNorms[resumeSave:]
+	ckptDir := filepath.Join(dir, "ckpt")
+	cfg := on(saver, resumeSave)
+	cfg.Checkpoint.Dir = ckptDir
+	saver.run(t, cfg, "local")
+	step := filepath.Join(ckptDir, ckpt.StepDir(resumeSave))
+	ix, err := ckpt.ReadIndex(step)
+	require.NoError(t, err)
+	sum := sha256.Sum256(must(os.ReadFile(basePath)))
+	require.Equal(t, hex.EncodeToString(sum[:]), ix.LoRABase)
+	m := trainer.GPTConfig(cfg)
+	require.Len(t, ix.Tensors, len(m.TrainedShapes()))
+	for name, ti := range ix.Tensors {
+		require.True(t, nn.IsAdapter(name), "the checkpoint holds %s", name)
+		require.Contains(t, ti.State, "exp_avg", name)
+	}
+	for _, resumer := range []layout{layouts[0], layouts[5], layouts[9], layouts[12]} {
+		cfg := on(resumer, resumeSteps)
+		cfg.Resume = ckptDir
+		got := resumer.run(t, cfg, "local")
+		what := "lora saved by " + saver.name + ", resumed by " + resumer.name
+		t.Logf("%s: %s", what, ptest.AssertEquivalent(t, want, got, what))
+	}
+
+	cfg = on(layouts[0], resumeSteps)
+	cfg.Resume, cfg.InitFrom = ckptDir, otherPath
+	tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus()})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	other := sha256.Sum256(must(os.ReadFile(otherPath)))
+	require.ErrorContains(t, err, fmt.Sprintf("the checkpoint's adapters were trained on the base with SHA-256 %x, but this run's base (init_from=%q) has %x: resume with the base they were trained on", sum, otherPath, other))
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

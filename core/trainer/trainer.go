@@ -146,6 +146,8 @@ type Trainer struct {
 	// keptReady are the parameters whose GradReady the step owner
 	// dispatches itself (KeepGradReady).
 	keptReady map[*tensor.Tensor]bool
+	// baseDigest names a LoRA run's base (lora.go); "" until needed.
+	baseDigest string
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
