@@ -1,7 +1,12 @@
 package trainer
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"math"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -160,4 +165,129 @@ func TestLoRAMemory(t *testing.T) {
 	require.Equal(t, got.GradsBytes, es[0].GradsBytes)
 	require.Equal(t, got.OptimBytes, es[0].OptimBytes)
 	require.Equal(t, got.ParamsBytes, es[0].ParamsBytes)
+}
+
+// mergeCheck is numpy's merge of a PEFT adapter directory into a base
+// weights file, computed from the raw files alone: for every lora_A of
+// module M, W = base[M.weight] + lora_alpha/r · (B @ A), transposed for
+// fan_in_fan_out; every other tensor is the base's (or, with bias=all, the
+// adapter file's bias). It prints the largest difference from the file
+// the engine merged.
+const mergeCheck = `
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import safetensors_np as st
+base, _ = st.load_file(sys.argv[2])
+ad, _ = st.load_file(sys.argv[3] + "/adapter_model.safetensors")
+cfg = json.load(open(sys.argv[3] + "/adapter_config.json"))
+got, _ = st.load_file(sys.argv[4])
+want = {k: v.astype(np.float64) for k, v in base.items()}
+scale = cfg["lora_alpha"] / cfg["r"]
+pre = "base_model.model.transformer."
+for k, a in ad.items():
+    name = k[len(pre):]
+    if name.endswith(".lora_A.weight"):
+        m = name[: -len(".lora_A.weight")]
+        b = ad[pre + m + ".lora_B.weight"]
+        d = scale * (b.astype(np.float64) @ a.astype(np.float64))
+        want[m + ".weight"] = want[m + ".weight"] + (d.T if cfg["fan_in_fan_out"] else d)
+    elif name.endswith(".bias"):
+        want[name] = a.astype(np.float64)
+assert sorted(want) == sorted(got), (sorted(want), sorted(got))
+print(max(float(np.max(np.abs(want[k] - got[k].astype(np.float64)))) for k in want))
+`
+
+// TestLoRAExport trains adapters on a base file, checkpoints them and
+// exports them: --lora as PEFT lays them out (names, shapes, the config's
+// r, lora_alpha, target_modules, fan_in_fan_out), --merge-lora as the
+// base plus (alpha/rank)·B·A, which numpy computes again from the raw
+// files. A plain export of the checkpoint says to use one of the two.
+func TestLoRAExport(t *testing.T) {
+	dir := t.TempDir()
+	basePath := filepath.Join(dir, "base.safetensors")
+	cfg := refConfig()
+	m, err := BuildModel(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, SaveWeights(m, basePath))
+
+	cfg.Train.Steps, cfg.InitFrom, cfg.Checkpoint.Dir, cfg.SaveTo = 3, basePath, filepath.Join(dir, "ckpt"), filepath.Join(dir, "adapters.safetensors")
+	cfg.LoRA.Rank, cfg.LoRA.Alpha, cfg.LoRA.Targets, cfg.LoRA.TrainBiases = 4, 8, []string{"c_attn", "mlp.c_proj"}, "all"
+	tr, err := New(cfg, Options{Train: data.Encode(refText)})
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.NoError(t, err)
+	step := filepath.Join(cfg.Checkpoint.Dir, ckpt.StepDir(3))
+
+	// save_to holds what trains and names the base.
+	saved, meta, err := ckpt.Load(cfg.SaveTo)
+	require.NoError(t, err)
+	require.Len(t, saved, len(GPTConfig(cfg).TrainedShapes()))
+	digest, err := BaseDigest(cfg)
+	require.NoError(t, err)
+	require.Equal(t, digest, meta[MetaLoRABase])
+	l, base, ok, err := LoRAOf(meta)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, digest, base)
+	require.Equal(t, &nn.LoRAShape{Rank: 4, Alpha: 8, Targets: []string{"c_attn", "mlp.c_proj"}, TrainBiases: true}, l)
+
+	out := filepath.Join(dir, "peft")
+	require.NoError(t, ExportLoRA(step, out))
+	ad, _, err := ckpt.Load(filepath.Join(out, AdapterWeightsFile))
+	require.NoError(t, err)
+	C, r := cfg.Model.NEmbd, 4
+	want := map[string][]int{}
+	for i := 0; i < cfg.Model.NLayer; i++ {
+		p := fmt.Sprintf("base_model.model.transformer.h.%d.", i)
+		want[p+"attn.c_attn.lora_A.weight"], want[p+"attn.c_attn.lora_B.weight"] = []int{r, C}, []int{3 * C, r}
+		want[p+"mlp.c_proj.lora_A.weight"], want[p+"mlp.c_proj.lora_B.weight"] = []int{r, 4 * C}, []int{C, r}
+		for _, b := range []string{"ln_1.bias", "attn.c_attn.bias", "attn.c_proj.bias", "ln_2.bias", "mlp.c_fc.bias", "mlp.c_proj.bias"} {
+			want[p+b] = []int{map[bool]int{true: 3 * C, false: C}[b == "attn.c_attn.bias"]}
+		}
+		want[p+"mlp.c_fc.bias"] = []int{4 * C}
+	}
+	want["base_model.model.transformer.ln_f.bias"] = []int{C}
+	got := map[string][]int{}
+	for name, v := range ad {
+		got[name] = v.Shape()
+	}
+	require.Equal(t, want, got)
+	var pc map[string]any
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(out, AdapterConfigFile))), &pc))
+	require.Equal(t, "LORA", pc["peft_type"])
+	require.Equal(t, 4.0, pc["r"])
+	require.Equal(t, 8.0, pc["lora_alpha"])
+	require.Equal(t, []any{"c_attn", "mlp.c_proj"}, pc["target_modules"])
+	require.Equal(t, true, pc["fan_in_fan_out"])
+	require.Equal(t, "all", pc["bias"])
+
+	merged := filepath.Join(dir, "merged.safetensors")
+	require.NoError(t, ExportMerged(step, "", merged))
+	err = ExportCheckpoint(step, filepath.Join(dir, "plain.safetensors"))
+	require.EqualError(t, err, "export: "+step+" holds LoRA adapters, not a model: export them with --lora (a PEFT adapter directory) or --merge-lora (the base with them merged in)")
+	other := filepath.Join(dir, "other.safetensors")
+	cfg2 := refConfig()
+	cfg2.Train.Seed = 5
+	m2, err := BuildModel(cfg2, nil)
+	require.NoError(t, err)
+	require.NoError(t, SaveWeights(m2, other))
+	require.ErrorContains(t, ExportMerged(step, other, merged), "give that base with --base FILE")
+
+	if exec.Command("/usr/bin/python3", "-c", "import numpy").Run() != nil {
+		t.Skip("/usr/bin/python3 has no numpy")
+	}
+	b, err := exec.Command("/usr/bin/python3", "-c", mergeCheck, "../../tools/torchref", basePath, out, merged).CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	diff, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	require.NoError(t, err, "%s", b)
+	require.Less(t, diff, 1e-6, "merged weights against numpy's merge (float32 files)")
+	t.Logf("merged weights vs numpy: largest difference %.2e", diff)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
