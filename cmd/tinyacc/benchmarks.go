@@ -50,10 +50,6 @@ var benchmarks = []benchmark{
 	{"process", ` [--calls N] [--steps N] [--rounds R]
       What a plugin run as a process costs: one hook call's round trip, one
       GradReady notice, and ms/step of DDP compiled in against ddp.process.`, benchProcess},
-	{"lora", ` [--steps N] [--block_size 64] [--n_layer 12] [--n_embd 768] [--rank 8] [--zero 2] [--dir DIR]
-      A base of GPT-2 small's shape saved by a short run, fine-tuned on 2 ranks
-      under ZeRO-2 in full and with LoRA rank 8 on c_attn: ms/step, gradient +
-      optimizer bytes and bytes sent per step per rank, LoRA's share of full's.`, benchLoRA},
 	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3] [--n_layer ...] [--json]
       One training step per layout (1 process, zero-3 dp N, tp N, pp N 1f1b)
       of GPT-2 medium's shape by default: per rank the resident peak (VmHWM)
@@ -67,6 +63,10 @@ var benchmarks = []benchmark{
       Activation recomputation none / selective / full / full on half the
       blocks, one process, at GPT-2 small's shape and the demo shape: ms/step
       and activation peak (measured and estimated) beside none's.`, benchRecompute},
+	{"lora", ` [--steps N] [--block_size 64] [--n_layer 12] [--n_embd 768] [--rank 8] [--zero 2] [--dir DIR]
+      A base of GPT-2 small's shape saved by a short run, fine-tuned on 2 ranks
+      under ZeRO-2 in full and with LoRA rank 8 on c_attn: ms/step, gradient +
+      optimizer bytes and bytes sent per step per rank, LoRA's share of full's.`, benchLoRA},
 }
 
 // benchNames is "step, comm, ..." in the table's order.
