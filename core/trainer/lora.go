@@ -98,3 +98,11 @@ func LoRAOf(meta map[string]string) (l *nn.LoRAShape, base string, ok bool, err 
 	}
 	return &nn.LoRAShape{Rank: r, Alpha: a, Targets: strings.Split(meta[MetaLoRATargets], ","), TrainBiases: meta[MetaLoRABiases] == "all"}, base, true, nil
 }
+
+// loraText describes a model's adapters for messages.
+func loraText(l *nn.LoRAShape) string {
+	if l == nil {
+		return "no adapters"
+	}
+	return fmt.Sprintf("adapters of rank %d on %s", l.Rank, strings.Join(l.Targets, ", "))
+}

@@ -17,6 +17,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"time"
 
@@ -212,6 +213,9 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 	}
 	if opt == nil && len(opts.Plugins) > 0 {
 		return nil, fmt.Errorf("trainer: plugin %s needs an optimizer to prepare; pass one (or no plugins for forward passes only)", opts.Plugins[0].Name())
+	}
+	if want, got := GPTConfig(cfg).LoRA, model.Config.LoRA; !reflect.DeepEqual(want, got) {
+		return nil, fmt.Errorf("trainer: the run's lora.* keys (lora.rank=%d) are not the model's (%s): build the model from the run's config, as GPT(accelerator.config) does", cfg.LoRA.Rank, loraText(got))
 	}
 	t, err := start(cfg, opts)
 	if err != nil {

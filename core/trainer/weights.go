@@ -134,11 +134,17 @@ func LoadWeights(m *nn.GPT, path string) error {
 	}
 	defer w.Close()
 	for _, p := range m.Params() {
+		if nn.IsAdapter(p.Name) {
+			continue // a base file holds no adapters: they keep their values
+		}
 		if err := w.verify(p.Spec, place.Single, p.DType()); err != nil {
 			return err
 		}
 	}
 	for _, p := range m.Params() {
+		if nn.IsAdapter(p.Name) {
+			continue
+		}
 		if err := w.fill(p.Spec, place.Single, p); err != nil {
 			return err
 		}
@@ -164,13 +170,14 @@ func (t *Trainer) LoadWeights(path string) error {
 		if err != nil {
 			return err
 		}
-		if h.Value.Data != nil {
+		if h.Value.Data != nil && !nn.IsAdapter(p.Name) {
 			if err := w.verify(h.Value.Spec, c, h.Value.Data.DType()); err != nil {
 				return err
 			}
 		}
 	}
-	return t.fillParams(w.fill)
+	// A base file holds no adapters (LoRA): they keep their values.
+	return t.fillParams(baseFrom(w.fill, func(*place.Spec, place.Coord, *tensor.Tensor) error { return nil }))
 }
 
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.
