@@ -18,9 +18,13 @@ func TestLoRACommands(t *testing.T) {
 	shape := []string{"--model.n_layer=1", "--model.n_embd=32", "--model.block_size=32", "--train.eval_every=0", "--data.max_bytes=100000"}
 	code, _, errOut := runCLI(append([]string{"train", "--train.steps=2", "--save_to=" + base}, shape...)...)
 	require.Equal(t, 0, code, errOut)
-	code, out, errOut := runCLI(append([]string{"train", "--train.steps=2", "--init_from=" + base, "--lora.rank=4", "--checkpoint.dir=" + ck}, shape...)...)
+	adapters := filepath.Join(dir, "adapters.safetensors")
+	code, out, errOut := runCLI(append([]string{"train", "--train.steps=2", "--init_from=" + base, "--lora.rank=4", "--checkpoint.dir=" + ck, "--save_to=" + adapters}, shape...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "step 2/2")
+	code, _, errOut = runCLI("sample", "--from", adapters)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "holds LoRA adapters, not a model (save_to of a run with lora.rank > 0): sample from its base with the adapters merged in")
 
 	peft := filepath.Join(dir, "peft")
 	code, out, errOut = runCLI("export", "--lora", "--from", ck, "--to", peft)
