@@ -46,9 +46,21 @@ func (c GPTConfig) NumParams() int64 {
 }
 
 // FLOPsPerToken is the training cost of one token: 6Ψ for the matrix
-// products of forward and backward plus 6·L·C·T for attention.
+// products of forward and backward plus 6·L·C·T for attention. Under
+// LoRA the frozen base's weight gradients are not formed: 4Ψ for the
+// base (forward and input gradients) and 6 per adapter parameter.
 func (c GPTConfig) FLOPsPerToken() float64 {
-	return 6*float64(c.ActiveParams()) + 6*float64(c.NLayer*c.NEmbd*c.BlockSize)
+	attn := 6 * float64(c.NLayer*c.NEmbd*c.BlockSize)
+	if c.LoRA != nil {
+		var adapters int64
+		for _, ps := range c.ParamShapes() {
+			if IsAdapter(ps.Name) {
+				adapters += int64(ps.Shape[0] * ps.Shape[1])
+			}
+		}
+		return 4*float64(c.ActiveParams()) + 6*float64(adapters) + attn
+	}
+	return 6*float64(c.ActiveParams()) + attn
 }
 
 // LayerNormEps is GPT-2's LayerNorm epsilon.

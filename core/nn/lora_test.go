@@ -120,3 +120,14 @@ func TestLoRAGradCheck(t *testing.T) {
 		checkGradients(t, trained, f)
 	}
 }
+
+// A LoRA step forms no weight gradient of the base: 4Ψ per token for the
+// base, 6 per adapter parameter, attention as before.
+func TestLoRAFLOPs(t *testing.T) {
+	c := tiny()
+	full := c.FLOPsPerToken()
+	l := withLoRA(c, "c_attn")
+	C, r, L := float64(c.NEmbd), 2.0, float64(c.NLayer)
+	psi := float64(c.NumParams())
+	require.Equal(t, full-2*psi+6*L*(r*C+3*C*r), l.FLOPsPerToken())
+}
