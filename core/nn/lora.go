@@ -53,8 +53,6 @@ type LoRATarget struct {
 	// Lo is where the weight's output starts in its layer's fused output
 	// (q|k|v, gate|up); 0 for a layer of one weight.
 	Lo int
-	// Conv1D marks a GPT-2 weight stored [in, out] (PEFT's fan_in_fan_out).
-	Conv1D bool
 	// Slot is the block's layer that computes it.
 	Slot Slot
 }
@@ -79,14 +77,14 @@ func (b *Block) Layer(s Slot) *Layer {
 func (c GPTConfig) LoRATargets() []LoRATarget {
 	C := c.NEmbd
 	if c.Llama == nil {
-		return []LoRATarget{{"attn.c_attn", C, 3 * C, 0, true, SlotAttn}, {"attn.c_proj", C, C, 0, true, SlotAttnProj},
-			{"mlp.c_fc", C, 4 * C, 0, true, SlotFc}, {"mlp.c_proj", 4 * C, C, 0, true, SlotMlpProj}}
+		return []LoRATarget{{"attn.c_attn", C, 3 * C, 0, SlotAttn}, {"attn.c_proj", C, C, 0, SlotAttnProj},
+			{"mlp.c_fc", C, 4 * C, 0, SlotFc}, {"mlp.c_proj", 4 * C, C, 0, SlotMlpProj}}
 	}
 	hs, I := c.HeadSize(), c.Llama.Intermediate
 	q, kv := c.NHead*hs, c.Llama.NKVHead*hs
-	return []LoRATarget{{"self_attn.q_proj", C, q, 0, false, SlotAttn}, {"self_attn.k_proj", C, kv, q, false, SlotAttn},
-		{"self_attn.v_proj", C, kv, q + kv, false, SlotAttn}, {"self_attn.o_proj", q, C, 0, false, SlotAttnProj},
-		{"mlp.gate_proj", C, I, 0, false, SlotFc}, {"mlp.up_proj", C, I, I, false, SlotFc}, {"mlp.down_proj", I, C, 0, false, SlotMlpProj}}
+	return []LoRATarget{{"self_attn.q_proj", C, q, 0, SlotAttn}, {"self_attn.k_proj", C, kv, q, SlotAttn},
+		{"self_attn.v_proj", C, kv, q + kv, SlotAttn}, {"self_attn.o_proj", q, C, 0, SlotAttnProj},
+		{"mlp.gate_proj", C, I, 0, SlotFc}, {"mlp.up_proj", C, I, I, SlotFc}, {"mlp.down_proj", I, C, 0, SlotMlpProj}}
 }
 
 // Adapted lists the targets that carry adapters (none without LoRA).

@@ -186,8 +186,10 @@ func ExportMerged(dir, base, to string) error {
 	dtype := storedDType(ix.Tensors[mc.TrainedShapes()[0].Name])
 	shapes := baseCfg.ParamShapes()
 	entries := make([]ckpt.Entry, len(shapes))
+	shapeOf := map[string][]int{}
 	for i, ps := range shapes {
 		entries[i] = ckpt.Entry{Name: ps.Name, DType: dtype, Shape: ps.Shape}
+		shapeOf[ps.Name] = ps.Shape
 	}
 	slices.SortFunc(entries, func(a, b ckpt.Entry) int { return strings.Compare(a.Name, b.Name) })
 	scale := cfg.LoRAScale()
@@ -195,14 +197,8 @@ func ExportMerged(dir, base, to string) error {
 		if ti := ix.Tensors[name]; ti != nil { // a trained bias
 			return rd.tensor(name)
 		}
-		var e ckpt.Entry
-		for _, x := range entries {
-			if x.Name == name {
-				e = x
-			}
-		}
-		v := tensor.New(dtype, e.Shape...)
-		if err := w.fill(place.NewSpec(name, e.Shape), place.Single, v); err != nil {
+		v := tensor.New(dtype, shapeOf[name]...)
+		if err := w.fill(place.NewSpec(name, shapeOf[name]), place.Single, v); err != nil {
 			return nil, err
 		}
 		ad, ok := adapterOf[name]
