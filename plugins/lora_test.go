@@ -269,3 +269,25 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// Dropout on the adapters' input draws one process's mask in every
+// layout (each element by its sequence in the global batch, position and
+// global column): data parallel, tensor parallel with and without
+// sequence parallelism (a row-parallel input's columns at their global
+// place), pipelines (zb1 included), full recomputation (the forward run
+// again draws the same mask), all to 1e-9.
+func TestLoRADropout(t *testing.T) {
+	base := loraMatrixConfig()
+	base.LoRA.Targets = []string{"c_attn", "c_proj", "c_fc"}
+	plain := ptest.Single(t, base)
+	base.LoRA.Dropout = 0.2
+	want := ptest.Single(t, base)
+	require.NotEqual(t, plain.Losses[1], want.Losses[1], "dropout changes the training")
+	loraRow(t, want, base, shape4{2, 1, 1, 1}, "dropout ddp", nil)
+	loraRow(t, want, base, shape4{2, 1, 1, 1}, "dropout zero2 recompute full", func(c *config.Config) { c.Zero.Stage, c.Recompute.Granularity = 2, "full" })
+	loraRow(t, want, base, shape4{1, 2, 1, 1}, "dropout tp", nil)
+	loraRow(t, want, base, shape4{1, 2, 1, 1}, "dropout tp+sp", func(c *config.Config) { c.TP.SequenceParallel = true })
+	loraRow(t, want, base, shape4{1, 1, 2, 1}, "dropout pp 1f1b", nil)
+	loraRow(t, want, base, shape4{1, 1, 2, 1}, "dropout pp zb1", func(c *config.Config) { c.PP.Schedule = "zb1" })
+	loraRow(t, want, base, shape4{2, 2, 1, 1}, "dropout zero3 sp", func(c *config.Config) { c.Zero.Stage, c.TP.SequenceParallel = 3, true })
+}

@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -29,6 +30,11 @@ type LoRAShape struct {
 	Alpha       float64
 	Targets     []string // module names, matched as config.LoRATargeted does
 	TrainBiases bool     // the base's biases train too
+	// Dropout is the probability an element of an adapter's input is
+	// dropped in a training forward; the mask is drawn from Seed, the
+	// adapter, the step and the element's place (Adapter.Drop).
+	Dropout float64
+	Seed    int64
 }
 
 // Scale is alpha/rank.
@@ -170,6 +176,33 @@ type Adapter struct {
 	A, B  *tensor.Tensor
 	Scale float64
 	Lo    int
+	// Dropout on the input (0: none), drawn from Seed. In is the input's
+	// global width and Col0 the first global column of the input this
+	// rank holds (a row-parallel layer's part; 0 otherwise).
+	Dropout  float64
+	Seed     int64
+	In, Col0 int
+}
+
+// Drop applies the adapter's dropout to its input x [B, T, k] in a
+// training forward. Element (b, t, c) is dropped by a draw indexed by its
+// sequence in the step's global batch (p.Info.Sample0 + b), its position
+// (t, or p.Pos[t]) and its global column (Col0 + c), from the generator of
+// (Seed, A's name, step): the mask of every layout is one process's.
+func (a *Adapter) Drop(x *tensor.Tensor, p Pass) *tensor.Tensor {
+	if a.Dropout == 0 || !p.Info.Train {
+		return x
+	}
+	T := x.Dim(-2)
+	r := NewRand(a.Seed, fmt.Sprintf("%s.dropout.%d", a.A.Name, p.Info.Step))
+	return tensor.Dropout(x, a.Dropout, func(row, col int) bool {
+		b, t := row/T, row%T
+		if p.Pos != nil {
+			t = p.Pos[t]
+		}
+		i := ((p.Info.Sample0+b)*(1<<20)+t)*a.In + a.Col0 + col
+		return (r.UniformAt(i)+1)/2 < a.Dropout
+	})
 }
 
 // Update is Scale·x·Aᵀ·Bᵀ (the scale applied at the rank-wide middle).
@@ -178,8 +211,8 @@ func (a *Adapter) Update(x *tensor.Tensor) *tensor.Tensor {
 }
 
 // AddTo adds the update of x into y's columns.
-func (a *Adapter) AddTo(y, x *tensor.Tensor) *tensor.Tensor {
-	d := a.Update(x)
+func (a *Adapter) AddTo(y, x *tensor.Tensor, p Pass) *tensor.Tensor {
+	d := a.Update(a.Drop(x, p))
 	if a.Lo == 0 && d.Dim(-1) == y.Dim(-1) {
 		return tensor.Add(y, d)
 	}
@@ -199,7 +232,7 @@ func (l *LoRALinear) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		return nil, err
 	}
 	for _, a := range l.Adapters {
-		y = a.AddTo(y, x)
+		y = a.AddTo(y, x, p)
 	}
 	return y, nil
 }
@@ -219,7 +252,8 @@ func (c GPTConfig) addAdapters(b *Block, newP func(local string, shape ...int) *
 			ll = &LoRALinear{Base: *slot}
 			*slot = ll
 		}
-		ll.Adapters = append(ll.Adapters, &Adapter{A: a, B: bw, Scale: c.LoRA.Scale(), Lo: t.Lo})
+		ll.Adapters = append(ll.Adapters, &Adapter{A: a, B: bw, Scale: c.LoRA.Scale(), Lo: t.Lo,
+			Dropout: c.LoRA.Dropout, Seed: c.LoRA.Seed, In: t.In})
 	}
 }
 

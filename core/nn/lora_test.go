@@ -88,7 +88,16 @@ func TestLoRAGradCheck(t *testing.T) {
 	tgt := tensor.FromI32([]int32{5, 3, 9, 0, 2, 8, 4, 7, 10, 6, 1, 3}, 2, 6)
 	gpt := withLoRA(tiny(), "c_attn", "c_proj", "c_fc")
 	gpt.LoRA.TrainBiases = true
-	for _, cfg := range []GPTConfig{gpt, withLoRA(tinyLlama(), "q_proj", "v_proj", "o_proj", "up_proj", "down_proj")} {
+	dropped := withLoRA(tiny(), "c_attn", "c_proj")
+	dropped.LoRA.Dropout, dropped.LoRA.Seed = 0.3, 5
+	// A training pass: the dropout mask is drawn from the step and the
+	// elements' places, the same at every evaluation of the loss.
+	train := Pass{Info: tensor.PassInfo{Train: true, Step: 3, Sample0: 2}}
+	for _, cfg := range []GPTConfig{gpt, withLoRA(tinyLlama(), "q_proj", "v_proj", "o_proj", "up_proj", "down_proj"), dropped} {
+		pass := Pass{}
+		if cfg.LoRA.Dropout > 0 {
+			pass = train
+		}
 		m, err := NewGPT(cfg, 3, tensor.Float64, nil)
 		require.NoError(t, err)
 		for _, p := range m.Params() {
@@ -97,8 +106,14 @@ func TestLoRAGradCheck(t *testing.T) {
 				p.Set(i, p.At(i)+0.3*r.Normal())
 			}
 		}
-		loss, err := m.Loss(idx, tgt, Pass{})
+		loss, err := m.Loss(idx, tgt, pass)
 		require.NoError(t, err)
+		if cfg.LoRA.Dropout > 0 {
+			plain, err := m.Loss(idx, tgt, Pass{})
+			require.NoError(t, err)
+			require.NotEqual(t, plain.Scalar(), loss.Scalar(), "dropout changes a training pass")
+			tensor.FreeGraph(plain)
+		}
 		_, err = tensor.Backward(loss, nil, tensor.BackwardOptions{})
 		require.NoError(t, err)
 		var trained []*tensor.Tensor
@@ -111,7 +126,7 @@ func TestLoRAGradCheck(t *testing.T) {
 		}
 		require.Equal(t, trained, m.TrainedParams())
 		f := func() float64 {
-			l, err := m.Loss(idx, tgt, Pass{})
+			l, err := m.Loss(idx, tgt, pass)
 			require.NoError(t, err)
 			v := l.Scalar()
 			tensor.FreeGraph(l)

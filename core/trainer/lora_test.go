@@ -291,3 +291,33 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestLoRADropoutOnlyInTraining: evaluation runs without the adapters'
+// dropout: after training with it, the validation loss is bitwise the one
+// the same weights give with dropout off.
+func TestLoRADropoutOnlyInTraining(t *testing.T) {
+	cfg := refConfig()
+	cfg.Train.Steps, cfg.Train.EvalBatches = 2, 1
+	cfg.LoRA.Rank, cfg.LoRA.Dropout = 4, 0.3
+	tokens := data.Encode(refText)
+	tr, err := New(cfg, Options{Train: tokens, Val: tokens})
+	require.NoError(t, err)
+	for s := 0; s < 2; s++ {
+		_, err := tr.Step(s)
+		require.NoError(t, err)
+	}
+	with, err := tr.Evaluate()
+	require.NoError(t, err)
+	n := 0
+	for _, b := range tr.Model.Blocks() {
+		for _, a := range nn.Adapters(b.Attn) {
+			require.Equal(t, 0.3, a.Dropout)
+			a.Dropout = 0
+			n++
+		}
+	}
+	require.Equal(t, cfg.Model.NLayer, n)
+	without, err := tr.Evaluate()
+	require.NoError(t, err)
+	require.Equal(t, without, with)
+}

@@ -364,7 +364,8 @@ func GPTConfig(cfg config.Config) nn.GPTConfig {
 			NormEps: cfg.Model.NormEps, Tied: cfg.Model.TieEmbeddings}
 	}
 	if l := cfg.LoRA; l.Rank > 0 {
-		c.LoRA = &nn.LoRAShape{Rank: l.Rank, Alpha: l.Alpha, Targets: l.Targets, TrainBiases: l.TrainBiases == "all"}
+		c.LoRA = &nn.LoRAShape{Rank: l.Rank, Alpha: l.Alpha, Targets: l.Targets, TrainBiases: l.TrainBiases == "all",
+			Dropout: l.Dropout, Seed: cfg.Train.Seed}
 	}
 	return c
 }
@@ -594,7 +595,7 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 	B := t.Cfg.Train.BatchSize
 	var sum float64
 	for a := 0; a < A; a++ {
-		info := tensor.PassInfo{Micro: a, Last: a == A-1}
+		info := t.TrainPass(step, a)
 		x, y := t.Train.Batch(step, a, t.DataRank, t.DataSize, B, A)
 		if err := t.Train.Err(); err != nil {
 			return 0, err
@@ -610,6 +611,16 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 		}
 	}
 	return sum / float64(A), nil
+}
+
+// TrainPass is the PassInfo of micro-batch micro of training step step on
+// this rank: its first sequence is sample (micro·N + r)·B of the step's
+// global batch for data-parallel rank r of N, which is where
+// data.Loader.Batch reads it from.
+func (t *Trainer) TrainPass(step, micro int) tensor.PassInfo {
+	A, B := t.Cfg.Train.GradAccum, t.Cfg.Train.BatchSize
+	return tensor.PassInfo{Micro: micro, Last: micro == A-1, Train: true, Step: step,
+		Sample0: (micro*t.DataSize + t.DataRank) * B}
 }
 
 // Forward runs the PreForward hooks and the model on one micro-batch

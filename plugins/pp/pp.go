@@ -131,7 +131,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			sl = &slot{}
 			slots[key] = sl
 		}
-		info := tensor.PassInfo{Micro: a.Micro, Last: a.Micro == A-1}
+		info := t.TrainPass(step, a.Micro)
 		k := a.Chunk / s.P // this rank's chunk index
 		var err error
 		switch a.Kind {

@@ -34,7 +34,7 @@ type ColumnParallel struct {
 }
 
 // Forward implements nn.Layer.
-func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, error) {
+func (l *ColumnParallel) Forward(x *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
 	var in *tensor.Tensor
 	var err error
 	if l.SP {
@@ -51,7 +51,7 @@ func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, e
 	} else {
 		y = tensor.Linear(in, l.W, l.B)
 	}
-	if y, err = l.C.addAdapters(y, in, l.Adapters, true); err != nil || l.Ws != nil {
+	if y, err = l.C.addAdapters(y, in, p, l.Adapters, true); err != nil || l.Ws != nil {
 		return y, err
 	}
 	if !l.Gather {
@@ -91,7 +91,7 @@ type RowParallel struct {
 }
 
 // Forward implements nn.Layer.
-func (l *RowParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, error) {
+func (l *RowParallel) Forward(x *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
 	if l.Split {
 		k := l.W.Dim(0)
 		if l.T {
@@ -109,7 +109,7 @@ func (l *RowParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, erro
 	} else {
 		y = tensor.Linear(x, l.W, nil)
 	}
-	y, err := l.C.addAdapters(y, x, l.Adapters, false)
+	y, err := l.C.addAdapters(y, x, p, l.Adapters, false)
 	if err != nil {
 		return nil, err
 	}

@@ -86,6 +86,7 @@ func (p *TP) splitLlama(t *trainer.Trainer, split func(*nn.Module, *tensor.Tenso
 				var err error
 				if pl, ok := rowsIn[slot]; ok {
 					a.A, err = split(b.Module, a.A, pl)
+					a.Col0 = pl.Offset
 				} else {
 					pt := byLo[slot][a.Lo]
 					a.B, err = split(b.Module, a.B, pt.pl)

@@ -29,9 +29,11 @@ import (
 
 // addAdapters adds the updates of ads on input x into y, the output of a
 // column-parallel (column) or row-parallel layer before its collective.
-func (c *Comm) addAdapters(y, x *tensor.Tensor, ads []*nn.Adapter, column bool) (*tensor.Tensor, error) {
+// Each adapter's dropout draws the mask of one process on the elements x
+// holds (nn.Adapter.Drop; a row-parallel input's columns start at Col0).
+func (c *Comm) addAdapters(y, x *tensor.Tensor, p nn.Pass, ads []*nn.Adapter, column bool) (*tensor.Tensor, error) {
 	for _, a := range ads {
-		d, err := tensor.Apply("tp.lora", &loraFn{c: c, a: a, column: column}, x, a.A, a.B)
+		d, err := tensor.Apply("tp.lora", &loraFn{c: c, a: a, column: column}, a.Drop(x, p), a.A, a.B)
 		if err != nil {
 			return nil, err
 		}

@@ -173,7 +173,7 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 			for _, a := range s.ads {
 				w := &a.B
 				if s.pl.Dim == 1 {
-					w = &a.A
+					w, a.Col0 = &a.A, s.pl.Offset
 				}
 				if *w, err = split(b.Module, *w, s.pl); err != nil {
 					return err
