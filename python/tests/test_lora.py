@@ -1,6 +1,7 @@
 """LoRA through the Python face: the engine's GPT built from a run config
 with lora.* keys carries adapters beside a frozen base, trains them alone
-(one process and 2 ranks under ZeRO-2 alike), and a model built without
+(one process and 2 ranks under ZeRO-2 alike, the adapters' dropout
+included), and a model built without
 the run's lora keys is refused at prepare."""
 
 import json
@@ -81,9 +82,10 @@ def test_two_ranks_zero2_train_adapters_like_one_process(cli, corpus, tmp_path):
     script = tmp_path / "lora_train.py"
     script.write_text(SCRIPT)
 
-    def run(name, batch, nproc):
+    def run(name, batch, nproc, dropout=0.1):
         p = tmp_path / name
-        p.write_text(small_config(corpus, steps=4, batch_size=batch, grad_accum=2) + LORA + "zero: {stage: 2}\n")
+        p.write_text(small_config(corpus, steps=4, batch_size=batch, grad_accum=2)
+                     + LORA.replace("}", ", dropout: %r}" % dropout) + "zero: {stage: 2}\n")
         cmd = [sys.executable, str(script), str(p)]
         if nproc > 1:
             cmd = [cli, "launch", "--nproc", str(nproc), "--"] + cmd
@@ -96,3 +98,5 @@ def test_two_ranks_zero2_train_adapters_like_one_process(cli, corpus, tmp_path):
     assert sorted(got) == [0, 1] and len(want) == 4
     for rank, losses in got.items():
         assert losses == pytest.approx(want, rel=1e-5), "rank %d" % rank
+    # The dropout did act: without it the same run trains otherwise.
+    assert run("plain.yaml", 4, 1, dropout=0.0)[0][1:] != pytest.approx(want[1:], rel=1e-5)
