@@ -46,9 +46,11 @@ func (c *Comm) addAdapters(y, x *tensor.Tensor, p nn.Pass, ads []*nn.Adapter, co
 	return y, nil
 }
 
-// loraFn is Scale·x·Aᵀ·Bᵀ of one adapter's local parts. It reads A and B
-// through the adapter in backward (ZeRO-3 gathers them again by then) and
-// keeps x and the rank-wide middle Scale·x·Aᵀ.
+// loraFn is Scale·x·Aᵀ·Bᵀ of one adapter's local parts, in the order of
+// one process's (nn.Adapter.Update: h = x·Aᵀ, then Scale·h, then ·Bᵀ), its
+// products rounded to the compute dtype as one process's are (mixed
+// precision). It reads A and B through the adapter in backward (ZeRO-3
+// gathers them again by then) and keeps x and the rank-wide Scale·x·Aᵀ.
 type loraFn struct {
 	c      *Comm
 	a      *nn.Adapter
@@ -66,19 +68,21 @@ func (f *loraFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Ten
 	h := a.NewUninit(tensor.Activations, x.DType(), rows, r)
 	shape := append(append([]int(nil), x.Shape()[:len(x.Shape())-1]...), out)
 	y := a.NewUninit(tensor.Activations, x.DType(), shape...)
+	d := a.Compute()
 	if x.DType() == tensor.Float32 {
-		loraForward(x.F32(), A.F32(), B.F32(), h.F32(), y.F32(), rows, k, r, out, float32(f.a.Scale))
+		loraForward(d, x.F32(), A.F32(), B.F32(), h.F32(), y.F32(), rows, k, r, out, float32(f.a.Scale))
 	} else {
-		loraForward(x.F64(), A.F64(), B.F64(), h.F64(), y.F64(), rows, k, r, out, f.a.Scale)
+		loraForward(d, x.F64(), A.F64(), B.F64(), h.F64(), y.F64(), rows, k, r, out, f.a.Scale)
 	}
 	ctx.Save(x, h)
 	ctx.Own(h)
 	return y, nil
 }
 
-func loraForward[T cpu.Float](x, A, B, h, y []T, rows, k, r, out int, s T) {
-	cpu.Gemm(false, true, rows, r, k, s, x, k, A, k, 0, h, r)
-	cpu.Gemm(false, true, rows, out, r, 1, h, r, B, r, 0, y, out)
+func loraForward[T cpu.Float](d tensor.DType, x, A, B, h, y []T, rows, k, r, out int, s T) {
+	gemm(d, false, true, rows, r, k, x, k, A, k, h, r)
+	cpu.Scale(h, s)
+	gemm(d, false, true, rows, out, r, h, r, B, r, y, out)
 }
 
 func (f *loraFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
@@ -94,10 +98,11 @@ func (f *loraFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tens
 	gA, gB := a.New(tensor.Activations, A.DType(), A.Shape()...), a.New(tensor.Activations, B.DType(), B.Shape()...)
 	gh := a.NewUninit(tensor.Activations, x.DType(), rows, r)
 	defer gh.Release()
+	d := f.c.alloc().Compute()
 	if x.DType() == tensor.Float32 {
-		loraBackward(g.F32(), x.F32(), h.F32(), A.F32(), B.F32(), gh.F32(), data32(gx), gA.F32(), gB.F32(), rows, k, r, out, float32(f.a.Scale))
+		loraBackward(d, g.F32(), x.F32(), h.F32(), A.F32(), B.F32(), gh.F32(), data32(gx), gA.F32(), gB.F32(), rows, k, r, out, float32(f.a.Scale))
 	} else {
-		loraBackward(g.F64(), x.F64(), h.F64(), A.F64(), B.F64(), gh.F64(), data64(gx), gA.F64(), gB.F64(), rows, k, r, out, f.a.Scale)
+		loraBackward(d, g.F64(), x.F64(), h.F64(), A.F64(), B.F64(), gh.F64(), data64(gx), gA.F64(), gB.F64(), rows, k, r, out, f.a.Scale)
 	}
 	partial := gB
 	if f.column {
@@ -109,14 +114,34 @@ func (f *loraFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tens
 	return []*tensor.Tensor{gx, gA, gB}, nil
 }
 
-// loraBackward: gB = gᵀ·h, gh = Scale·g·B, gA = ghᵀ·x, gx = gh·A (gx
-// nil: not wanted).
-func loraBackward[T cpu.Float](g, x, h, A, B, gh, gx, gA, gB []T, rows, k, r, out int, s T) {
-	cpu.Gemm(true, false, out, r, rows, 1, g, out, h, r, 0, gB, r)
-	cpu.Gemm(false, false, rows, r, out, s, g, out, B, r, 0, gh, r)
-	cpu.Gemm(true, false, r, k, rows, 1, gh, r, x, k, 0, gA, k)
+// loraBackward: gB = gᵀ·h, gh = Scale·(g·B), gA = ghᵀ·x, gx = gh·A (gx
+// nil: not wanted), h being the saved Scale·x·Aᵀ.
+func loraBackward[T cpu.Float](d tensor.DType, g, x, h, A, B, gh, gx, gA, gB []T, rows, k, r, out int, s T) {
+	gemm(d, true, false, out, r, rows, g, out, h, r, gB, r)
+	gemm(d, false, false, rows, r, out, g, out, B, r, gh, r)
+	cpu.Scale(gh, s)
+	gemm(d, true, false, r, k, rows, gh, r, x, k, gA, k)
 	if gx != nil {
-		cpu.Gemm(false, false, rows, k, r, 1, gh, r, A, k, 0, gx, k)
+		gemm(d, false, false, rows, k, r, gh, r, A, k, gx, k)
+	}
+}
+
+// gemm is c = op(a)·op(b), in float32 rounding its operands to the compute
+// dtype d (bf16, fp16) as the engine's products do.
+func gemm[T cpu.Float](d tensor.DType, ta, tb bool, m, n, k int, a []T, lda int, b []T, ldb int, c []T, ldc int) {
+	a32, ok := any(a).([]float32)
+	if !ok {
+		cpu.Gemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
+		return
+	}
+	b32, c32 := any(b).([]float32), any(c).([]float32)
+	switch d {
+	case tensor.BFloat16:
+		cpu.GemmRoundBF16(ta, tb, m, n, k, 1, a32, lda, b32, ldb, 0, c32, ldc)
+	case tensor.Float16:
+		cpu.GemmRoundF16(ta, tb, m, n, k, 1, a32, lda, b32, ldb, 0, c32, ldc)
+	default:
+		cpu.Gemm(ta, tb, m, n, k, 1, a32, lda, b32, ldb, 0, c32, ldc)
 	}
 }
 
