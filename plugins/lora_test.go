@@ -300,9 +300,7 @@ func TestLoRADropout(t *testing.T) {
 // steps is small (all of it is the update), so its relative difference is
 // larger than the base's weights' (the update beside the initial values):
 // measured 4.6e-3 on a B, 2.4e-4 on a gradient norm, 6e-6 on a loss. Held
-// to 1e-3 on losses and gradient norms, 1e-2 on weights. Products in
-// float32 instead (not rounded as one process's) miss 1e-3 on the first
-// step's gradient norm.
+// to 1e-3 on losses and gradient norms, 1e-2 on weights.
 func TestLoRAMixedPrecision(t *testing.T) {
 	for _, mp := range []string{"no", "bf16"} {
 		cfg := ptest.Config()
