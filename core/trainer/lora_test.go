@@ -321,3 +321,67 @@ func TestLoRADropoutOnlyInTraining(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, without, with)
 }
+
+// TestLoRALlamaAgainstPyTorch: adapters on a Llama's q and v (inside its
+// fused q|k|v), o and down projections, held to the PyTorch Llama with
+// PEFT-style adapters in float64: every step's loss and gradient norm, the
+// last step's adapter gradients and the final adapters to 1e-9; the base
+// unchanged.
+func TestLoRALlamaAgainstPyTorch(t *testing.T) {
+	if !torchAvailable() {
+		t.Skip("/usr/bin/python3 has no torch")
+	}
+	cfg := llamaRefConfig("float64", false)
+	cfg.LoRA.Rank, cfg.LoRA.Alpha, cfg.LoRA.Targets = 4, 8, []string{"q_proj", "v_proj", "o_proj", "down_proj"}
+	grab := &stepGrabber{step: refSteps - 1}
+	tr, err := New(cfg, Options{Train: data.Encode(refText), Plugins: []Plugin{grab}})
+	require.NoError(t, err)
+	ts := map[string]*tensor.Tensor{}
+	start := map[string][]float64{}
+	for _, p := range tr.Model.Params() {
+		ts[p.Name] = p.Clone(tensor.Params)
+		start[p.Name] = p.Float64s()
+	}
+	B, T := cfg.Train.BatchSize, cfg.Model.BlockSize
+	var bx, by []int32
+	for s := 0; s < refSteps; s++ {
+		x, y := tr.Train.Batch(s, 0, 0, 1, B, 1)
+		bx, by = append(bx, x.I32()...), append(by, y.I32()...)
+	}
+	ts["batch.x"], ts["batch.y"] = tensor.FromI32(bx, refSteps, B, T), tensor.FromI32(by, refSteps, B, T)
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	m := cfg.Model
+	meta := map[string]string{
+		"n_layer": strconv.Itoa(m.NLayer), "n_head": strconv.Itoa(m.NHead), "n_kv_head": strconv.Itoa(m.NKVHead),
+		"n_embd": strconv.Itoa(m.NEmbd), "intermediate_size": strconv.Itoa(m.IntermediateSize),
+		"block_size": strconv.Itoa(T), "vocab_size": strconv.Itoa(m.VocabSize), "rope_theta": f(m.RopeTheta),
+		"norm_eps": f(m.NormEps), "tie_embeddings": "false",
+		"lr": f(cfg.Train.LR), "beta1": f(cfg.Train.Beta1), "beta2": f(cfg.Train.Beta2), "eps": f(cfg.Train.Eps),
+		"weight_decay": f(cfg.Train.WeightDecay), "grad_clip": f(cfg.Train.GradClip),
+		"lora_rank": "4", "lora_alpha": "8", "lora_targets": "q_proj,v_proj,o_proj,down_proj", "grad_step": strconv.Itoa(refSteps - 1),
+	}
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in.safetensors"), filepath.Join(dir, "out.safetensors")
+	require.NoError(t, ckpt.Save(in, ts, meta))
+	runScript(t, "../../tools/torchref/llama_ref.py", in, out)
+	ref, _, err := ckpt.Load(out)
+	require.NoError(t, err)
+	for s := 0; s < refSteps; s++ {
+		sm, err := tr.Step(s)
+		require.NoError(t, err)
+		require.InEpsilon(t, ref["loss"].At(s), sm.Loss, 1e-9, "loss of step %d", s)
+		require.InEpsilon(t, ref["grad_norm"].At(s), sm.GradNorm, 1e-9, "grad norm of step %d", s)
+	}
+	adapters := 0
+	for _, p := range tr.Model.Params() {
+		if !p.NeedsGrad() {
+			require.Nil(t, ref["grad."+p.Name], p.Name)
+			require.Equal(t, start[p.Name], p.Float64s(), "frozen %s is bitwise unchanged", p.Name)
+			continue
+		}
+		adapters++
+		require.LessOrEqual(t, normRel(grab.grads[p.Name], ref["grad."+p.Name].Float64s()), 1e-9, "last-step gradient of %s", p.Name)
+		require.LessOrEqual(t, normRel(p.Float64s(), ref["param."+p.Name].Float64s()), 1e-9, "final %s", p.Name)
+	}
+	require.Equal(t, 2*4*cfg.Model.NLayer, adapters)
+}

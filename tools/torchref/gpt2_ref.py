@@ -37,6 +37,7 @@ and IN's metadata plus `torch_version`.
 import argparse
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -106,16 +107,19 @@ class Conv1D(nn.Module):
         return y
 
 
-def apply_lora_(model, r, alpha, targets, train_biases=False):
-    """Freeze the base and add adapters to the Conv1D layers `targets` names.
+def apply_lora_(model, r, alpha, targets, train_biases=False, layer=None):
+    """Freeze the base and add adapters to the layers `targets` names.
 
-    A module is targeted when its dotted name (under h.<i>.) equals a target
-    or ends with "." and one, PEFT's rule for target_modules."""
+    layer is the class of the linear layers (Conv1D here; llama_ref's
+    Linear), each with an add_lora method. A module is targeted when its
+    dotted name inside its block (after h.<i>. or model.layers.<i>.) equals
+    a target or ends with "." and one, PEFT's rule for target_modules."""
     hit = set()
     for name, mod in model.named_modules():
-        if not isinstance(mod, Conv1D):
+        m = re.match(r"^(?:h|model\.layers)\.\d+\.(.+)$", name)
+        if not isinstance(mod, layer or Conv1D) or m is None:
             continue
-        local = name.split(".", 2)[2]  # h.0.attn.c_attn -> attn.c_attn
+        local = m.group(1)  # h.0.attn.c_attn -> attn.c_attn
         for t in targets:
             if local == t or local.endswith("." + t):
                 mod.add_lora(r, alpha)
