@@ -184,6 +184,10 @@ type Adapter struct {
 	In, Col0 int
 }
 
+// maxPositions bounds the positions a dropout index leaves room for: a
+// context of a million tokens.
+const maxPositions = 1 << 20
+
 // Drop applies the adapter's dropout to its input x [B, T, k] in a
 // training forward. Element (b, t, c) is dropped by a draw indexed by its
 // sequence in the step's global batch (p.Info.Sample0 + b), its position
@@ -200,7 +204,7 @@ func (a *Adapter) Drop(x *tensor.Tensor, p Pass) *tensor.Tensor {
 		if p.Pos != nil {
 			t = p.Pos[t]
 		}
-		i := ((p.Info.Sample0+b)*(1<<20)+t)*a.In + a.Col0 + col
+		i := ((p.Info.Sample0+b)*maxPositions+t)*a.In + a.Col0 + col
 		return (r.UniformAt(i)+1)/2 < a.Dropout
 	})
 }
