@@ -385,3 +385,33 @@ func TestLoRALlamaAgainstPyTorch(t *testing.T) {
 	}
 	require.Equal(t, 2*4*cfg.Model.NLayer, adapters)
 }
+
+// The config's list of modules a target may name is the model's list of
+// linear weights adapters can sit beside, for each architecture, and a
+// target matches the same modules in both.
+func TestLoRAModulesAgree(t *testing.T) {
+	for _, arch := range []string{"gpt2", "llama"} {
+		cfg := config.Defaults()
+		cfg.Model.Arch = arch
+		cfg.LoRA.Rank = 2
+		var names []string
+		for _, tg := range GPTConfig(cfg).LoRATargets() {
+			names = append(names, tg.Module)
+		}
+		require.Equal(t, config.LoRAModules(arch), names, arch)
+		for _, target := range []string{"c_attn", "c_proj", "attn.c_proj", "q_proj", "proj", "mlp"} {
+			cfg.LoRA.Targets = []string{target}
+			var want []string
+			for _, m := range names {
+				if config.LoRATargeted(m, cfg.LoRA.Targets) {
+					want = append(want, m)
+				}
+			}
+			var got []string
+			for _, tg := range GPTConfig(cfg).Adapted() {
+				got = append(got, tg.Module)
+			}
+			require.Equal(t, want, got, "%s target %s", arch, target)
+		}
+	}
+}
