@@ -275,7 +275,8 @@ func must[T any](v T, err error) T {
 // global column): data parallel, tensor parallel with and without
 // sequence parallelism (a row-parallel input's columns at their global
 // place), pipelines (zb1 included), full recomputation (the forward run
-// again draws the same mask), all to 1e-9.
+// again draws the same mask), context parallel (rows at their global
+// positions), all to 1e-9.
 func TestLoRADropout(t *testing.T) {
 	base := loraMatrixConfig()
 	base.LoRA.Targets = []string{"c_attn", "c_proj", "c_fc"}
@@ -290,6 +291,10 @@ func TestLoRADropout(t *testing.T) {
 	loraRow(t, want, base, shape4{1, 1, 2, 1}, "dropout pp 1f1b", nil)
 	loraRow(t, want, base, shape4{1, 1, 2, 1}, "dropout pp zb1", func(c *config.Config) { c.PP.Schedule = "zb1" })
 	loraRow(t, want, base, shape4{2, 2, 1, 1}, "dropout zero3 sp", func(c *config.Config) { c.Zero.Stage, c.TP.SequenceParallel = 3, true })
+	loraRow(t, want, base, shape4{1, 1, 1, 2}, "dropout cp ring zigzag", nil)
+	loraRow(t, want, base, shape4{1, 2, 1, 2}, "dropout cp tp+sp allgather contiguous", func(c *config.Config) {
+		c.TP.SequenceParallel, c.CP.Attention, c.CP.Split = true, "allgather", "contiguous"
+	})
 }
 
 // Tensor parallel with LoRA in float32 matches one process to float32's

@@ -64,8 +64,6 @@ func (c *Config) validateLoRA(v *validator) {
 	}
 	if !(l.Dropout >= 0 && l.Dropout < 1) {
 		v.addf("config: lora.dropout=%s must be in [0, 1): use 0 for no dropout", ff(l.Dropout))
-	} else if l.Dropout > 0 && l.Rank > 0 && c.Parallel.CP > 1 {
-		v.addf("config: lora.dropout=%s with parallel.cp=%d: the adapters' dropout under context parallel is not available in this build; set lora.dropout=0 or parallel.cp=1", ff(l.Dropout), c.Parallel.CP)
 	}
 	v.oneOf("lora.train_biases", l.TrainBiases, "none", "all")
 	if l.Rank <= 0 {

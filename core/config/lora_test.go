@@ -31,8 +31,6 @@ func TestLoRAKeys(t *testing.T) {
 		{func(c *Config) { c.LoRA.Rank = -1 }, `config: lora.rank=-1 must not be negative: set it to 0 or more`},
 		{func(c *Config) { c.LoRA.Alpha = 0 }, `config: lora.alpha=0 must be > 0: the update is scaled by alpha/rank; use a value such as 16`},
 		{func(c *Config) { c.LoRA.Dropout = 1 }, `config: lora.dropout=1 must be in [0, 1): use 0 for no dropout`},
-		{func(c *Config) { c.LoRA.Rank, c.LoRA.Dropout, c.Parallel.CP = 4, 0.1, 2 },
-			`config: lora.dropout=0.1 with parallel.cp=2: the adapters' dropout under context parallel is not available in this build; set lora.dropout=0 or parallel.cp=1`},
 		{func(c *Config) { c.LoRA.TrainBiases = "lora_only" }, `config: lora.train_biases="lora_only" is not supported: use one of none, all`},
 		{func(c *Config) { c.LoRA.Rank, c.LoRA.Targets = 4, []string{"c_attn", "q_proj"} },
 			`config: lora.targets=[c_attn,q_proj] names "q_proj", which is no module of model.arch=gpt2: use any of attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj (or their last part, as c_attn or q_proj)`},
