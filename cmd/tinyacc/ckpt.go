@@ -82,6 +82,9 @@ func cmdCkpt(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, " %s=%d", k, st.Layout[k])
 	}
 	fmt.Fprintln(stdout)
+	if ix.LoRABase != "" {
+		fmt.Fprintf(stdout, "LoRA adapters of the base with SHA-256 %s (export with --lora or --merge-lora)\n", ix.LoRABase)
+	}
 	names := make([]string, 0, len(ix.Tensors))
 	for n := range ix.Tensors {
 		names = append(names, n)

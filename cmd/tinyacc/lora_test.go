@@ -26,6 +26,12 @@ func TestLoRACommands(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "holds LoRA adapters, not a model (save_to of a run with lora.rank > 0): sample from its base with the adapters merged in")
 
+	code, out, errOut = runCLI("ckpt", "inspect", ck)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `LoRA adapters of the base with SHA-256 [0-9a-f]{64} \(export with --lora or --merge-lora\)`, out)
+	require.Contains(t, out, "h.0.attn.c_attn.lora_B.weight")
+	require.NotContains(t, out, "wte.weight")
+
 	peft := filepath.Join(dir, "peft")
 	code, out, errOut = runCLI("export", "--lora", "--from", ck, "--to", peft)
 	require.Equal(t, 0, code, errOut)
