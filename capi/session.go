@@ -244,7 +244,8 @@ func apiForward(h int64, x, y []int32, B, T int, keep bool) (int64, float64, err
 		return 0, 0, err
 	}
 	A := s.accum()
-	info := tensor.PassInfo{Micro: s.micro % A, Last: s.micro%A == A-1}
+	info := s.t.TrainPass(s.step, s.micro%A)
+	info.Train = keep // a forward kept for backward trains; one that is not evaluates
 	loss, err := s.t.Forward(xt, yt, info)
 	if err != nil {
 		return 0, 0, wrap(errRuntime, err)

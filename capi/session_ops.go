@@ -5,7 +5,6 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/optim"
-	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // apiTrainStep runs a whole optimizer step on caller data: x and y hold the
@@ -34,7 +33,7 @@ func apiTrainStep(h int64, x, y []int32) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		info := tensor.PassInfo{Micro: a, Last: a == A-1}
+		info := s.t.TrainPass(s.step, a)
 		loss, err := s.t.Forward(xt, yt, info)
 		if err != nil {
 			return 0, wrap(errRuntime, err)

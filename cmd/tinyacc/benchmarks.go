@@ -63,6 +63,10 @@ var benchmarks = []benchmark{
       Activation recomputation none / selective / full / full on half the
       blocks, one process, at GPT-2 small's shape and the demo shape: ms/step
       and activation peak (measured and estimated) beside none's.`, benchRecompute},
+	{"lora", ` [--steps N] [--block_size 64] [--n_layer 12] [--n_embd 768] [--rank 8] [--zero 2] [--dir DIR]
+      A base of GPT-2 small's shape saved by a short run, fine-tuned on 2 ranks
+      under ZeRO-2 in full and with LoRA rank 8 on c_attn: ms/step, gradient +
+      optimizer bytes and bytes sent per step per rank, LoRA's share of full's.`, benchLoRA},
 }
 
 // benchNames is "step, comm, ..." in the table's order.

@@ -18,16 +18,33 @@ import (
 func cmdExport(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	from := fs.String("from", "", "checkpoint directory (step-NNNNNNN, or a checkpoint root for its latest)")
-	to := fs.String("to", "", "safetensors file to write")
+	to := fs.String("to", "", "safetensors file to write (a directory with --lora)")
+	lora := fs.Bool("lora", false, "a LoRA checkpoint's adapters as a PEFT adapter directory (adapter_model.safetensors, adapter_config.json)")
+	merge := fs.Bool("merge-lora", false, "a LoRA checkpoint's base with its adapters merged in, as one weights file")
+	base := fs.String("base", "", "with --merge-lora: the base weights (default: the run's init_from)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *from == "" || *to == "" {
-		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors")
+	if *from == "" || *to == "" || (*lora && *merge) || (*base != "" && !*merge) {
+		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors\n       tinyacc export --lora --from CHECKPOINT --to DIR\n       tinyacc export --merge-lora --from CHECKPOINT --to model.safetensors [--base BASE.safetensors]")
 	}
 	dir, err := ckpt.Resolve(*from)
 	if err != nil {
 		return err
+	}
+	switch {
+	case *lora:
+		if err := trainer.ExportLoRA(dir, *to); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "tinyacc: exported the adapters of %s to %s (%s, %s)\n", dir, *to, trainer.AdapterWeightsFile, trainer.AdapterConfigFile)
+		return nil
+	case *merge:
+		if err := trainer.ExportMerged(dir, *base, *to); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "tinyacc: merged the adapters of %s into their base: %s\n", dir, *to)
+		return nil
 	}
 	if err := trainer.ExportCheckpoint(dir, *to); err != nil {
 		return err
@@ -65,6 +82,9 @@ func cmdCkpt(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, " %s=%d", k, st.Layout[k])
 	}
 	fmt.Fprintln(stdout)
+	if ix.LoRABase != "" {
+		fmt.Fprintf(stdout, "LoRA adapters of the base with SHA-256 %s (export with --lora or --merge-lora)\n", ix.LoRABase)
+	}
 	names := make([]string, 0, len(ix.Tensors))
 	for n := range ix.Tensors {
 		names = append(names, n)

@@ -4,6 +4,7 @@
 //	tinyacc sample --from FILE.safetensors [--prompt S] [--tokens N]
 //	tinyacc config show [--config FILE] [--key=value ...]
 //	tinyacc export --from CHECKPOINT --to FILE.safetensors
+//	tinyacc export --lora|--merge-lora --from CHECKPOINT --to DIR|FILE
 //	tinyacc ckpt inspect CHECKPOINT
 //	tinyacc plan --nproc 4 [--verify K]                the fastest layouts that fit, predicted
 //	tinyacc pp draw --pp 4 --micro 8 --schedule 1f1b   a pipeline schedule's timeline
@@ -84,6 +85,11 @@ Usage:
   tinyacc export --from CHECKPOINT --to FILE.safetensors
       Write a checkpoint's weights as one safetensors file (a Llama's
       with Hugging Face's config.json beside it).
+  tinyacc export --lora --from CHECKPOINT --to DIR
+      Write a LoRA checkpoint's adapters as Hugging Face PEFT does:
+      DIR/adapter_model.safetensors and DIR/adapter_config.json.
+  tinyacc export --merge-lora --from CHECKPOINT --to FILE.safetensors [--base FILE]
+      Write a LoRA checkpoint's base (its init_from) with the adapters merged in.
   tinyacc ckpt inspect CHECKPOINT
       List a checkpoint's tensors, shapes, layout and step; verify every digest.
   tinyacc pp draw --pp N --micro M [--schedule afab|1f1b|interleaved|zb1]

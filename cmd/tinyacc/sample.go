@@ -46,6 +46,9 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if _, ok := meta[trainer.MetaLoRABase]; ok {
+		return fmt.Errorf("sample: %s holds LoRA adapters, not a model (save_to of a run with lora.rank > 0): sample from its base with the adapters merged in (tinyacc export --merge-lora --from CHECKPOINT --to FILE)", *from)
+	}
 	if mc.NLayer == 0 {
 		var ok bool
 		mc, ok = trainer.ModelConfigFromMetadata(meta)

@@ -46,6 +46,9 @@ type Index struct {
 	Trainer TrainerState `json:"trainer"`
 	// Config is the resolved configuration of the run, key -> value.
 	Config map[string]any `json:"config"`
+	// LoRABase is the SHA-256 of the frozen base a LoRA run's adapters
+	// were trained on; Tensors then hold only what trains.
+	LoRABase string `json:"lora_base_sha256,omitempty"`
 }
 
 // FileInfo is one data file of a checkpoint.

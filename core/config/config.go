@@ -143,6 +143,15 @@ type Config struct {
 		Modules     []string `koanf:"modules"` // selective: any of norm, mlp_act, attn_core
 		Blocks      int      `koanf:"blocks"`  // full: the first N blocks of each stage recompute; 0 = all
 	} `koanf:"recompute"`
+	LoRA struct {
+		// Rank is the adapters' inner width; 0 trains every weight
+		// (docs/lora.md).
+		Rank        int      `koanf:"rank"`
+		Alpha       float64  `koanf:"alpha"`        // the update is scaled by alpha/rank
+		Dropout     float64  `koanf:"dropout"`      // dropout on the adapters' input
+		Targets     []string `koanf:"targets"`      // module names; default the attention's (c_attn; q_proj, v_proj)
+		TrainBiases string   `koanf:"train_biases"` // "none", or "all": the base's biases train too
+	} `koanf:"lora"`
 	Comm struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
@@ -238,6 +247,7 @@ func Defaults() Config {
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
 	c.CP.Attention, c.CP.Split = "ring", "zigzag"
 	c.Recompute.Granularity, c.Recompute.Modules = "none", []string{"norm", "mlp_act"}
+	c.LoRA.Alpha, c.LoRA.Targets, c.LoRA.TrainBiases = 16, DefaultLoRATargets("gpt2"), "none"
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"

@@ -136,6 +136,7 @@ func resolveBuiltin(layers []layer) (*Resolved, error) {
 	if err := r.Config.resolveTie(r.sources["model.tie_embeddings"]); err != nil { // llama.go
 		return nil, err
 	}
+	r.Config.resolveLoRATargets(r.sources["lora.targets"]) // lora.go
 	if err := r.Config.Validate(); err != nil {
 		return nil, err
 	}

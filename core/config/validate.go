@@ -108,6 +108,7 @@ func (c *Config) Validate() error {
 	c.validateCP(v)        // cp.go
 	c.validateMoE(v)       // moe.go
 	c.validateRecompute(v) // recompute.go
+	c.validateLoRA(v)      // lora.go
 	v.oneOf("comm.backend", c.Comm.Backend, "tcp", "mpi", "local")
 	if c.Comm.Timeout <= 0 {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)

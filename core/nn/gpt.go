@@ -15,6 +15,9 @@ type GPTConfig struct {
 	BlockSize int
 	VocabSize int
 	MoE       MoEConfig // mixture-of-experts blocks (moe.go); zero = dense
+	// LoRA freezes the base and adds adapters (lora.go); nil trains
+	// every weight.
+	LoRA *LoRAShape
 	// Llama describes a Llama-family model (llama.go); nil for GPT-2.
 	Llama *LlamaShape
 }
@@ -43,9 +46,21 @@ func (c GPTConfig) NumParams() int64 {
 }
 
 // FLOPsPerToken is the training cost of one token: 6Ψ for the matrix
-// products of forward and backward plus 6·L·C·T for attention.
+// products of forward and backward plus 6·L·C·T for attention. Under
+// LoRA the frozen base's weight gradients are not formed: 4Ψ for the
+// base (forward and input gradients) and 6 per adapter parameter.
 func (c GPTConfig) FLOPsPerToken() float64 {
-	return 6*float64(c.ActiveParams()) + 6*float64(c.NLayer*c.NEmbd*c.BlockSize)
+	attn := 6 * float64(c.NLayer*c.NEmbd*c.BlockSize)
+	if c.LoRA != nil {
+		var adapters int64
+		for _, ps := range c.ParamShapes() {
+			if IsAdapter(ps.Name) {
+				adapters += int64(ps.Shape[0] * ps.Shape[1])
+			}
+		}
+		return 4*float64(c.ActiveParams()) + 6*float64(adapters) + attn
+	}
+	return 6*float64(c.ActiveParams()) + attn
 }
 
 // LayerNormEps is GPT-2's LayerNorm epsilon.
@@ -179,8 +194,11 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 		alloc = tensor.Default
 	}
 	newP := func(mod *Module, local string, shape ...int) *tensor.Tensor {
-		p := alloc.NewShell(tensor.Params, dtype, shape...)
-		return mod.AddParam(local, p).RequiresGrad()
+		p := mod.AddParam(local, alloc.NewShell(tensor.Params, dtype, shape...))
+		if !cfg.Frozen(p.Name) { // lora.go
+			p.RequiresGrad()
+		}
+		return p
 	}
 	if ranges[0][0] == 0 {
 		e := &Embed{Module: NewModule("embed", "")}
@@ -214,6 +232,7 @@ func DescribeStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocator, r
 			}
 			b.Core = &CausalAttention{NHead: cfg.NHead}
 			b.Norm1, b.Norm2 = &LayerNorm{W: b.Ln1W, B: b.Ln1B}, &LayerNorm{W: b.Ln2W, B: b.Ln2B}
+			cfg.addAdapters(b, func(local string, shape ...int) *tensor.Tensor { return newP(b.Module, local, shape...) })
 			c.Blocks = append(c.Blocks, b)
 		}
 		m.Chunks = append(m.Chunks, c)
@@ -496,6 +515,7 @@ func (c GPTConfig) ParamShapes() []ParamShape {
 		out = append(out,
 			ParamShape{p + "mlp.c_fc.weight", []int{C, 4 * C}}, ParamShape{p + "mlp.c_fc.bias", []int{4 * C}},
 			ParamShape{p + "mlp.c_proj.weight", []int{4 * C, C}}, ParamShape{p + "mlp.c_proj.bias", []int{C}})
+		out = append(out, c.loraShapes(p[:len(p)-1])...) // lora.go
 	}
 	return append(out, ParamShape{"ln_f.weight", []int{C}}, ParamShape{"ln_f.bias", []int{C}})
 }

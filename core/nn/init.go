@@ -69,6 +69,12 @@ func (r *Rand) NormalAt(i int) float64 {
 	return boxMuller(unit(mix(k)), unit(mix(k+gamma)))
 }
 
+// UniformAt is a uniform number in [-1, 1) from draw i+1 of a fresh
+// generator, computed directly. The generator is not advanced.
+func (r *Rand) UniformAt(i int) float64 {
+	return 2*unit(mix(r.s+uint64(i+1)*gamma)) - 1
+}
+
 // FillNormal fills t with normal(0, std) numbers from the generator of
 // (seed, t.Name).
 func FillNormal(t *tensor.Tensor, seed int64, std float64) {
@@ -119,6 +125,9 @@ func (c GPTConfig) InitPart(seed int64, spec *place.Spec, at place.Coord, data *
 	value := func(g int) float64 { return v }
 	if std > 0 {
 		value = func(g int) float64 { return std * r.NormalAt(g) }
+	}
+	if bound, ok := loraInit(spec.Name, spec.Shape); ok { // lora.go
+		value = func(g int) float64 { return bound * r.UniformAt(g) }
 	}
 	spec.Runs(at, func(g, l, n int) {
 		switch data.DType() {

@@ -87,6 +87,7 @@ func (c GPTConfig) llamaShapes() []ParamShape {
 			ParamShape{p + "mlp.gate_proj.weight", []int{I, C}},
 			ParamShape{p + "mlp.up_proj.weight", []int{I, C}},
 			ParamShape{p + "mlp.down_proj.weight", []int{C, I}})
+		out = append(out, c.loraShapes(p[:len(p)-1])...) // lora.go
 	}
 	out = append(out, ParamShape{LlamaNormName, []int{C}})
 	if !c.Llama.Tied {
@@ -97,6 +98,7 @@ func (c GPTConfig) llamaShapes() []ParamShape {
 
 func (c GPTConfig) llamaParams() int64 {
 	var n int64
+	c.LoRA = nil
 	for _, s := range c.llamaShapes() {
 		k := int64(1)
 		for _, d := range s.Shape {
@@ -121,7 +123,11 @@ func describeLlamaStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocat
 	C, I, hs := cfg.NEmbd, l.Intermediate, cfg.HeadSize()
 	q, kv := cfg.NHead*hs, l.NKVHead*hs
 	newP := func(mod *Module, local string, shape ...int) *tensor.Tensor {
-		return mod.AddParam(local, alloc.NewShell(tensor.Params, dtype, shape...)).RequiresGrad()
+		p := mod.AddParam(local, alloc.NewShell(tensor.Params, dtype, shape...))
+		if !cfg.Frozen(p.Name) { // lora.go
+			p.RequiresGrad()
+		}
+		return p
 	}
 	m := &GPT{Config: cfg}
 	if ranges[0][0] == 0 {
@@ -148,6 +154,7 @@ func describeLlamaStage(cfg GPTConfig, dtype tensor.DType, alloc *tensor.Allocat
 			b.Core = &CausalAttention{NHead: cfg.NHead, NKVHead: l.NKVHead, RopeTheta: l.RopeTheta}
 			b.Fc, b.MlpProj = &DenseT{Ws: []*tensor.Tensor{wg, wu}}, &DenseT{Ws: []*tensor.Tensor{wd}}
 			b.Act = tensor.SiluMul
+			cfg.addAdapters(b, func(local string, shape ...int) *tensor.Tensor { return newP(b.Module, local, shape...) })
 			c.Blocks = append(c.Blocks, b)
 		}
 		m.Chunks = append(m.Chunks, c)

@@ -87,6 +87,14 @@ type PassInfo struct {
 	// ZeRO-3 neither prefetches the next unit nor releases this one, whose
 	// backward comes next.
 	Recompute bool
+	// Train marks a training forward (dropout applies; an evaluation's
+	// or sampling's forward leaves it false). Step is the optimizer step
+	// and Sample0 the index, in the step's global batch, of the first
+	// sequence this rank computes: with a row's position they name every
+	// element of an activation the same way in every layout, so a dropout
+	// mask drawn from them is one process's.
+	Train         bool
+	Step, Sample0 int
 }
 
 // BackwardOptions configures one backward pass.

@@ -71,3 +71,43 @@ func copyCols(dst *Tensor, dlo int, src *Tensor, slo, n, rows int) {
 		}
 	}
 }
+
+// AddColumns returns y with d added into its columns [lo, lo+w) of the
+// last dimension (w = d's last dimension): a low-rank adapter's update of
+// part of a fused output (a Llama's q and v inside q|k|v). The gradient of
+// y is the output's, d's its columns.
+func AddColumns(y, d *Tensor, lo int) *Tensor {
+	checkFloat("AddColumns", y, d)
+	w, wd := y.Dim(-1), d.Dim(-1)
+	rows := y.Numel() / max(1, w)
+	if lo < 0 || lo+wd > w || d.Numel() != rows*wd {
+		panic(fmt.Sprintf("tensor: AddColumns of %s into columns [%d:%d) of %s", d, lo, lo+wd, y))
+	}
+	out := like(y, y.shape...)
+	out.CopyFrom(y)
+	for r := 0; r < rows; r++ {
+		if y.dtype == Float32 {
+			o, s := out.f32[r*w+lo:r*w+lo+wd], d.f32[r*wd:(r+1)*wd]
+			for j := range o {
+				o[j] += s[j]
+			}
+		} else {
+			o, s := out.f64[r*w+lo:r*w+lo+wd], d.f64[r*wd:(r+1)*wd]
+			for j := range o {
+				o[j] += s[j]
+			}
+		}
+	}
+	record(out, "add_columns", func(_ *Backprop, g *Tensor) []*Tensor {
+		var gy, gd *Tensor
+		if y.requiresGrad {
+			gy = g
+		}
+		if d.requiresGrad {
+			gd = like(d, d.shape...)
+			copyCols(gd, 0, g, lo, wd, rows)
+		}
+		return []*Tensor{gy, gd}
+	}, y, d)
+	return out
+}

@@ -150,6 +150,42 @@ func Mul(a, b *Tensor) *Tensor {
 	return out
 }
 
+// Dropout returns x with the elements drop selects (by row and column of
+// the last dimension) zeroed and the others scaled by 1/(1-p); the
+// gradient is masked and scaled alike. drop decides each element once, in
+// the forward.
+func Dropout(x *Tensor, p float64, drop func(row, col int) bool) *Tensor {
+	checkFloat("Dropout", x)
+	k := x.Dim(-1)
+	rows := x.Numel() / max(1, k)
+	keep := make([]bool, rows*k)
+	out := like(x, x.shape...)
+	s := 1 / (1 - p)
+	for r := 0; r < rows; r++ {
+		for c := 0; c < k; c++ {
+			i := r*k + c
+			keep[i] = !drop(r, c)
+			if keep[i] {
+				out.Set(i, s*x.At(i))
+			} else {
+				out.Set(i, 0)
+			}
+		}
+	}
+	record(out, "dropout", func(_ *Backprop, g *Tensor) []*Tensor {
+		gx := like(x, x.shape...)
+		for i, kept := range keep {
+			if kept {
+				gx.Set(i, s*g.At(i))
+			} else {
+				gx.Set(i, 0)
+			}
+		}
+		return []*Tensor{gx}
+	}, x)
+	return out
+}
+
 // View returns x with a new shape of the same size, sharing storage; the
 // gradient flows through unchanged.
 func View(x *Tensor, shape ...int) *Tensor {

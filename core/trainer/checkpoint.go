@@ -88,6 +88,9 @@ func (t *Trainer) writeRankFiles(dir string) error {
 	var modelEntries, optEntries []ckpt.Entry
 	modelData, optData := map[string]*tensor.Tensor{}, map[string]*tensor.Tensor{}
 	for _, p := range t.Model.Params() {
+		if !kept(p) {
+			continue // a frozen base: init_from holds it (lora.go)
+		}
 		h, err := t.Holding(p)
 		if err != nil {
 			return err
@@ -178,11 +181,16 @@ func (t *Trainer) finishCheckpoint(root, tmp, final string, step int) error {
 			return err
 		}
 	}
-	for _, ps := range t.Model.Config.ParamShapes() {
+	for _, ps := range t.Model.Config.TrainedShapes() {
 		if ix.Tensors[ps.Name] == nil || len(ix.Tensors[ps.Name].Parts) == 0 {
 			return fmt.Errorf("no rank wrote parameter %s", ps.Name)
 		}
 	}
+	base, err := t.loraBase()
+	if err != nil {
+		return err
+	}
+	ix.LoRABase = base
 	entries, err := os.ReadDir(tmp)
 	if err != nil {
 		return err

@@ -71,7 +71,8 @@ func initialFill(m nn.GPTConfig, init Init) (fill partFiller, done func(), err e
 	if err != nil {
 		return nil, nil, err
 	}
-	return w.fill, func() { w.Close() }, nil
+	// The file holds the base; LoRA adapters start from their initial values.
+	return baseFrom(w.fill, initialValues(m, init.Seed)), func() { w.Close() }, nil
 }
 
 // CheckWeights refuses a weights file that would not load into the model
@@ -86,6 +87,9 @@ func CheckWeights(path string, m nn.GPTConfig, dtype tensor.DType) error {
 	}
 	defer w.Close()
 	for _, ps := range m.ParamShapes() {
+		if nn.IsAdapter(ps.Name) {
+			continue // adapters are not in a base's file
+		}
 		spec := place.NewSpec(ps.Name, ps.Shape)
 		if err := w.verify(spec, place.Single, dtype); err != nil {
 			return err
@@ -147,6 +151,17 @@ func initialValues(m nn.GPTConfig, seed int64) partFiller {
 	}
 }
 
+// baseFrom fills a LoRA run's base from file and its adapters, which a
+// base weights file does not hold, from their initial values (init).
+func baseFrom(file, init partFiller) partFiller {
+	return func(spec *place.Spec, c place.Coord, data *tensor.Tensor) error {
+		if nn.IsAdapter(spec.Name) {
+			return init(spec, c, data)
+		}
+		return file(spec, c, data)
+	}
+}
+
 // weightsFile is a weights file (SaveWeights, or Hugging Face GPT-2's)
 // opened for reading the parts of its tensors a rank holds.
 type weightsFile struct {
@@ -168,7 +183,7 @@ func openWeights(path string, m nn.GPTConfig) (*weightsFile, error) {
 	w := &weightsFile{path: path, r: r, key: map[string]string{}}
 	infos := map[string]ckpt.Info{}
 	own := map[string]bool{}
-	for _, ps := range m.ParamShapes() {
+	for _, ps := range m.BaseShapes() {
 		own[ps.Name] = true
 	}
 	for key, info := range r.Tensors() {
@@ -180,7 +195,7 @@ func openWeights(path string, m nn.GPTConfig) (*weightsFile, error) {
 		w.key[name] = key
 	}
 	var problems []string
-	for _, ps := range m.ParamShapes() {
+	for _, ps := range m.BaseShapes() { // a LoRA run's adapters start fresh (lora.go)
 		info, ok := infos[ps.Name]
 		if !ok {
 			problems = append(problems, fmt.Sprintf("missing %s %v", ps.Name, ps.Shape))

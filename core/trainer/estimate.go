@@ -66,6 +66,18 @@ func Numel(ps []nn.ParamShape) int64 {
 	return n
 }
 
+// TrainedOf are those of parameters ps that take a gradient in model m
+// (all but a frozen base's).
+func TrainedOf(m nn.GPTConfig, ps []nn.ParamShape) []nn.ParamShape {
+	var out []nn.ParamShape
+	for _, p := range ps {
+		if !m.Frozen(p.Name) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // MemoryEstimate is one rank's predicted memory. Its MemoryReport has the
 // fields of the run's "kind": "memory" rows, PeakBytes being the
 // simultaneous peak of training; the rest is what the process needs
@@ -159,8 +171,9 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 				in.Params = l.LocalParams(in, in.Params)
 			}
 		}
-		psi := Numel(in.Params)
-		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, perElem*psi
+		// A frozen base (LoRA) has neither gradients nor optimizer state.
+		psi, trained := Numel(in.Params), Numel(TrainedOf(m, in.Params))
+		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*trained, perElem*trained
 		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {

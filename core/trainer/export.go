@@ -70,6 +70,9 @@ func ExportCheckpoint(dir, to string) error {
 	if err := OutputDir("export --to", parentOf(to)); err != nil {
 		return err
 	}
+	if ix.LoRABase != "" {
+		return fmt.Errorf("export: %s holds LoRA adapters, not a model: export them with --lora (a PEFT adapter directory) or --merge-lora (the base with them merged in)", dir)
+	}
 	if err := ix.Verify(dir); err != nil {
 		return err
 	}

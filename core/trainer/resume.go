@@ -102,7 +102,15 @@ func (t *Trainer) checkCheckpoint(dir string, ix *ckpt.Index) error {
 			r.Close()
 		}
 	}()
-	for _, ps := range t.Model.Config.ParamShapes() {
+	base, err := t.loraBase()
+	if err != nil {
+		return err
+	}
+	if ix.LoRABase != base {
+		return fmt.Errorf("the checkpoint's adapters were trained on the base with SHA-256 %s, but this run's base (init_from=%q) has %s: resume with the base they were trained on",
+			ix.LoRABase, t.Cfg.InitFrom, base)
+	}
+	for _, ps := range t.Model.Config.TrainedShapes() { // a frozen base is init_from's (lora.go)
 		ti := ix.Tensors[ps.Name]
 		if ti == nil {
 			return fmt.Errorf("the checkpoint holds no tensor %s", ps.Name)
@@ -255,6 +263,9 @@ func (t *Trainer) loadState(dir string, ix *ckpt.Index) error {
 	// is a key a resumed run keeps, and the optimizer applies it by
 	// parameter); checked for every parameter before any is loaded.
 	for _, p := range t.Model.Params() {
+		if !kept(p) {
+			continue // a frozen base, filled from init_from at construction
+		}
 		ti := ix.Tensors[p.Name]
 		if ti == nil {
 			return fmt.Errorf("the checkpoint holds no tensor %s", p.Name)
@@ -271,6 +282,9 @@ func (t *Trainer) loadState(dir string, ix *ckpt.Index) error {
 		}
 	}
 	for _, p := range t.Model.Params() {
+		if !kept(p) {
+			continue
+		}
 		ti := ix.Tensors[p.Name]
 		h, err := t.Holding(p)
 		if err != nil {

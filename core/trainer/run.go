@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
@@ -84,6 +85,10 @@ func (t *Trainer) Run(ctx context.Context) (*Result, error) {
 		fmt.Fprintf(log, "tinyacc: GPT %d layers, %d heads, %d wide, context %d, vocab %d: %.2fM parameters\n",
 			cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.VocabSize,
 			float64(GPTConfig(cfg).NumParams())/1e6)
+		if m := GPTConfig(cfg); m.LoRA != nil {
+			fmt.Fprintf(log, "tinyacc: LoRA rank %d on %s: %d parameters train, the base is frozen\n",
+				m.LoRA.Rank, strings.Join(m.LoRA.Targets, ", "), Numel(m.TrainedShapes()))
+		}
 		if t.opts.Corpus != "" {
 			fmt.Fprintf(log, "tinyacc: data %s; %d training tokens, %d validation\n", t.opts.Corpus, t.Train.Len(), valLen(t))
 		}

@@ -17,6 +17,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"time"
 
@@ -146,6 +147,8 @@ type Trainer struct {
 	// keptReady are the parameters whose GradReady the step owner
 	// dispatches itself (KeepGradReady).
 	keptReady map[*tensor.Tensor]bool
+	// baseDigest names a LoRA run's base (lora.go); "" until needed.
+	baseDigest string
 }
 
 // New builds the model, optimizer and data of cfg and prepares the plugins.
@@ -196,6 +199,9 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 	}
 	if opt == nil && len(opts.Plugins) > 0 {
 		return nil, fmt.Errorf("trainer: plugin %s needs an optimizer to prepare; pass one (or no plugins for forward passes only)", opts.Plugins[0].Name())
+	}
+	if want, got := GPTConfig(cfg).LoRA, model.Config.LoRA; !reflect.DeepEqual(want, got) {
+		return nil, fmt.Errorf("trainer: the run's lora.* keys (lora.rank=%d) are not the model's (%s): build the model from the run's config, as GPT(accelerator.config) does", cfg.LoRA.Rank, loraText(got))
 	}
 	t, err := start(cfg, opts)
 	if err != nil {
@@ -379,12 +385,18 @@ func GPTConfig(cfg config.Config) nn.GPTConfig {
 		c.Llama = &nn.LlamaShape{NKVHead: cfg.KVHeads(), Intermediate: cfg.FFNWidth(), RopeTheta: cfg.Model.RopeTheta,
 			NormEps: cfg.Model.NormEps, Tied: cfg.Model.TieEmbeddings}
 	}
+	if l := cfg.LoRA; l.Rank > 0 {
+		c.LoRA = &nn.LoRAShape{Rank: l.Rank, Alpha: l.Alpha, Targets: l.Targets, TrainBiases: l.TrainBiases == "all",
+			Dropout: l.Dropout, Seed: cfg.Train.Seed}
+	}
 	return c
 }
 
-// BuildOptimizer creates the optimizer of cfg over params (weight decay
-// for tensors of two or more dimensions).
+// BuildOptimizer creates the optimizer of cfg over those of params that
+// take a gradient (weight decay for tensors of two or more dimensions):
+// a frozen base weight (LoRA) has no optimizer state.
 func BuildOptimizer(cfg config.Config, params []*tensor.Tensor, alloc *tensor.Allocator) optim.Optimizer {
+	params = slices.DeleteFunc(slices.Clone(params), func(p *tensor.Tensor) bool { return !p.NeedsGrad() })
 	return NewOptimizer(cfg, optim.DecayGroups(params, cfg.Train.WeightDecay), alloc)
 }
 
@@ -605,7 +617,7 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 	B := t.Cfg.Train.BatchSize
 	var sum float64
 	for a := 0; a < A; a++ {
-		info := tensor.PassInfo{Micro: a, Last: a == A-1}
+		info := t.TrainPass(step, a)
 		x, y := t.Train.Batch(step, a, t.DataRank, t.DataSize, B, A)
 		if err := t.Train.Err(); err != nil {
 			return 0, err
@@ -621,6 +633,16 @@ func (t *Trainer) forwardBackward(step int) (float64, error) {
 		}
 	}
 	return sum / float64(A), nil
+}
+
+// TrainPass is the PassInfo of micro-batch micro of training step step on
+// this rank: its first sequence is sample (micro·N + r)·B of the step's
+// global batch for data-parallel rank r of N, which is where
+// data.Loader.Batch reads it from.
+func (t *Trainer) TrainPass(step, micro int) tensor.PassInfo {
+	A, B := t.Cfg.Train.GradAccum, t.Cfg.Train.BatchSize
+	return tensor.PassInfo{Micro: micro, Last: micro == A-1, Train: true, Step: step,
+		Sample0: (micro*t.DataSize + t.DataRank) * B}
 }
 
 // Forward runs the PreForward hooks and the model on one micro-batch

@@ -57,7 +57,7 @@ func weightsMeta(c nn.GPTConfig) map[string]string {
 // through it.
 func (t *Trainer) SaveModel(path string) error {
 	mc := t.Model.Config
-	shapes := mc.ParamShapes()
+	shapes := mc.TrainedShapes() // under LoRA the adapters: the base is init_from (lora.go)
 	entries := make([]ckpt.Entry, len(shapes))
 	byName := map[string]nn.ParamShape{}
 	for i, ps := range shapes {
@@ -76,21 +76,28 @@ func (t *Trainer) SaveModel(path string) error {
 	}
 	var last *tensor.Tensor
 	done := 0
-	err := ckpt.SaveStream(path, entries, weightsMeta(mc), func(name string) (*tensor.Tensor, error) {
-		if last != nil {
-			last.Release()
-		}
-		var err error
-		last, err = t.GatherParam(byName[name], 0)
-		done++
-		if err == nil {
-			// Non-finite weights are worthless; the file at path is kept.
-			if i, bad := firstNonFinite(last); bad {
-				err = fmt.Errorf("save_to %s not written: tensor %s holds a non-finite value (element %d = %v)", path, name, i, last.At(i))
+	meta := weightsMeta(mc)
+	base, err := t.loraBase()
+	if base != "" {
+		loraMeta(meta, t.Cfg, base)
+	}
+	if err == nil {
+		err = ckpt.SaveStream(path, entries, meta, func(name string) (*tensor.Tensor, error) {
+			if last != nil {
+				last.Release()
 			}
-		}
-		return last, err
-	})
+			var err error
+			last, err = t.GatherParam(byName[name], 0)
+			done++
+			if err == nil {
+				// Non-finite weights are worthless; the file at path is kept.
+				if i, bad := firstNonFinite(last); bad {
+					err = fmt.Errorf("save_to %s not written: tensor %s holds a non-finite value (element %d = %v)", path, name, i, last.At(i))
+				}
+			}
+			return last, err
+		})
+	}
 	if last != nil {
 		last.Release()
 	}
@@ -127,11 +134,17 @@ func LoadWeights(m *nn.GPT, path string) error {
 	}
 	defer w.Close()
 	for _, p := range m.Params() {
+		if nn.IsAdapter(p.Name) {
+			continue // a base file holds no adapters: they keep their values
+		}
 		if err := w.verify(p.Spec, place.Single, p.DType()); err != nil {
 			return err
 		}
 	}
 	for _, p := range m.Params() {
+		if nn.IsAdapter(p.Name) {
+			continue
+		}
 		if err := w.fill(p.Spec, place.Single, p); err != nil {
 			return err
 		}
@@ -157,13 +170,14 @@ func (t *Trainer) LoadWeights(path string) error {
 		if err != nil {
 			return err
 		}
-		if h.Value.Data != nil {
+		if h.Value.Data != nil && !nn.IsAdapter(p.Name) {
 			if err := w.verify(h.Value.Spec, c, h.Value.Data.DType()); err != nil {
 				return err
 			}
 		}
 	}
-	return t.fillParams(w.fill)
+	// A base file holds no adapters (LoRA): they keep their values.
+	return t.fillParams(baseFrom(w.fill, func(*place.Spec, place.Coord, *tensor.Tensor) error { return nil }))
 }
 
 // ModelConfigFromMetadata reads the model shape a SaveWeights file records.

@@ -109,8 +109,29 @@ func (p *CP) Prepare(t *trainer.Trainer) error {
 			return fmt.Errorf("cp: %s's attention core is %T, not nn.CausalAttention; context parallel replaces the plain core (after tensor parallel)", b.Name(), b.Core)
 		}
 		b.Core = &Attention{NHead: c.NHead, NKVHead: c.NKVHead, RopeTheta: c.RopeTheta, G: g, Pos: all, Ring: p.Ring, Alloc: t.Alloc, Trace: t.Trace, Stats: &p.Stats}
+		if t.Cfg.LoRA.Rank > 0 && t.Cfg.LoRA.Dropout > 0 {
+			// LoRA's dropout draws an element's mask by its position
+			// (nn.Adapter.Drop): the linear layers are told this rank's.
+			for s := nn.SlotAttn; s <= nn.SlotMlpProj; s++ {
+				l := b.Layer(s)
+				*l = &Positioned{Inner: *l, Pos: mine}
+			}
+		}
 	}
 	return nil
+}
+
+// Positioned runs Inner on rows at the global positions Pos (this rank's
+// of each sequence).
+type Positioned struct {
+	Inner nn.Layer
+	Pos   []int
+}
+
+// Forward implements nn.Layer.
+func (l *Positioned) Forward(x *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
+	p.Pos = l.Pos
+	return l.Inner.Forward(x, p)
 }
 
 // GradReady implements trainer.GradReadier: with ReduceGrads, p's

@@ -88,7 +88,7 @@ func planBuckets(sizes []int64, firstCap, capBytes int64) [][]int {
 // layout allocates the buckets and makes every p.Grad a view of its slice
 // of one, so backward accumulates straight into what is sent.
 func (d *DDP) layout(t *trainer.Trainer) error {
-	params := t.Model.Params()
+	params := t.Model.TrainedParams() // a frozen base (LoRA) has no gradient to move
 	// Reverse order of use: backward makes the last layers' gradients
 	// final first, and wte (first used by the embedding lookup) last.
 	order := make([]*tensor.Tensor, len(params))

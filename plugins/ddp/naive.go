@@ -13,7 +13,7 @@ import (
 // every gradient over the ranks, one blocking all-reduce per parameter, in
 // the model's parameter order (the same on every rank).
 func (d *DDP) allReduceEach(t *trainer.Trainer) error {
-	for _, p := range t.Model.Params() {
+	for _, p := range t.Model.TrainedParams() { // a frozen base (LoRA) has no gradient
 		if p.Grad == nil {
 			// No gradient reached p on this rank; a zero one keeps every
 			// rank issuing the same collectives.

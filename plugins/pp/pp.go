@@ -131,7 +131,7 @@ func (o *Pipeline) RunStep(t *trainer.Trainer, step int) (float64, error) {
 			sl = &slot{}
 			slots[key] = sl
 		}
-		info := tensor.PassInfo{Micro: a.Micro, Last: a.Micro == A-1}
+		info := t.TrainPass(step, a.Micro)
 		k := a.Chunk / s.P // this rank's chunk index
 		var err error
 		switch a.Kind {
@@ -269,8 +269,8 @@ func (o *Pipeline) forward(t *trainer.Trainer, k int, first, last bool, in, x, y
 // neither waits on the other's pipeline traffic.
 func (o *Pipeline) tiedGrad(t *trainer.Trainer) error {
 	wte := t.Model.Param(t.Model.Config.TiedTable()) // none: an untied Llama
-	if wte == nil {
-		return nil
+	if wte == nil || !wte.NeedsGrad() {
+		return nil // or a frozen table (LoRA): no gradient to sum
 	}
 	if wte.Grad == nil {
 		return fmt.Errorf("pp: stage %d holds %s but backward gave it no gradient", o.rank, wte.Name)

@@ -25,6 +25,15 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 	for i, p := range ps {
 		shape := append([]int(nil), p.Shape...)
 		switch name := p.Name; {
+		case nn.IsAdapter(name):
+			// LoRA: B as a column-parallel base's output rows, A as a
+			// row-parallel base's input columns (lora.go).
+			row := strings.Contains(name, "c_proj.") || strings.Contains(name, "o_proj.") || strings.Contains(name, "down_proj.")
+			if row && strings.HasSuffix(name, ".lora_A.weight") {
+				shape[1] /= n
+			} else if !row && strings.HasSuffix(name, ".lora_B.weight") {
+				shape[0] /= n
+			}
 		case name == "wte.weight", name == nn.LlamaEmbedName, name == nn.LlamaHeadName:
 			lo, hi := VocabRange(shape[0], n, r)
 			shape[0] = hi - lo

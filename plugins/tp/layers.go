@@ -28,10 +28,13 @@ type ColumnParallel struct {
 	C      *Comm
 	SP     bool
 	Gather bool
+	// Adapters are LoRA's beside the frozen base (lora.go): A whole, B
+	// this rank's rows, Lo the local column their update starts at.
+	Adapters []*nn.Adapter
 }
 
 // Forward implements nn.Layer.
-func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, error) {
+func (l *ColumnParallel) Forward(x *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
 	var in *tensor.Tensor
 	var err error
 	if l.SP {
@@ -42,10 +45,15 @@ func (l *ColumnParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, e
 	if err != nil {
 		return nil, err
 	}
+	var y *tensor.Tensor
 	if l.Ws != nil {
-		return tensor.LinearT(in, l.Ws...), nil
+		y = tensor.LinearT(in, l.Ws...)
+	} else {
+		y = tensor.Linear(in, l.W, l.B)
 	}
-	y := tensor.Linear(in, l.W, l.B)
+	if y, err = l.C.addAdapters(y, in, p, l.Adapters, true); err != nil || l.Ws != nil {
+		return y, err
+	}
 	if !l.Gather {
 		return y, nil
 	}
@@ -77,10 +85,13 @@ type RowParallel struct {
 	SP    bool
 	Split bool
 	T     bool
+	// Adapters are LoRA's beside the frozen base (lora.go): A this
+	// rank's input columns, B whole.
+	Adapters []*nn.Adapter
 }
 
 // Forward implements nn.Layer.
-func (l *RowParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, error) {
+func (l *RowParallel) Forward(x *tensor.Tensor, p nn.Pass) (*tensor.Tensor, error) {
 	if l.Split {
 		k := l.W.Dim(0)
 		if l.T {
@@ -98,7 +109,10 @@ func (l *RowParallel) Forward(x *tensor.Tensor, _ nn.Pass) (*tensor.Tensor, erro
 	} else {
 		y = tensor.Linear(x, l.W, nil)
 	}
-	var err error
+	y, err := l.C.addAdapters(y, x, p, l.Adapters, false)
+	if err != nil {
+		return nil, err
+	}
 	if l.SP {
 		y, err = tensor.Apply("tp.scatter_seq", &scatterSeqFn{c: l.C, consume: true}, y)
 	} else {

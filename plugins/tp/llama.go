@@ -36,6 +36,7 @@ func (p *TP) splitLlama(t *trainer.Trainer, split func(*nn.Module, *tensor.Tenso
 		return place.Placement{Kind: place.Shard, Dim: dim, Offset: lo, Length: n}
 	}
 	for _, b := range t.Model.Blocks() {
+		ads := unwrapAdapters(b) // lora.go
 		attn, ok1 := b.Attn.(*nn.DenseT)
 		proj, ok2 := b.AttnProj.(*nn.DenseT)
 		fc, ok3 := b.Fc.(*nn.DenseT)
@@ -64,6 +65,39 @@ func (p *TP) splitLlama(t *trainer.Trainer, split func(*nn.Module, *tensor.Tenso
 		b.AttnProj = &RowParallel{W: ps[3], C: p.c, SP: p.SP, T: true}
 		b.Fc = &ColumnParallel{Ws: ps[4:6], C: p.c, SP: p.SP}
 		b.MlpProj = &RowParallel{W: ps[6], C: p.c, SP: p.SP, T: true}
+		// Adapters follow their weight: B the rows of a column-parallel
+		// one (starting, in this rank's fused output, after the local
+		// parts of the weights before it), A the columns of o_proj and
+		// down_proj (lora.go).
+		q, kv := mc.NHead*hs, mc.KVHeads()*hs
+		qL, kvL := (h1-h0)*hs, (g1-g0)*hs
+		type part struct {
+			pl place.Placement
+			lo int // local start of its columns
+		}
+		byLo := map[nn.Slot]map[int]part{
+			nn.SlotAttn: {0: {at(0, h0*hs, qL), 0}, q: {at(0, g0*hs, kvL), qL}, q + kv: {at(0, g0*hs, kvL), qL + kvL}},
+			nn.SlotFc:   {0: {at(0, r*f, f), 0}, mc.FFN(): {at(0, r*f, f), f}},
+		}
+		rowsIn := map[nn.Slot]place.Placement{nn.SlotAttnProj: at(1, h0*hs, qL), nn.SlotMlpProj: at(1, r*f, f)}
+		for slot, l := range map[nn.Slot]*[]*nn.Adapter{nn.SlotAttn: &b.Attn.(*ColumnParallel).Adapters, nn.SlotAttnProj: &b.AttnProj.(*RowParallel).Adapters,
+			nn.SlotFc: &b.Fc.(*ColumnParallel).Adapters, nn.SlotMlpProj: &b.MlpProj.(*RowParallel).Adapters} {
+			for _, a := range ads[slot] {
+				var err error
+				if pl, ok := rowsIn[slot]; ok {
+					a.A, err = split(b.Module, a.A, pl)
+					a.Col0 = pl.Offset
+				} else {
+					pt := byLo[slot][a.Lo]
+					a.B, err = split(b.Module, a.B, pt.pl)
+					a.Lo = pt.lo
+				}
+				if err != nil {
+					return err
+				}
+			}
+			*l = ads[slot]
+		}
 		if p.SP {
 			b.Norm1 = &RMSNorm{W: b.Ln1W, Eps: eps, C: p.c}
 			b.Norm2 = &RMSNorm{W: b.Ln2W, Eps: eps, C: p.c}

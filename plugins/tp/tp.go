@@ -127,6 +127,7 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 		blocks, embed, head = nil, nil, nil
 	}
 	for _, b := range blocks {
+		ads := unwrapAdapters(b) // lora.go
 		attn, proj, fc, mlp, err := denses(b)
 		if err != nil {
 			return err
@@ -157,6 +158,29 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 		b.AttnProj = &RowParallel{W: ps[2], B: ps[3], C: p.c, SP: p.SP}
 		b.Fc = &ColumnParallel{W: ps[4], B: ps[5], C: p.c, SP: p.SP}
 		b.MlpProj = &RowParallel{W: ps[6], B: ps[7], C: p.c, SP: p.SP}
+		// The adapters' B follows a column-parallel base's output rows,
+		// their A a row-parallel base's input columns (lora.go).
+		for _, s := range []struct {
+			ads []*nn.Adapter
+			pl  place.Placement
+			dst *[]*nn.Adapter
+		}{
+			{ads[nn.SlotAttn], nn.QKVShard(0, C, H, h0, h1), &b.Attn.(*ColumnParallel).Adapters},
+			{ads[nn.SlotAttnProj], cols(1, h0*hs, (h1-h0)*hs), &b.AttnProj.(*RowParallel).Adapters},
+			{ads[nn.SlotFc], rows(r*f, f), &b.Fc.(*ColumnParallel).Adapters},
+			{ads[nn.SlotMlpProj], cols(1, r*f, f), &b.MlpProj.(*RowParallel).Adapters},
+		} {
+			for _, a := range s.ads {
+				w := &a.B
+				if s.pl.Dim == 1 {
+					w, a.Col0 = &a.A, s.pl.Offset
+				}
+				if *w, err = split(b.Module, *w, s.pl); err != nil {
+					return err
+				}
+			}
+			*s.dst = s.ads
+		}
 		if p.SP {
 			b.Norm1 = &LayerNorm{W: b.Ln1W, B: b.Ln1B, C: p.c}
 			b.Norm2 = &LayerNorm{W: b.Ln2W, B: b.Ln2B, C: p.c}
@@ -249,7 +273,9 @@ func shard(a *tensor.Allocator, c place.Coord, mod *nn.Module, q *tensor.Tensor,
 		s = a.NewShell(tensor.Params, q.DType(), spec.LocalShape()...)
 		s.Name = q.Name
 	}
-	s.RequiresGrad()
+	if q.NeedsGrad() { // a frozen base (LoRA) stays frozen
+		s.RequiresGrad()
+	}
 	s.Spec = spec
 	if q.Grad != nil {
 		s.Grad = cut(q.Grad, tensor.Grads)

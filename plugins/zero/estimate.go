@@ -22,9 +22,10 @@ func Estimator(stage int) (trainer.MemoryEstimator, error) {
 // unitNumels are the parameter elements of the units NewLayout makes for
 // the parameters ps a rank holds (the whole model's, or a tensor-parallel
 // rank's parts), in forward order: the embed unit (wte, wpe),
-// each block, the head (ln_f; a Llama's norm and lm_head).
-func unitNumels(ps []nn.ParamShape) []int {
-	var units []int
+// each block, the head (ln_f; a Llama's norm and lm_head), and whether
+// the first is the embed unit. A frozen base's parameters (LoRA) are in
+// no unit: pass the parameters that take a gradient.
+func unitNumels(ps []nn.ParamShape) (units []int, embed bool) {
 	cur, name := 0, ""
 	for _, p := range ps {
 		unit := "embed"
@@ -40,6 +41,9 @@ func unitNumels(ps []nn.ParamShape) []int {
 			units = append(units, cur)
 			cur = 0
 		}
+		if name == "" {
+			embed = unit == "embed"
+		}
 		name = unit
 		n := 1
 		for _, d := range p.Shape {
@@ -47,7 +51,7 @@ func unitNumels(ps []nn.ParamShape) []int {
 		}
 		cur += n
 	}
-	return append(units, cur)
+	return append(units, cur), embed
 }
 
 // EstimateMemory implements trainer.MemoryEstimator with the table of
@@ -56,7 +60,11 @@ func unitNumels(ps []nn.ParamShape) []int {
 // stages 2 and 3, G stage 3's gathered parameters.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
-	numels := unitNumels(in.Params)
+	// ZeRO lays out the parameters that take a gradient; a frozen base
+	// (LoRA) stays whole on every rank, beside the units.
+	trained := trainer.TrainedOf(in.Model, in.Params)
+	frozen := trainer.Numel(in.Params) - trainer.Numel(trained)
+	numels, hasEmbed := unitNumels(trained)
 	var padded, owned, embed, pair, largest int64
 	sizes := make([]int64, len(numels))
 	for i, num := range numels {
@@ -72,7 +80,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	}
 	embed = sizes[0]
 	first := 1
-	if in.Model.TiedTable() == "" {
+	if in.Model.TiedTable() == "" || !hasEmbed {
 		// An untied head reads no table of the embed unit, which is then
 		// gathered only around its own forward and backward: one unit of
 		// the pairs.
@@ -88,11 +96,11 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	if k := len(sizes); k >= 3 {
 		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
 	}
-	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
+	perElem := e.OptimBytes / max(1, trainer.Numel(trained)) // 8 for AdamW, 4 for SGD momentum
 	e.OptimBytes = perElem * owned
 	// Gradients the plugins before ZeRO added beyond the parameters'
 	// (a pipeline stage's received inputs) are not ZeRO's to shard.
-	otherGrads := e.GradsBytes - 4*trainer.Numel(in.Params)
+	otherGrads := e.GradsBytes - 4*trainer.Numel(trained)
 	switch z.stage {
 	case 1:
 		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded
@@ -102,6 +110,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	case 3:
 		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+4*gathered, 4*padded/int64(n)+transient
 	}
+	e.ParamsBytes += 4 * frozen
 	e.GradsBytes += otherGrads
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed

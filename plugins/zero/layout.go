@@ -59,8 +59,8 @@ type Layout struct {
 	rangeOf map[*tensor.Tensor]*Range
 }
 
-// NewLayout lays out m's parameters unit by unit (embed, each block, head)
-// for a group of n ranks and this rank. Parameters keep their registration
+// NewLayout lays out m's parameters that take a gradient unit by unit
+// (embed, each block, head) for a group of n ranks and this rank. Parameters keep their registration
 // order inside a unit; each unit is padded at its end so it splits into n
 // equal shards.
 func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
@@ -68,11 +68,18 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 		return nil, fmt.Errorf("zero: layout for rank %d of a group of %d: the rank must be in [0, size)", rank, n)
 	}
 	l := &Layout{N: n, Rank: rank, unitOf: map[*tensor.Tensor]int{}, rangeOf: map[*tensor.Tensor]*Range{}}
-	mods := m.Modules()
-	for i, mod := range mods {
+	for _, mod := range m.Modules() {
+		i := len(l.Units)
 		u := &Unit{Index: i, Module: mod, Name: mod.Name()}
 		u.Lookup = m.Embed != nil && mod == m.Embed.Module
 		for _, p := range mod.Params() {
+			if !p.NeedsGrad() {
+				// A frozen parameter (LoRA's base) has no gradient and no
+				// optimizer state: it stays a whole tensor on every rank,
+				// outside the flat buffers, and a module of only frozen
+				// parameters is no unit.
+				continue
+			}
 			if _, dup := l.unitOf[p]; dup {
 				return nil, fmt.Errorf("zero: parameter %s belongs to two modules", p.Name)
 			}
@@ -82,6 +89,9 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 			u.Ranges = append(u.Ranges, Range{Name: p.Name, Param: p, Offset: u.Numel, Numel: p.Numel(), Decay: len(p.Shape()) >= 2})
 			u.Numel += p.Numel()
 			l.unitOf[p] = i
+		}
+		if len(u.Ranges) == 0 {
+			continue
 		}
 		u.Size = (u.Numel + n - 1) / n * n
 		u.Shard = u.Size / n
@@ -94,9 +104,9 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 	}
 	// The head computes logits against wte, which the embed unit holds
 	// when this model has both (a pipeline's last stage has its own).
-	if m.Head != nil {
+	if m.Head != nil && len(l.Units) > 0 {
 		head := l.Units[len(l.Units)-1]
-		if e, ok := l.unitOf[m.Head.Wte]; ok && e != head.Index {
+		if e, ok := l.unitOf[m.Head.Wte]; ok && e != head.Index && head.Module == m.Head.Module {
 			head.Uses = append(head.Uses, e)
 		}
 	}

@@ -19,8 +19,17 @@ AdamW and writes OUT with
 
     loss          F64 [S]  loss of each step, computed before its update
     grad_norm     F64 [S]  global L2 norm of each step's gradients, pre-clip
-    grad.<name>   gradients of the first step, before clipping
+    grad.<name>   gradients of the first step (or of step grad_step, when
+                  the metadata names one), before clipping, of every
+                  parameter that takes one
     param.<name>  parameters after all S steps
+
+LoRA: metadata lora_rank > 0 (with lora_alpha, lora_targets, a comma list
+of module names matched as PEFT matches target_modules, and optionally
+lora_train_biases=all) freezes every base parameter and gives each
+targeted Conv1D a LoRA adapter: lora_A, lora_B as nn.Linear without bias
+(weights [r, in] and [out, r]), adding lora_B(lora_A(x)) * alpha / r.
+IN then holds the adapters' initial weights too.
 
 and IN's metadata plus `torch_version`.
 """
@@ -28,6 +37,7 @@ and IN's metadata plus `torch_version`.
 import argparse
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -81,9 +91,43 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(n_in, n_out, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(n_out, dtype=dtype))
+        self.scaling = None
+
+    def add_lora(self, r, alpha):
+        """Give the layer a LoRA adapter as PEFT's lora.Linear does."""
+        n_in, n_out = self.weight.shape
+        self.lora_A = nn.Linear(n_in, r, bias=False, dtype=self.weight.dtype)
+        self.lora_B = nn.Linear(r, n_out, bias=False, dtype=self.weight.dtype)
+        self.scaling = alpha / r
 
     def forward(self, x):
-        return x @ self.weight + self.bias
+        y = x @ self.weight + self.bias
+        if self.scaling is not None:
+            y = y + self.lora_B(self.lora_A(x)) * self.scaling
+        return y
+
+
+def apply_lora_(model, r, alpha, targets, train_biases=False, layer=None):
+    """Freeze the base and add adapters to the layers `targets` names.
+
+    layer is the class of the linear layers (Conv1D here; llama_ref's
+    Linear), each with an add_lora method. A module is targeted when its
+    dotted name inside its block (after h.<i>. or model.layers.<i>.) equals
+    a target or ends with "." and one, PEFT's rule for target_modules."""
+    hit = set()
+    for name, mod in model.named_modules():
+        m = re.match(r"^(?:h|model\.layers)\.\d+\.(.+)$", name)
+        if not isinstance(mod, layer or Conv1D) or m is None:
+            continue
+        local = m.group(1)  # h.0.attn.c_attn -> attn.c_attn
+        for t in targets:
+            if local == t or local.endswith("." + t):
+                mod.add_lora(r, alpha)
+                hit.add(t)
+    if hit != set(targets):
+        raise ValueError("lora_targets %s name no Conv1D module" % sorted(set(targets) - hit))
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name or (train_biases and name.endswith(".bias")))
 
 
 class Embedding(nn.Module):
@@ -201,8 +245,8 @@ def init_gpt2_(model, generator=None, std=0.02):
 
 def make_optimizer(model, lr, beta1, beta2, eps, weight_decay):
     """AdamW with decay on matrices only (dim >= 2); biases and norms exempt."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.dim() >= 2 and p.requires_grad]
+    no_decay = [p for p in model.parameters() if p.dim() < 2 and p.requires_grad]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -235,7 +279,7 @@ def train_step(model, opt, x, y, grad_clip, on_grads=None, autocast=None):
     if on_grads is not None:
         on_grads(model)
     if grad_clip > 0:
-        norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
     else:
         norm = global_grad_norm(model)
     opt.step()
@@ -323,6 +367,10 @@ def run_reference(tensors, metadata, autocast=None):
         raise ValueError("parameters are %s; give them as F32 or F64" % np_dtype)
     dtype = dtypes[np_dtype]
     model = GPT2(cfg, dtype)
+    if int(metadata.get("lora_rank", "0")) > 0:
+        apply_lora_(model, int(metadata["lora_rank"]), float(metadata["lora_alpha"]),
+                    [t.strip() for t in metadata["lora_targets"].split(",") if t.strip()],
+                    metadata.get("lora_train_biases", "none") == "all")
     for name, _ in model.named_parameters():
         if name in tensors and tensors[name].dtype != np_dtype:
             raise ValueError("%s is %s but wte.weight is %s; use one dtype for all parameters"
@@ -335,11 +383,14 @@ def run_reference(tensors, metadata, autocast=None):
 
     def record_grads(m):
         for name, p in m.named_parameters():
-            out["grad." + name] = p.grad.detach().numpy().copy()
+            if p.requires_grad:
+                out["grad." + name] = p.grad.detach().numpy().copy()
+
+    grad_step = int(metadata.get("grad_step", "0"))
 
     losses, norms = [], []
     for s in range(xs.shape[0]):
-        loss, norm = train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == 0 else None,
+        loss, norm = train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == grad_step else None,
                                 autocast)
         losses.append(loss)
         norms.append(norm)

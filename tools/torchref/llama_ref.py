@@ -18,7 +18,9 @@ IN holds every parameter (all F32 or all F64), the batches `batch.x` and
 n_embd, intermediate_size, block_size, vocab_size, rope_theta, norm_eps,
 tie_embeddings ("true"/"false"), lr, beta1, beta2, eps, weight_decay,
 grad_clip. OUT is laid out as gpt2_ref.py's: loss, grad_norm, grad.<name>
-(first step, before clipping) and param.<name> (after all S steps).
+(first step, or step grad_step, before clipping) and param.<name> (after
+all S steps). The lora_* metadata adds adapters as gpt2_ref.py's does, to
+the Linear layers of the blocks.
 """
 
 import argparse
@@ -50,9 +52,20 @@ class Linear(nn.Module):
     def __init__(self, n_in, n_out, dtype):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(n_out, n_in, dtype=dtype))
+        self.scaling = None
+
+    def add_lora(self, r, alpha):
+        """Give the layer a LoRA adapter as PEFT's lora.Linear does."""
+        n_out, n_in = self.weight.shape
+        self.lora_A = nn.Linear(n_in, r, bias=False, dtype=self.weight.dtype)
+        self.lora_B = nn.Linear(r, n_out, bias=False, dtype=self.weight.dtype)
+        self.scaling = alpha / r
 
     def forward(self, x):
-        return x @ self.weight.t()
+        y = x @ self.weight.t()
+        if self.scaling is not None:
+            y = y + self.lora_B(self.lora_A(x)) * self.scaling
+        return y
 
 
 class Embedding(nn.Module):
@@ -202,6 +215,9 @@ def run_reference(tensors, metadata):
     if tensors[name].dtype not in dtypes:
         raise ValueError("parameters are %s; give them as F32 or F64" % tensors[name].dtype)
     model = Llama(cfg, dtypes[tensors[name].dtype])
+    if int(metadata.get("lora_rank", "0")) > 0:
+        gpt2_ref.apply_lora_(model, int(metadata["lora_rank"]), float(metadata["lora_alpha"]),
+                             [t.strip() for t in metadata["lora_targets"].split(",") if t.strip()], layer=Linear)
     gpt2_ref.load_params_(model, tensors)
     xs, ys = gpt2_ref._batches(tensors, cfg)
     opt = gpt2_ref.make_optimizer(model, train["lr"], train["beta1"], train["beta2"], train["eps"], train["weight_decay"])
@@ -209,11 +225,14 @@ def run_reference(tensors, metadata):
 
     def record_grads(m):
         for n, p in m.named_parameters():
-            out["grad." + n] = p.grad.detach().numpy().copy()
+            if p.requires_grad:
+                out["grad." + n] = p.grad.detach().numpy().copy()
 
+    grad_step = int(metadata.get("grad_step", "0"))
     losses, norms = [], []
     for s in range(xs.shape[0]):
-        loss, norm = gpt2_ref.train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == 0 else None)
+        loss, norm = gpt2_ref.train_step(model, opt, xs[s], ys[s], train["grad_clip"],
+                                         record_grads if s == grad_step else None)
         losses.append(loss)
         norms.append(norm)
     for n, p in model.named_parameters():
