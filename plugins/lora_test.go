@@ -307,10 +307,9 @@ func TestLoRADropout(t *testing.T) {
 // measured 4.6e-3 on a B, 2.4e-4 on a gradient norm, 6e-6 on a loss. The
 // activations also cross the tp ranks in bf16 (each crossing rounds once),
 // which lifted a gradient norm to 1.2e-3, an A to 1.8e-2 and the Bs to
-// 6.8e-2: AdamW's
-// first steps move each element by about lr·sign(g), so an element whose
-// gradient is near zero flips with the rounding, and a B is nothing but
-// those steps. Held to 4e-3 (one bf16 step, 2^-8) on losses and gradient
+// 6.8e-2: AdamW's first steps move each element by about lr·sign(g), so an
+// element whose gradient is near zero flips with the rounding, and a B is
+// nothing but those steps. Held to 4e-3 (one bf16 step, 2^-8) on losses and gradient
 // norms, 3e-2 on weights (TestEquivalenceMixedPrecision's bound for
 // activations on the wire) and 0.2 on the Bs.
 func TestLoRAMixedPrecision(t *testing.T) {
