@@ -87,6 +87,7 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	n := Numel(shape)
 	t := &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, alloc: a, home: a}
 	a.mu.Lock()
+	t.acct = a.accountAs(cat, dtype) // precision.go
 	var buf any
 	k := poolKey{dtype, n}
 	if a.backing != nil {
@@ -96,10 +97,10 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 		a.free[k] = l[:len(l)-1]
 	}
 	b := int64(n) * int64(dtype.Size())
-	a.cur[cat] += b
+	a.cur[t.acct] += b
 	a.total += b
-	if a.cur[cat] > a.peak[cat] {
-		a.peak[cat] = a.cur[cat]
+	if a.cur[t.acct] > a.peak[t.acct] {
+		a.peak[t.acct] = a.cur[t.acct]
 	}
 	if a.total > a.tpeak {
 		a.tpeak = a.total
@@ -125,6 +126,12 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 		} else {
 			t.i32 = make([]int32, n)
 		}
+	case BFloat16, Float16:
+		if buf != nil {
+			t.u16 = buf.([]uint16)
+		} else {
+			t.u16 = make([]uint16, n)
+		}
 	default:
 		panic("tensor: no storage for " + dtype.String())
 	}
@@ -134,6 +141,7 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 // Release returns t's storage to its allocator. t must not be used afterwards.
 // Releasing a tensor that was not allocated (FromF32) or twice is a no-op.
 func (t *Tensor) Release() {
+	t.dropHalf()
 	a := t.alloc
 	if a == nil {
 		return
@@ -148,10 +156,12 @@ func (t *Tensor) Release() {
 		buf = t.f64
 	case Int32:
 		buf = t.i32
+	case BFloat16, Float16:
+		buf = t.u16
 	}
-	t.f32, t.f64, t.i32 = nil, nil, nil
+	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 	a.mu.Lock()
-	a.cur[t.cat] -= b
+	a.cur[t.acct] -= b
 	a.total -= b
 	if !a.noPool && buf != nil {
 		k := poolKey{t.dtype, Numel(t.shape)}
@@ -165,11 +175,13 @@ func (t *Tensor) Release() {
 func (t *Tensor) Recategorize(cat Category) {
 	if a := t.alloc; a != nil {
 		a.mu.Lock()
-		a.cur[t.cat] -= t.Bytes()
-		a.cur[cat] += t.Bytes()
-		if a.cur[cat] > a.peak[cat] {
-			a.peak[cat] = a.cur[cat]
+		acct := a.accountAs(cat, t.dtype)
+		a.cur[t.acct] -= t.Bytes()
+		a.cur[acct] += t.Bytes()
+		if a.cur[acct] > a.peak[acct] {
+			a.peak[acct] = a.cur[acct]
 		}
+		t.acct = acct
 		a.mu.Unlock()
 	}
 	t.cat = cat
@@ -254,5 +266,5 @@ func (t *Tensor) Allocate() {
 		a = Default
 	}
 	s := a.New(t.cat, t.dtype, t.shape...)
-	t.f32, t.f64, t.i32, t.alloc = s.f32, s.f64, s.i32, a
+	t.f32, t.f64, t.i32, t.u16, t.alloc, t.acct = s.f32, s.f64, s.i32, s.u16, a, s.acct
 }

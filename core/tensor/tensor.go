@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // DType is the element type of a tensor.
@@ -21,8 +22,8 @@ const (
 	Float32 DType = iota
 	Float64
 	Int32
-	BFloat16 // a compute dtype under mixed precision (precision.go); no tensor stores it yet
-	Float16  // IEEE binary16, likewise a compute dtype only
+	BFloat16 // a compute dtype under mixed precision (precision.go); stored by the half copies of parameters
+	Float16  // IEEE binary16, likewise
 )
 
 // Size is the number of bytes of one element.
@@ -85,6 +86,16 @@ type Tensor struct {
 	f32 []float32
 	f64 []float64
 	i32 []int32
+	u16 []uint16 // BFloat16 and Float16: the numbers' 16-bit patterns
+
+	// acct is the category the allocator counts the storage in: cat,
+	// except for float32 parameters under mixed precision, the masters,
+	// counted with the optimizer state (precision.go).
+	acct Category
+	// half is the half-precision copy a parameter's matrix products read
+	// under mixed precision (precision.go); nil until one reads it and
+	// after the master changes.
+	half *Tensor
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
@@ -210,6 +221,10 @@ func (t *Tensor) At(i int) float64 {
 		return t.f64[i]
 	case Int32:
 		return float64(t.i32[i])
+	case BFloat16:
+		return float64(cpu.BF16ToF32(t.u16[i]))
+	case Float16:
+		return float64(cpu.F16ToF32(t.u16[i]))
 	}
 	panic("tensor: At on " + t.dtype.String())
 }
@@ -249,6 +264,7 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
 	c.views, c.dropped, c.refilled = nil, false, false
+	c.half = nil
 	if t.cat == Activations {
 		b := t.base
 		if b == nil {
@@ -306,6 +322,8 @@ func (t *Tensor) Clone(cat Category) *Tensor {
 // Zero sets every element to zero.
 func (t *Tensor) Zero() {
 	switch t.dtype {
+	case BFloat16, Float16:
+		clear(t.u16)
 	case Float32:
 		clear(t.f32)
 	case Float64:
@@ -343,6 +361,7 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 		panic(fmt.Sprintf("tensor: cannot alias %s to %d elements at %d of %s", t, t.Numel(), offset, flat))
 	}
 	t.Release()
+	t.dropHalf()
 	n := t.Numel()
 	switch t.dtype {
 	case Float32:
@@ -359,10 +378,11 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 // a parameter between uses); any use of its data in between panics.
 func (t *Tensor) DropStorage() {
 	t.Release()
-	t.f32, t.f64, t.i32 = nil, nil, nil
+	t.dropHalf()
+	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 }
 
 // HasStorage reports whether t currently holds elements.
 func (t *Tensor) HasStorage() bool {
-	return t.f32 != nil || t.f64 != nil || t.i32 != nil || t.Numel() == 0
+	return t.f32 != nil || t.f64 != nil || t.i32 != nil || t.u16 != nil || t.Numel() == 0
 }
