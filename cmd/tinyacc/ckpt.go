@@ -19,17 +19,21 @@ func cmdExport(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	from := fs.String("from", "", "checkpoint directory (step-NNNNNNN, or a checkpoint root for its latest)")
 	to := fs.String("to", "", "safetensors file to write")
+	dtype := fs.String("dtype", "", "dtype of the written weights: fp32 or bf16 (default: the checkpoint's, float32 or float64)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *dtype != "" && *dtype != "fp32" && *dtype != "bf16" {
+		return fmt.Errorf("export: --dtype %q: use fp32 or bf16", *dtype)
+	}
 	if *from == "" || *to == "" {
-		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors")
+		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors [--dtype fp32|bf16]")
 	}
 	dir, err := ckpt.Resolve(*from)
 	if err != nil {
 		return err
 	}
-	if err := trainer.ExportCheckpoint(dir, *to); err != nil {
+	if err := trainer.ExportCheckpointAs(dir, *to, *dtype); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "tinyacc: exported %s to %s\n", dir, *to)

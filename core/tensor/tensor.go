@@ -212,6 +212,15 @@ func (t *Tensor) I32() []int32 {
 	return t.i32
 }
 
+// U16 returns the 16-bit patterns of a BFloat16 or Float16 tensor; it
+// panics for other dtypes.
+func (t *Tensor) U16() []uint16 {
+	if t.dtype != BFloat16 && t.dtype != Float16 {
+		panic("tensor: U16 on a " + t.dtype.String() + " tensor")
+	}
+	return t.u16
+}
+
 // At returns element i (flat index) as a float64, whatever the dtype.
 func (t *Tensor) At(i int) float64 {
 	switch t.dtype {
