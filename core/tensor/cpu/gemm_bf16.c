@@ -44,15 +44,76 @@ static inline uint16_t elem(const void *x, int f32, int trans, long ld, long r, 
 	return f32 ? round_bf16(((const float *)x)[off]) : ((const uint16_t *)x)[off];
 }
 
+// round16 is round_bf16 on 16 float32 bit patterns: the bf16 in the low
+// half of each 32-bit lane, the high half zero.
+__attribute__((target("avx512f")))
+static inline __m512i round16(__m512i u) {
+	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+	__m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+	__mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+	__m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+	return _mm512_mask_mov_epi32(r, nan, quiet);
+}
+
+// pack_pairs_vec packs the first pairs full pairs of panel columns
+// j0..j0+NR (all below n) 16 columns at a time: the same lanes as the scalar
+// loop of tacc_bf16_pack_b, each a 32-bit (B[2q][j], B[2q+1][j]). Not
+// transposed, the two rows are contiguous runs; transposed (B[j][2q] and
+// B[j][2q+1] side by side in row j of the stored matrix), each lane is
+// gathered from its row. gather says the stored offsets fit the gather's
+// 32-bit indices.
+__attribute__((target("avx512f,avx512bw")))
+static void pack_pairs_vec(const void *b, int b_f32, int trans, long ldb, long j0, long pairs, uint32_t *out) {
+	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	for (long q = 0; q < pairs; q++) {
+		for (long h = 0; h < NR; h += 16) {
+			__m512i lo, hi, v;
+			if (!trans) {
+				long o0 = 2 * q * ldb + j0 + h, o1 = o0 + ldb;
+				if (b_f32) {
+					lo = round16(_mm512_loadu_si512((const float *)b + o0));
+					hi = round16(_mm512_loadu_si512((const float *)b + o1));
+				} else {
+					lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b + o0)));
+					hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b + o1)));
+				}
+				v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+			} else {
+				// element offsets (j0+h+lane)*ldb + 2q
+				__m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)(j0 + h))),
+										 _mm512_set1_epi32((int)ldb)),
+							       _mm512_set1_epi32((int)(2 * q)));
+				if (b_f32) {
+					lo = round16(_mm512_i32gather_epi32(idx, b, 4));
+					hi = round16(_mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(1)), b, 4));
+					v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+				} else {
+					v = _mm512_i32gather_epi32(_mm512_add_epi32(idx, idx), b, 1); // both halves, little-endian
+				}
+			}
+			_mm512_storeu_si512(out + q * NR + h, v);
+		}
+	}
+}
+
 // tacc_bf16_pack_b packs panels [p0, p1) of op(B) (k x n): panel p holds
 // columns p*NR.. as (k+1)/2 pairs, each pair NR lanes of (B[2q][j], B[2q+1][j]),
-// zero past k and n.
+// zero past k and n. Full panels' full pairs take the vector path.
 void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1) {
 	long kp = (k + 1) / 2;
+	// the transposed path's gather indices: elements (f32) or bytes (bf16)
+	// below 2^31
+	int gather = (n * ldb + k) * (b_f32 ? 1 : 2) < 0x7fffffffL;
 	for (long p = p0; p < p1; p++) {
 		uint16_t *out = dst + p * kp * 2 * NR;
 		long j0 = p * NR;
-		for (long q = 0; q < kp; q++) {
+		long q = 0;
+		if (j0 + NR <= n && (!trans || gather)) {
+			pack_pairs_vec(b, b_f32, trans, ldb, j0, k / 2, (uint32_t *)out);
+			q = k / 2;
+		}
+		for (; q < kp; q++) {
 			for (long j = 0; j < NR; j++) {
 				long col = j0 + j;
 				uint16_t lo = 0, hi = 0;
