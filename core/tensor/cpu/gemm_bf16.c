@@ -24,7 +24,7 @@
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 // round_bf16 matches bf16FromF32 in half.go: round to nearest even, NaN kept quiet.
@@ -130,12 +130,58 @@ void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long 
 	}
 }
 
+// pack_tile_vec packs the full pairs [q0, q0+pairs) of the MR rows from
+// row0 of op(A): the lanes of pack_a's loop, MR at a time under a mask.
+// Transposed, the rows of op(A) are contiguous in the stored rows kk and
+// kk+1; not transposed, each lane's pair is gathered from its row.
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void pack_tile_vec(const void *a, int a_f32, int trans, long lda, long row0, long q0, long pairs, uint32_t *dst) {
+	const __mmask16 mr = (__mmask16)((1u << MR) - 1);
+	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	__m512i rows = _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)row0)), _mm512_set1_epi32((int)lda));
+	for (long q = 0; q < pairs; q++) {
+		long kk = 2 * (q0 + q);
+		__m512i lo, hi, v;
+		if (trans) {
+			long o0 = kk * lda + row0, o1 = o0 + lda;
+			if (a_f32) {
+				lo = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o0));
+				hi = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o1));
+			} else {
+				lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o0));
+				hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o1));
+			}
+			v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+		} else {
+			__m512i idx = _mm512_add_epi32(rows, _mm512_set1_epi32((int)kk)); // elements (row0+r)*lda + kk
+			if (a_f32) {
+				lo = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, idx, a, 4));
+				hi = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, _mm512_set1_epi32(1)), a, 4));
+				v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+			} else {
+				v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, idx), a, 1);
+			}
+		}
+		_mm512_mask_storeu_epi32(dst + q * MR, mr, v);
+	}
+}
+
 // pack_a packs rows [m0, m1) and pairs [q0, q0+kc) of op(A) into tiles of MR
-// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k.
+// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k. Full
+// tiles' full pairs take the vector path.
 static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m0, long m1, long q0, long kc, uint32_t *dst) {
 	long tiles = (m1 - m0 + MR - 1) / MR;
+	// the gather's indices (elements, or bytes of bf16) stay below 2^31
+	int gather = (m1 * lda + k) * (a_f32 ? 1 : 2) < 0x7fffffffL;
+	long full = k / 2 - q0; // full pairs from q0
+	full = full < 0 ? 0 : (full < kc ? full : kc);
 	for (long t = 0; t < tiles; t++) {
-		for (long q = 0; q < kc; q++) {
+		long q = 0;
+		if (m0 + (t + 1) * MR <= m1 && (trans || gather)) {
+			pack_tile_vec(a, a_f32, trans, lda, m0 + t * MR, q0, full, dst + t * kc * MR);
+			q = full;
+		}
+		for (; q < kc; q++) {
 			long kk = 2 * (q0 + q);
 			for (long r = 0; r < MR; r++) {
 				long row = m0 + t * MR + r;
