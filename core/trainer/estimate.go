@@ -160,7 +160,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 			}
 		}
 		psi := Numel(in.Params)
-		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*psi, perElem*psi
+		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, GradBytesPerElem(cfg)*psi, perElem*psi
 		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {
@@ -219,8 +219,10 @@ func HalfCopyElems(m nn.GPTConfig, ps []nn.ParamShape) int64 {
 
 // GradBytesPerElem is the bytes of one element of the gradients a rank
 // keeps: float32 in every precision, since gradients accumulate in float32
-// across micro-batches. A gradient reduction in a narrower dtype changes
-// the communication buffers, not this.
+// across micro-batches. Gradients kept in a narrower dtype (a reduction
+// dtype of 2 bytes that is also the gradients' storage) would change this
+// one number; the strategies' estimators that count gradient buffers of
+// their own (ZeRO's shards) state theirs.
 func GradBytesPerElem(cfg config.Config) int64 { return 4 }
 
 // dataFootprint is the heap the corpus of cfg takes: a text corpus is kept
