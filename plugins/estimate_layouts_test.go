@@ -86,3 +86,49 @@ func TestEstimateMatchesMeasuredModelLayouts(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimateMatchesMeasuredMixedPrecision is TestEstimateMatchesMeasured
+// under train.mixed_precision: the parameters' column is the 2-byte
+// copies the products read, exact, and the float32 masters are counted,
+// exactly, in the optimizer state's column with the moments, for one
+// process, data parallel (ZeRO-1 and -2 too), context and tensor parallel.
+func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
+	layouts := []struct {
+		name  string
+		world int
+		set   func(c *config.Config)
+	}{
+		{"one process", 1, func(c *config.Config) {}},
+		{"ddp dp 2", 2, func(c *config.Config) {}},
+		{"zero-1 dp 2", 2, func(c *config.Config) { c.Zero.Stage = 1 }},
+		{"zero-2 dp 2 grad_accum 2", 2, func(c *config.Config) { c.Zero.Stage = 2; c.Train.GradAccum = 2 }},
+		{"cp 2", 2, func(c *config.Config) { c.Parallel.CP = 2 }},
+		{"tp 2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
+		{"tp 2 × dp 2 zero-1", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Zero.Stage = 1 }},
+	}
+	for _, mp := range []string{"bf16", "fp16"} {
+		for _, l := range layouts {
+			t.Run(mp+"/"+l.name, func(t *testing.T) {
+				cfg := ptest.Config()
+				cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 2, 33, 16, 3
+				cfg.Train.Steps, cfg.Train.MixedPrecision = 2, mp
+				l.set(&cfg)
+				if cfg.Parallel.TP > 1 {
+					cfg.Model.NEmbd, cfg.Model.NHead = 32, 2
+				}
+				est, err := Estimate(cfg, l.world)
+				require.NoError(t, err)
+				got := measure(t, cfg, l.world)
+				for r, m := range got {
+					e := est[r]
+					require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params (half copies)", r)
+					require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
+					require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state and masters", r)
+					require.LessOrEqual(t, math.Abs(float64(e.PeakBytes-m.PeakBytes)), 0.15*float64(m.PeakBytes),
+						"rank %d peak: estimated %d, measured %d", r, e.PeakBytes, m.PeakBytes)
+					t.Logf("rank %d: params %d grads %d optim %d | peak %d est %d (%+.1f%%)", r, m.ParamsBytes, m.GradsBytes, m.OptimBytes, m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
+				}
+			})
+		}
+	}
+}

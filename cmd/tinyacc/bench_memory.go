@@ -16,23 +16,43 @@ import (
 
 // memoryRow is one layout of `bench memory`. flags may hold %d, the
 // --nproc N of the bench; a row with no flags runs one process. formula
-// is the Playbook's bytes per rank for fp32 with AdamW (4 bytes of
-// parameter, 4 of gradient, 8 of moments per parameter the rank holds).
+// is the Playbook's bytes per rank with AdamW given the bytes p of a
+// parameter (4 in fp32; 2 for the half copy + 4 for the float32 master
+// under bf16/fp16), 4 of gradient and 8 of moments per parameter the
+// rank holds.
 type memoryRow struct {
 	name, flags string
-	formula     func(m nn.GPTConfig, n int) float64
+	formula     func(m nn.GPTConfig, n int, p float64) float64
 }
 
 var memoryRows = []memoryRow{
-	{"1 process", "", func(m nn.GPTConfig, _ int) float64 { return 16 * float64(m.NumParams()) }},
-	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", func(m nn.GPTConfig, n int) float64 { return 16 * float64(m.NumParams()) / float64(n) }},
+	{"1 process", "", func(m nn.GPTConfig, _ int, p float64) float64 { return (p + 12) * float64(m.NumParams()) }},
+	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", func(m nn.GPTConfig, n int, p float64) float64 {
+		return (p + 12) * float64(m.NumParams()) / float64(n)
+	}},
 	{"tp %d", "--parallel.tp=%d", tpFormulaBytes},
-	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b --train.grad_accum=%d", func(m nn.GPTConfig, n int) float64 { return 16 * float64(m.NumParams()) / float64(n) }},
+	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b --train.grad_accum=%d", func(m nn.GPTConfig, n int, p float64) float64 {
+		return (p + 12) * float64(m.NumParams()) / float64(n)
+	}},
+	// ZeRO-1 shards the moments only: parameters (masters included) and
+	// gradients stay whole.
+	{"zero-1 dp %d", "--parallel.dp=%d --zero.stage=1", func(m nn.GPTConfig, n int, p float64) float64 {
+		return (p + 4 + 8/float64(n)) * float64(m.NumParams())
+	}},
+}
+
+// precisionParamBytes is the p of the formulas: the bytes a parameter
+// takes in train.mixed_precision mp.
+func precisionParamBytes(mp string) float64 {
+	if mp == "no" {
+		return 4
+	}
+	return 2 + 4
 }
 
 // tpFormulaBytes is the Playbook's tensor-parallel share: Ψ/t of every
 // parameter except the LayerNorms, which every rank keeps whole.
-func tpFormulaBytes(m nn.GPTConfig, t int) float64 {
+func tpFormulaBytes(m nn.GPTConfig, t int, p float64) float64 {
 	var ln, rest float64
 	for _, p := range m.ParamShapes() {
 		n := 1.0
@@ -45,16 +65,18 @@ func tpFormulaBytes(m nn.GPTConfig, t int) float64 {
 			rest += n
 		}
 	}
-	return 16 * (rest/float64(t) + ln)
+	return (p + 12) * (rest/float64(t) + ln)
 }
 
 // memoryResult is one rank of one layout: what `bench memory` prints.
 type memoryResult struct {
-	Layout  string `json:"layout"`
-	Rank    int    `json:"rank"`
-	VmHWM   int64  `json:"rss_peak_bytes"`
-	Est     int64  `json:"estimate_bytes"`
-	Formula int64  `json:"formula_bytes"`
+	Layout string `json:"layout"`
+	// Precision is the run's train.mixed_precision (no: float32).
+	Precision string `json:"mixed_precision"`
+	Rank      int    `json:"rank"`
+	VmHWM     int64  `json:"rss_peak_bytes"`
+	Est       int64  `json:"estimate_bytes"`
+	Formula   int64  `json:"formula_bytes"`
 	// Buffers is what the estimate states beyond the formula for
 	// training: activations, gathered units and padding, communication
 	// buffers, the data and the runtime (the estimate less its set-up
@@ -68,6 +90,32 @@ type memoryResult struct {
 	VsEstimate   float64 `json:"rss_over_estimate"`
 	AllocPeak    int64   `json:"alloc_peak_bytes"`
 	ActPeakBytes int64   `json:"activations_peak_bytes"`
+	// The allocator's columns measured and estimated: the parameters
+	// (half copies under bf16/fp16), the optimizer state (with the
+	// float32 masters under bf16/fp16) and the training peak.
+	ParamsBytes    int64 `json:"params_bytes"`
+	EstParamsBytes int64 `json:"estimate_params_bytes"`
+	OptimBytes     int64 `json:"optim_bytes"`
+	EstOptimBytes  int64 `json:"estimate_optim_bytes"`
+	EstAllocPeak   int64 `json:"estimate_alloc_peak_bytes"`
+}
+
+// memoryJob is one layout in one precision.
+type memoryJob struct {
+	row memoryRow
+	mp  string
+}
+
+// jobs lists each row in each precision, a row's precisions together so
+// the table shows them side by side.
+func jobs(rows []memoryRow, precs []string) []memoryJob {
+	var out []memoryJob
+	for _, r := range rows {
+		for _, mp := range precs {
+			out = append(out, memoryJob{r, mp})
+		}
+	}
+	return out
 }
 
 // benchMemory runs one real training step of one model per layout of
@@ -81,7 +129,8 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
 	nproc := fs.Int("nproc", 4, "ranks of the parallel layouts")
 	batch := fs.Int("batch", 1, "sequences per rank and micro-batch")
-	rowsFlag := fs.String("layouts", "", "comma-separated row numbers to run (0 = 1 process, 1 = zero-3, 2 = tp, 3 = pp); default all")
+	rowsFlag := fs.String("layouts", "", "comma-separated row numbers to run (0 = 1 process, 1 = zero-3, 2 = tp, 3 = pp, 4 = zero-1); default all")
+	precFlag := fs.String("precision", "no", "comma-separated train.mixed_precision values to run each layout in (no, bf16, fp16), e.g. no,bf16")
 	asJSON := fs.Bool("json", false, "print one JSON object per rank and layout")
 	keep := fs.String("keep", "", "directory to keep the runs' metrics in (default: a temporary one)")
 	var m nn.GPTConfig
@@ -106,6 +155,14 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			}
 			rows = append(rows, memoryRows[i])
 		}
+	}
+	var precs []string
+	for _, f := range strings.Split(*precFlag, ",") {
+		f = strings.TrimSpace(f)
+		if f != "no" && f != "bf16" && f != "fp16" {
+			return fmt.Errorf("bench memory: --precision %q: want no, bf16 or fp16, comma-separated", *precFlag)
+		}
+		precs = append(precs, f)
 	}
 	dir, exe, done, err := benchFiles(*keep, "memory")
 	if err != nil {
@@ -146,10 +203,11 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 	}
 	singles := map[string]int64{} // one process's VmHWM by its flags
 	var out []memoryResult
-	for _, row := range rows {
+	for _, job := range jobs(rows, precs) {
+		row, mp := job.row, job.mp
 		nd := strings.NewReplacer("%d", strconv.Itoa(n))
 		name, procs := nd.Replace(row.name), 1
-		flags := []string{"--train.schedule=constant"}
+		flags := []string{"--train.schedule=constant", "--train.mixed_precision=" + mp}
 		if row.flags != "" {
 			procs = n
 			flags = append(flags, strings.Fields(nd.Replace(row.flags))...)
@@ -160,7 +218,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 		p := probe.Config.Parallel
 		dp := procs / max(1, p.TP*p.PP*p.CP)
-		tag := strings.NewReplacer(" ", "", "-", "").Replace(name)
+		tag := strings.NewReplacer(" ", "", "-", "").Replace(name) + "-" + mp
 		cfg, mem, err := run(tag, procs, *batch, flags)
 		if err != nil {
 			return err
@@ -171,8 +229,8 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 		// The peer: one process on the same global batch, the same
 		// micro-batches.
-		peer := []string{"--train.schedule=constant", "--train.grad_accum=" + strconv.Itoa(cfg.Train.GradAccum)}
-		key := fmt.Sprintf("b%d-a%d", *batch*dp, cfg.Train.GradAccum)
+		peer := []string{"--train.schedule=constant", "--train.mixed_precision=" + mp, "--train.grad_accum=" + strconv.Itoa(cfg.Train.GradAccum)}
+		key := fmt.Sprintf("b%d-a%d-%s", *batch*dp, cfg.Train.GradAccum, mp)
 		if _, ok := singles[key]; !ok {
 			if procs == 1 {
 				singles[key] = int64(mem[0].RSS)
@@ -185,12 +243,13 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		single := singles[key]
-		formula := int64(row.formula(m, procs))
+		formula := int64(row.formula(m, procs, precisionParamBytes(mp)))
 		for r, l := range mem {
 			e := es[r]
 			trained := e.ProcessBytes() - e.SetupPeakBytes
-			res := memoryResult{Layout: name, Rank: r, VmHWM: int64(l.RSS), Est: e.ProcessBytes(), Formula: formula,
-				Buffers: trained - formula, Single: single, AllocPeak: int64(l.Peak), ActPeakBytes: int64(l.Act)}
+			res := memoryResult{Layout: name, Precision: mp, Rank: r, VmHWM: int64(l.RSS), Est: e.ProcessBytes(), Formula: formula,
+				Buffers: trained - formula, Single: single, AllocPeak: int64(l.Peak), ActPeakBytes: int64(l.Act),
+				ParamsBytes: int64(l.Params), EstParamsBytes: e.ParamsBytes, OptimBytes: int64(l.Optim), EstOptimBytes: e.OptimBytes, EstAllocPeak: e.PeakBytes}
 			res.VsSingle = float64(res.VmHWM) / float64(single)
 			res.VsFormula = float64(res.VmHWM) / float64(trained)
 			res.VsEstimate = float64(res.VmHWM) / float64(res.Est)
@@ -209,13 +268,16 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",
 		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
-	fmt.Fprintf(stdout, "%-14s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s\n", "layout", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est")
+	fmt.Fprintf(stdout, "%-14s %4s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s %15s %15s %15s\n", "layout", "prec", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est",
+		"params/est", "optim/est", "alloc/est")
 	for _, r := range out {
-		fmt.Fprintf(stdout, "%-14s %4d %10s %10s %10s %10s %10s %10s %8.3fx %8.3fx %8.3fx\n", r.Layout, r.Rank, mib(r.VmHWM), mib(r.AllocPeak), mib(r.Est),
-			mib(r.Formula), mib(r.Formula+r.Buffers), mib(r.Single), r.VsSingle, r.VsFormula, r.VsEstimate)
+		fmt.Fprintf(stdout, "%-14s %4s %4d %10s %10s %10s %10s %10s %10s %8.3fx %8.3fx %8.3fx %15s %15s %15s\n", r.Layout, r.Precision, r.Rank, mib(r.VmHWM), mib(r.AllocPeak), mib(r.Est),
+			mib(r.Formula), mib(r.Formula+r.Buffers), mib(r.Single), r.VsSingle, r.VsFormula, r.VsEstimate,
+			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
 	}
 	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
-	fmt.Fprintln(stdout, "formula: (4+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms); +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
+	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, moments only /N for ZeRO-1), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
+	fmt.Fprintln(stdout, "params/est, optim/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies and optim holds the float32 masters with the moments")
 	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
 	return nil
 }

@@ -45,6 +45,7 @@ func TestBenchMemory(t *testing.T) {
 		{"zero-3 dp 2", 2, int64(16 * psi / 2), []string{"--nproc", "2", "--parallel.dp=2", "--zero.stage=3"}},
 		{"tp 2", 2, int64(16 * ((psi-ln)/2 + ln)), []string{"--nproc", "2", "--parallel.tp=2"}},
 		{"pp 2 1f1b", 2, int64(16 * psi / 2), []string{"--nproc", "2", "--parallel.pp=2", "--pp.schedule=1f1b", "--train.grad_accum=2"}},
+		{"zero-1 dp 2", 2, int64((4 + 4 + 8/2) * psi), []string{"--nproc", "2", "--parallel.dp=2", "--zero.stage=1"}},
 	}
 	i := 0
 	for _, w := range want {
@@ -98,4 +99,48 @@ func estimateProcessBytes(t *testing.T, bin string, flags []string) []int64 {
 		res = append(res, e.Peak+e.Setup+e.Data+e.Runtime)
 	}
 	return res
+}
+
+// `tinyacc bench memory --precision no,bf16` on ZeRO-1 and tp: each
+// layout in both precisions side by side, the formula counting 2 + 4
+// bytes (copy and master) per parameter in bf16, and the allocator's
+// parameters and optimizer state equal, to the byte, to the estimate's:
+// in bf16 the parameters are the 2-byte copies, fewer than fp32's, and
+// the optimizer state holds the masters besides the moments.
+func TestBenchMemoryPrecision(t *testing.T) {
+	bin := tinyaccBinary(t)
+	shape := []string{"--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--vocab_size", "256"}
+	cmd := exec.Command(bin, append([]string{"bench", "memory", "--nproc", "2", "--json", "--layouts", "4,2", "--precision", "no,bf16"}, shape...)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	var rows []memoryResult
+	dec := json.NewDecoder(&stdout)
+	for dec.More() {
+		var r memoryResult
+		require.NoError(t, dec.Decode(&r))
+		rows = append(rows, r)
+	}
+	psi := int64(256*32 + 16*32 + 2*(12*32*32+13*32) + 2*32)
+	want := []struct{ layout, mp string }{
+		{"zero-1 dp 2", "no"}, {"zero-1 dp 2", "no"}, {"zero-1 dp 2", "bf16"}, {"zero-1 dp 2", "bf16"},
+		{"tp 2", "no"}, {"tp 2", "no"}, {"tp 2", "bf16"}, {"tp 2", "bf16"},
+	}
+	require.Len(t, rows, len(want))
+	for i, w := range want {
+		x := rows[i]
+		require.Equal(t, w.layout, x.Layout)
+		require.Equal(t, w.mp, x.Precision)
+		require.Equal(t, i%2, x.Rank)
+		require.Equal(t, x.EstParamsBytes, x.ParamsBytes, "%s %s rank %d params", w.layout, w.mp, x.Rank)
+		require.Equal(t, x.EstOptimBytes, x.OptimBytes, "%s %s rank %d optimizer state", w.layout, w.mp, x.Rank)
+		require.Positive(t, x.EstAllocPeak)
+	}
+	require.Equal(t, (4+4+8/2)*psi, rows[0].Formula)
+	require.Equal(t, (2+4+4+8/2)*psi, rows[2].Formula)
+	for _, i := range []int{0, 4} {
+		require.Less(t, rows[i+2].ParamsBytes, rows[i].ParamsBytes/2+1, "%s: the bf16 copies take at most half fp32's parameters", rows[i].Layout)
+		require.Greater(t, rows[i+2].OptimBytes, rows[i].OptimBytes, "%s: the masters join the optimizer state", rows[i].Layout)
+	}
 }

@@ -50,11 +50,17 @@ var benchmarks = []benchmark{
 	{"process", ` [--calls N] [--steps N] [--rounds R]
       What a plugin run as a process costs: one hook call's round trip, one
       GradReady notice, and ms/step of DDP compiled in against ddp.process.`, benchProcess},
-	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3] [--n_layer ...] [--json]
-      One training step per layout (1 process, zero-3 dp N, tp N, pp N 1f1b)
-      of GPT-2 medium's shape by default: per rank the resident peak (VmHWM)
-      beside the estimate, the Playbook formula plus stated buffers and one
-      process's peak on the same global batch, with the ratios.`, benchMemory},
+	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3,4] [--precision no,bf16] [--n_layer ...] [--json]
+      One training step per layout (1 process, zero-3 dp N, tp N, pp N 1f1b,
+      zero-1 dp N) of GPT-2 medium's shape by default, in each precision:
+      per rank the resident peak (VmHWM) beside the estimate, the Playbook
+      formula plus stated buffers and one process's peak on the same global
+      batch, with the ratios, and the allocator's parameters, optimizer
+      state and peak against the estimate's.`, benchMemory},
+	{"precision", ` [--steps 300] [--precision no,bf16,fp16] [--within 0.02] [--json] [-- TRAIN FLAGS]
+      Train the demo model once per train.mixed_precision from the same seed
+      and data: final and evaluation losses beside fp32's, and whether each
+      ends within 2% of fp32's final loss.`, benchPrecision},
 	{"torch", ` [--nproc N] [--steps N] [--repeats R] [--batch B] [--threads T]
       The same torch model on N processes through tinyacc's Accelerator and
       through torch DistributedDataParallel (gloo): ms/step and memory per

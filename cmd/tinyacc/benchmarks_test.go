@@ -12,11 +12,11 @@ import (
 )
 
 // TestHelpListsEveryBenchmark: `tinyacc --help` and `tinyacc bench --help`
-// show a block for each of the eleven benchmarks, and every bench function of
+// show a block for each of the benchmarks, and every bench function of
 // this package (func benchX(args, stdout, stderr) error) is in the table
 // they are drawn from.
 func TestHelpListsEveryBenchmark(t *testing.T) {
-	want := []string{"step", "comm", "dp", "layouts", "pp", "cp", "soak", "ckpt", "process", "memory", "torch", "recompute", "lora"}
+	want := []string{"step", "comm", "dp", "layouts", "pp", "cp", "soak", "ckpt", "process", "memory", "precision", "torch", "recompute", "lora"}
 	for _, args := range [][]string{{"--help"}, {"bench", "--help"}} {
 		var out, errb bytes.Buffer
 		require.Equal(t, 0, run(args, &out, &errb), "%v", args)

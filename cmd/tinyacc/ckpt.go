@@ -19,14 +19,21 @@ func cmdExport(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	from := fs.String("from", "", "checkpoint directory (step-NNNNNNN, or a checkpoint root for its latest)")
 	to := fs.String("to", "", "safetensors file to write (a directory with --lora)")
+	dtype := fs.String("dtype", "", "dtype of the written weights: fp32 or bf16 (default: the checkpoint's, float32 or float64)")
 	lora := fs.Bool("lora", false, "a LoRA checkpoint's adapters as a PEFT adapter directory (adapter_model.safetensors, adapter_config.json)")
 	merge := fs.Bool("merge-lora", false, "a LoRA checkpoint's base with its adapters merged in, as one weights file")
 	base := fs.String("base", "", "with --merge-lora: the base weights (default: the run's init_from)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *dtype != "" && *dtype != "fp32" && *dtype != "bf16" {
+		return fmt.Errorf("export: --dtype %q: use fp32 or bf16", *dtype)
+	}
+	if *dtype != "" && (*lora || *merge) {
+		return errors.New("export: --dtype applies to a checkpoint's weights, not to --lora or --merge-lora")
+	}
 	if *from == "" || *to == "" || (*lora && *merge) || (*base != "" && !*merge) {
-		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors\n       tinyacc export --lora --from CHECKPOINT --to DIR\n       tinyacc export --merge-lora --from CHECKPOINT --to model.safetensors [--base BASE.safetensors]")
+		return errors.New("usage: tinyacc export --from CHECKPOINT --to model.safetensors [--dtype fp32|bf16]\n       tinyacc export --lora --from CHECKPOINT --to DIR\n       tinyacc export --merge-lora --from CHECKPOINT --to model.safetensors [--base BASE.safetensors]")
 	}
 	dir, err := ckpt.Resolve(*from)
 	if err != nil {
@@ -46,7 +53,7 @@ func cmdExport(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "tinyacc: merged the adapters of %s into their base: %s\n", dir, *to)
 		return nil
 	}
-	if err := trainer.ExportCheckpoint(dir, *to); err != nil {
+	if err := trainer.ExportCheckpointAs(dir, *to, *dtype); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "tinyacc: exported %s to %s\n", dir, *to)

@@ -46,9 +46,9 @@ func (d fileDType) size() int {
 	return 0
 }
 
-// fileDTypeOf maps a tensor dtype to the header spelling Save writes. Half
-// precision is read-only: the engine keeps float32 master weights, so there
-// is nothing to write in it.
+// fileDTypeOf maps a tensor dtype to the header spelling Save writes.
+// Checkpoints hold float32 masters; half precision is written by exports
+// in bf16 (`tinyacc export --dtype bf16`).
 func fileDTypeOf(d tensor.DType) (fileDType, bool) {
 	switch d {
 	case tensor.Float32:
@@ -57,6 +57,10 @@ func fileDTypeOf(d tensor.DType) (fileDType, bool) {
 		return dtF64, true
 	case tensor.Int32:
 		return dtI32, true
+	case tensor.BFloat16:
+		return dtBF16, true
+	case tensor.Float16:
+		return dtF16, true
 	}
 	return "", false
 }
@@ -139,6 +143,10 @@ func encode(buf []byte, t *tensor.Tensor, from, to int) []byte {
 	case tensor.Int32:
 		for _, v := range t.I32()[from:to] {
 			buf = le.AppendUint32(buf, uint32(v))
+		}
+	case tensor.BFloat16, tensor.Float16:
+		for _, v := range t.U16()[from:to] {
+			buf = le.AppendUint16(buf, v)
 		}
 	default:
 		panic("ckpt: encode of unchecked dtype " + t.DType().String())

@@ -87,6 +87,7 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	n := Numel(shape)
 	t := &Tensor{shape: clone(shape), dtype: dtype, dev: CPU, cat: cat, alloc: a, home: a}
 	a.mu.Lock()
+	t.acct = a.accountAs(cat, dtype) // precision.go
 	var buf any
 	k := poolKey{dtype, n}
 	if a.backing != nil {
@@ -96,10 +97,10 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 		a.free[k] = l[:len(l)-1]
 	}
 	b := int64(n) * int64(dtype.Size())
-	a.cur[cat] += b
+	a.cur[t.acct] += b
 	a.total += b
-	if a.cur[cat] > a.peak[cat] {
-		a.peak[cat] = a.cur[cat]
+	if a.cur[t.acct] > a.peak[t.acct] {
+		a.peak[t.acct] = a.cur[t.acct]
 	}
 	if a.total > a.tpeak {
 		a.tpeak = a.total
@@ -140,6 +141,7 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 // Release returns t's storage to its allocator. t must not be used afterwards.
 // Releasing a tensor that was not allocated (FromF32) or twice is a no-op.
 func (t *Tensor) Release() {
+	t.dropHalf()
 	a := t.alloc
 	if a == nil {
 		return
@@ -159,7 +161,7 @@ func (t *Tensor) Release() {
 	}
 	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 	a.mu.Lock()
-	a.cur[t.cat] -= b
+	a.cur[t.acct] -= b
 	a.total -= b
 	if !a.noPool && buf != nil {
 		k := poolKey{t.dtype, Numel(t.shape)}
@@ -173,11 +175,13 @@ func (t *Tensor) Release() {
 func (t *Tensor) Recategorize(cat Category) {
 	if a := t.alloc; a != nil {
 		a.mu.Lock()
-		a.cur[t.cat] -= t.Bytes()
-		a.cur[cat] += t.Bytes()
-		if a.cur[cat] > a.peak[cat] {
-			a.peak[cat] = a.cur[cat]
+		acct := a.accountAs(cat, t.dtype)
+		a.cur[t.acct] -= t.Bytes()
+		a.cur[acct] += t.Bytes()
+		if a.cur[acct] > a.peak[acct] {
+			a.peak[acct] = a.cur[acct]
 		}
+		t.acct = acct
 		a.mu.Unlock()
 	}
 	t.cat = cat
@@ -262,5 +266,5 @@ func (t *Tensor) Allocate() {
 		a = Default
 	}
 	s := a.New(t.cat, t.dtype, t.shape...)
-	t.f32, t.f64, t.i32, t.u16, t.alloc = s.f32, s.f64, s.i32, s.u16, a
+	t.f32, t.f64, t.i32, t.u16, t.alloc, t.acct = s.f32, s.f64, s.i32, s.u16, a, s.acct
 }

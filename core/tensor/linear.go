@@ -27,7 +27,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 	y := like(x, shape...)
 	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		gemm32(d, false, false, rows, out, in, x.f32, in, w.f32, out, 0, y.f32, out)
+		gemmW(d, false, false, rows, out, in, x.f32, in, w, out, 0, y.f32, out)
 		if b != nil {
 			cpu.AddBias(y.f32, b.f32, rows, out)
 		}
@@ -39,7 +39,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				gemm32(d, false, true, rows, in, out, g.f32, out, w.f32, out, 0, gx.f32, in)
+				gemmW(d, false, true, rows, in, out, g.f32, out, w, out, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, true, rows, in, out, 1, g.f64, out, w.f64, out, 0, gx.f64, in)
 			}
@@ -123,7 +123,7 @@ func MatMulT(x, w *Tensor) *Tensor {
 	y := like(x, shape...)
 	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		gemm32(d, false, true, rows, out, in, x.f32, in, w.f32, in, 0, y.f32, out)
+		gemmW(d, false, true, rows, out, in, x.f32, in, w, in, 0, y.f32, out)
 	} else {
 		cpu.Gemm(false, true, rows, out, in, 1, x.f64, in, w.f64, in, 0, y.f64, out)
 	}
@@ -132,7 +132,7 @@ func MatMulT(x, w *Tensor) *Tensor {
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				gemm32(d, false, false, rows, in, out, g.f32, out, w.f32, in, 0, gx.f32, in)
+				gemmW(d, false, false, rows, in, out, g.f32, out, w, in, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, false, rows, in, out, 1, g.f64, out, w.f64, in, 0, gx.f64, in)
 			}

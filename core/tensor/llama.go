@@ -210,7 +210,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	d := computeOf(x) // precision.go
 	for i, w := range ws {
 		if x.dtype == Float32 {
-			gemm32(d, false, true, rows, w.shape[0], in, x.f32, in, w.f32, in, 0, y.f32[offs[i]:], O)
+			gemmW(d, false, true, rows, w.shape[0], in, x.f32, in, w, in, 0, y.f32[offs[i]:], O)
 		} else {
 			cpu.Gemm(false, true, rows, w.shape[0], in, 1, x.f64, in, w.f64, in, 0, y.f64[offs[i]:], O)
 		}
@@ -223,7 +223,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 			for i, w := range ws {
 				beta := float64(min(i, 1))
 				if x.dtype == Float32 {
-					gemm32(d, false, false, rows, in, w.shape[0], g.f32[offs[i]:], O, w.f32, in, float32(beta), gx.f32, in)
+					gemmW(d, false, false, rows, in, w.shape[0], g.f32[offs[i]:], O, w, in, float32(beta), gx.f32, in)
 				} else {
 					cpu.Gemm(false, false, rows, in, w.shape[0], 1, g.f64[offs[i]:], O, w.f64, in, beta, gx.f64, in)
 				}

@@ -162,3 +162,56 @@ func TestSetComputeRejects(t *testing.T) {
 		NewAllocator().SetCompute(Float64)
 	})
 }
+
+// TestHalfCopies: under mixed precision a parameter's products read a
+// 2-byte copy of its float32 master. The accounting counts the copy as
+// parameters and the master with the optimizer state; the products are
+// bitwise those that round the master as they read it (an unnamed tensor
+// gets no copy); after the master changes and DropHalf, the next product
+// reads the new values, and releasing the master releases its copy.
+func TestHalfCopies(t *testing.T) {
+	for _, d := range []DType{BFloat16, Float16} {
+		t.Run(d.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(5))
+			a := NewAllocator()
+			a.SetCompute(d)
+			w := a.New(Params, Float32, 40, 24)
+			for i := range w.F32() {
+				w.F32()[i] = float32(rng.NormFloat64())
+			}
+			w.Name = "h.0.mlp.c_fc.weight"
+			w.RequiresGrad()
+			x := a.New(Activations, Float32, 6, 40)
+			for i := range x.F32() {
+				x.F32()[i] = float32(rng.NormFloat64())
+			}
+			n := int64(w.Numel())
+			u := a.Usage()
+			require.Equal(t, int64(0), u.Current[Params], "no copy before a product reads the parameter")
+			require.Equal(t, 4*n, u.Current[OptimState], "the master counts with the optimizer state")
+
+			// reference: the same numbers on a tensor that is not a
+			// parameter, rounded as the product reads it
+			ref := func() []float64 {
+				c := FromF32(append([]float32(nil), w.F32()...), 40, 24)
+				return Linear(x, c, nil).Float64s()
+			}
+			y := Linear(x, w, nil)
+			require.Equal(t, ref(), y.Float64s())
+			require.Equal(t, 2*n, a.Usage().Current[Params], "the copy takes 2 bytes per element")
+
+			for i := range w.F32() {
+				w.F32()[i] *= -3
+			}
+			DropHalf([]*Tensor{w})
+			require.Equal(t, int64(0), a.Usage().Current[Params])
+			require.Equal(t, ref(), Linear(x, w, nil).Float64s(), "the product reads the updated master")
+			require.Equal(t, 2*n, HalfBytes([]*Tensor{w}))
+
+			w.Release()
+			u = a.Usage()
+			require.Equal(t, int64(0), u.Current[Params], "releasing the master releases its copy")
+			require.Equal(t, int64(0), u.Current[OptimState])
+		})
+	}
+}

@@ -22,7 +22,7 @@ const (
 	Float32 DType = iota
 	Float64
 	Int32
-	BFloat16 // a compute dtype under mixed precision (precision.go), and what half-width communication carries
+	BFloat16 // a compute dtype under mixed precision (precision.go): parameters' half copies, and what half-width communication carries
 	Float16  // IEEE binary16, likewise
 )
 
@@ -86,7 +86,16 @@ type Tensor struct {
 	f32 []float32
 	f64 []float64
 	i32 []int32
-	u16 []uint16 // BFloat16 and Float16: the 16-bit patterns (cpu/half.go)
+	u16 []uint16 // BFloat16 and Float16: the numbers' 16-bit patterns
+
+	// acct is the category the allocator counts the storage in: cat,
+	// except for float32 parameters under mixed precision, the masters,
+	// counted with the optimizer state (precision.go).
+	acct Category
+	// half is the half-precision copy a parameter's matrix products read
+	// under mixed precision (precision.go); nil until one reads it and
+	// after the master changes.
+	half *Tensor
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
@@ -282,6 +291,7 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
 	c.views, c.dropped, c.refilled = nil, false, false
+	c.half = nil
 	if t.cat == Activations {
 		b := t.base
 		if b == nil {
@@ -345,14 +355,14 @@ func (t *Tensor) Clone(cat Category) *Tensor {
 // Zero sets every element to zero.
 func (t *Tensor) Zero() {
 	switch t.dtype {
+	case BFloat16, Float16:
+		clear(t.u16)
 	case Float32:
 		clear(t.f32)
 	case Float64:
 		clear(t.f64)
 	case Int32:
 		clear(t.i32)
-	case BFloat16, Float16:
-		clear(t.u16)
 	}
 }
 
@@ -384,6 +394,7 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 		panic(fmt.Sprintf("tensor: cannot alias %s to %d elements at %d of %s", t, t.Numel(), offset, flat))
 	}
 	t.Release()
+	t.dropHalf()
 	n := t.Numel()
 	switch t.dtype {
 	case Float32:
@@ -402,6 +413,7 @@ func (t *Tensor) Alias(flat *Tensor, offset int) {
 // a parameter between uses); any use of its data in between panics.
 func (t *Tensor) DropStorage() {
 	t.Release()
+	t.dropHalf()
 	t.f32, t.f64, t.i32, t.u16 = nil, nil, nil, nil
 }
 

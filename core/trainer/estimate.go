@@ -173,7 +173,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 		}
 		// A frozen base (LoRA) has neither gradients nor optimizer state.
 		psi, trained := Numel(in.Params), Numel(TrainedOf(m, in.Params))
-		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, 4*trained, perElem*trained
+		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, GradBytesPerElem(cfg)*trained, perElem*trained
 		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {
@@ -181,11 +181,62 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 				return nil, err
 			}
 		}
+		halfCopies(in, &e)
 		e.SetupPeakBytes = max(0, e.ParamsBytes+e.GradsBytes+e.OptimBytes-e.PeakBytes)
 		out[r] = e
 	}
 	return out, nil
 }
+
+// halfCopies rewrites an estimate for mixed precision
+// (train.mixed_precision bf16 or fp16), after every estimator has placed
+// the float32 parameters: those are the masters, counted with the
+// optimizer state as the allocator counts them, and the parameters'
+// column holds the 2-byte copies the matrix products read (HalfCopyElems),
+// which the peak gains. Per parameter a rank holding the whole model then
+// needs 2 (copy) + 4 (gradient, GradBytesPerElem) + 4 + 8 (master and
+// AdamW's moments). Under ZeRO-3, whose gathered parameters have copies
+// only while gathered, the copies are counted as half the parameters'
+// bytes: the gathered units' and, an overestimate, the shard's.
+func halfCopies(in EstimateInput, e *MemoryEstimate) {
+	if mp := in.Cfg.Train.MixedPrecision; mp == "" || mp == "no" {
+		return
+	}
+	masters := e.ParamsBytes
+	e.OptimBytes += masters
+	e.ParamsBytes = 2 * HalfCopyElems(in.Model, in.Params)
+	if in.Cfg.Zero.Stage == 3 {
+		e.ParamsBytes = masters / 2
+	}
+	e.PeakBytes += e.ParamsBytes
+}
+
+// HalfCopyElems is the number of elements of parameters ps that matrix
+// products read, and so have a half-precision copy under mixed precision:
+// the 2-D weights, except the position table and an untied token table,
+// which are only looked up.
+func HalfCopyElems(m nn.GPTConfig, ps []nn.ParamShape) int64 {
+	untied := ""
+	if m.TiedTable() == "" {
+		untied = nn.LlamaEmbedName
+	}
+	var n int64
+	for _, p := range ps {
+		if len(p.Shape) != 2 || p.Name == "wpe.weight" || p.Name == untied {
+			continue
+		}
+		n += int64(p.Shape[0]) * int64(p.Shape[1])
+	}
+	return n
+}
+
+// GradBytesPerElem is the bytes of one element of the gradients a rank
+// keeps: float32 in every precision, since gradients accumulate in float32
+// across micro-batches. Gradients kept in a narrower dtype (a reduction
+// dtype of 2 bytes that is also the gradients' storage) would change this
+// one number; the strategies' estimators that count gradient buffers of
+// their own (ZeRO's shards) state theirs.
+func GradBytesPerElem(cfg config.Config) int64 { return 4 }
 
 // dataFootprint is the heap the corpus of cfg takes: a text corpus is kept
 // as bytes and as int32 tokens (5 bytes per byte read, at most

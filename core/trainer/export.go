@@ -10,6 +10,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // CheckpointModel returns the model shape a checkpoint's index records.
@@ -62,7 +63,23 @@ func CheckpointModel(ix *ckpt.Index) (nn.GPTConfig, error) {
 // as metadata. It assembles one global tensor at a time from its stored
 // pieces, after verifying every file's digest. A missing directory of to
 // is created, as train creates save_to's (OutputDir).
-func ExportCheckpoint(dir, to string) error {
+func ExportCheckpoint(dir, to string) error { return ExportCheckpointAs(dir, to, "") }
+
+// ExportCheckpointAs is ExportCheckpoint writing the weights in dtype:
+// "fp32" (float32), "bf16" (bfloat16, each rounded to nearest even from
+// the float32 master) or "" for the dtype the checkpoint holds (float32,
+// or float64 for a train.dtype=float64 run). A float64 checkpoint is
+// rounded to float32 first.
+func ExportCheckpointAs(dir, to, dtype string) error {
+	var out tensor.DType
+	switch dtype {
+	case "", "fp32":
+		out = tensor.Float32
+	case "bf16":
+		out = tensor.BFloat16
+	default:
+		return fmt.Errorf("export: --dtype %q: use fp32 or bf16", dtype)
+	}
 	ix, err := ckpt.ReadIndex(dir)
 	if err != nil {
 		return err
@@ -88,6 +105,9 @@ func ExportCheckpoint(dir, to string) error {
 			return fmt.Errorf("ckpt: %s holds no tensor %s", dir, ps.Name)
 		}
 		entries[i] = ckpt.Entry{Name: ps.Name, DType: storedDType(ti), Shape: ps.Shape}
+		if dtype != "" {
+			entries[i].DType = out
+		}
 	}
 	slices.SortFunc(entries, func(a, b ckpt.Entry) int { return strings.Compare(a.Name, b.Name) })
 	readers := map[string]*ckpt.Reader{}
@@ -121,12 +141,33 @@ func ExportCheckpoint(dir, to string) error {
 		if n != last.Numel() {
 			return nil, fmt.Errorf("ckpt: the parts of %s hold %d of its %d elements", name, n, last.Numel())
 		}
-		return last, nil
+		if dtype == "" || out == last.DType() {
+			return last, nil
+		}
+		return convertWeights(last, out), nil
 	})
 	if err != nil || len(entries) == 0 {
 		return err
 	}
-	return writeHFConfig(mc, storedDType(ix.Tensors[entries[0].Name]).String(), to)
+	return writeHFConfig(mc, entries[0].DType.String(), to)
+}
+
+// convertWeights returns t's numbers in dtype d (Float32 or BFloat16),
+// rounded to nearest even.
+func convertWeights(t *tensor.Tensor, d tensor.DType) *tensor.Tensor {
+	f := t
+	if t.DType() == tensor.Float64 {
+		f = tensor.New(tensor.Float32, t.Shape()...)
+		for i, v := range t.F64() {
+			f.F32()[i] = float32(v)
+		}
+	}
+	if d == tensor.Float32 {
+		return f
+	}
+	h := tensor.New(d, t.Shape()...)
+	cpu.BF16FromF32s(h.U16(), f.F32())
+	return h
 }
 
 // storedDType is the dtype a checkpoint holds a tensor in: float64 for a

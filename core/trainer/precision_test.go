@@ -10,6 +10,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 )
@@ -126,4 +127,38 @@ func TestFP16NonFiniteLossStops(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tr.Run(context.Background())
 	require.ErrorContains(t, err, "step 2: trainer: non-finite loss (NaN)")
+}
+
+// A bf16 run's checkpoint exports in the dtype asked for: --dtype fp32
+// writes the masters (F32, the file save_to writes), --dtype bf16 each
+// master rounded to nearest even (BF16, 2 bytes per element). init_from
+// accepts either: the fp32 export gives back every master bitwise, the
+// bf16 export the rounded numbers, widened exactly.
+func TestExportDTypeInitFromRoundTrip(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Train.Steps, cfg.Train.MixedPrecision = 2, "bf16"
+	cfg.Checkpoint.Dir = t.TempDir()
+	tr, _ := runSteps(t, cfg)
+	dir := filepath.Join(cfg.Checkpoint.Dir, ckpt.StepDir(2))
+	for _, dt := range []string{"fp32", "bf16"} {
+		out := filepath.Join(t.TempDir(), dt+".safetensors")
+		require.NoError(t, trainer.ExportCheckpointAs(dir, out, dt))
+		ts, _, err := ckpt.Inspect(out)
+		require.NoError(t, err)
+		for name, e := range ts {
+			require.Equal(t, map[string]string{"fp32": "F32", "bf16": "BF16"}[dt], e.DType, "%s %s", dt, name)
+		}
+		back := cfg
+		back.InitFrom, back.Checkpoint.Dir, back.Train.MixedPrecision = out, "", "no"
+		m, err := trainer.BuildModel(back, nil)
+		require.NoError(t, err)
+		for _, p := range tr.Model.Params() {
+			want := append([]float32(nil), p.F32()...)
+			if dt == "bf16" {
+				cpu.RoundBF16(want)
+			}
+			require.Equal(t, want, m.Param(p.Name).F32(), "%s: %s after export and init_from", dt, p.Name)
+		}
+	}
+	require.EqualError(t, trainer.ExportCheckpointAs(dir, filepath.Join(t.TempDir(), "x.safetensors"), "fp16"), `export: --dtype "fp16": use fp32 or bf16`)
 }

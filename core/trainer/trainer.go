@@ -598,6 +598,9 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 			}
 		}
 	}
+	// The masters changed (the step, and ZeRO's gathers in PostStep): the
+	// next product makes fresh half-precision copies (precision.go).
+	tensor.DropHalf(t.Params())
 	return m, nil
 }
 

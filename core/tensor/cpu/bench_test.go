@@ -27,6 +27,13 @@ func benchGemm(b *testing.B, gemm func(ta, tb bool, m, n, k int, alpha float32, 
 		{"bwd_dx_2048x256x1024_tB", false, true, benchN, benchC, 4 * benchC},
 		{"bwd_dw_256x1024x2048_tA", true, false, benchC, 4 * benchC, benchN},
 		{"head_qk_256x256x64_tB", false, true, benchT, benchT, benchC / benchNH},
+		// GPT-2 small (768 wide), the same 2048 rows: the weight
+		// gradients are the long-k products (k = rows).
+		{"s_fwd_fc_2048x3072x768", false, false, benchN, 4 * 768, 768},
+		{"s_bwd_dx_2048x768x3072_tB", false, true, benchN, 768, 4 * 768},
+		{"s_bwd_dw_768x3072x2048_tA", true, false, 768, 4 * 768, benchN},
+		{"s_bwd_dw_768x768x2048_tA", true, false, 768, 768, benchN},
+		{"s_bwd_dw_3072x768x2048_tA", true, false, 4 * 768, 768, benchN},
 	}
 	for _, s := range shapes {
 		b.Run(s.name, func(b *testing.B) {

@@ -24,7 +24,7 @@
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 // round_bf16 matches bf16FromF32 in half.go: round to nearest even, NaN kept quiet.
@@ -44,15 +44,76 @@ static inline uint16_t elem(const void *x, int f32, int trans, long ld, long r, 
 	return f32 ? round_bf16(((const float *)x)[off]) : ((const uint16_t *)x)[off];
 }
 
+// round16 is round_bf16 on 16 float32 bit patterns: the bf16 in the low
+// half of each 32-bit lane, the high half zero.
+__attribute__((target("avx512f")))
+static inline __m512i round16(__m512i u) {
+	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+	__m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+	__mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+	__m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+	return _mm512_mask_mov_epi32(r, nan, quiet);
+}
+
+// pack_pairs_vec packs the first pairs full pairs of panel columns
+// j0..j0+NR (all below n) 16 columns at a time: the same lanes as the scalar
+// loop of tacc_bf16_pack_b, each a 32-bit (B[2q][j], B[2q+1][j]). Not
+// transposed, the two rows are contiguous runs; transposed (B[j][2q] and
+// B[j][2q+1] side by side in row j of the stored matrix), each lane is
+// gathered from its row. gather says the stored offsets fit the gather's
+// 32-bit indices.
+__attribute__((target("avx512f,avx512bw")))
+static void pack_pairs_vec(const void *b, int b_f32, int trans, long ldb, long j0, long pairs, uint32_t *out) {
+	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	for (long q = 0; q < pairs; q++) {
+		for (long h = 0; h < NR; h += 16) {
+			__m512i lo, hi, v;
+			if (!trans) {
+				long o0 = 2 * q * ldb + j0 + h, o1 = o0 + ldb;
+				if (b_f32) {
+					lo = round16(_mm512_loadu_si512((const float *)b + o0));
+					hi = round16(_mm512_loadu_si512((const float *)b + o1));
+				} else {
+					lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b + o0)));
+					hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b + o1)));
+				}
+				v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+			} else {
+				// element offsets (j0+h+lane)*ldb + 2q
+				__m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)(j0 + h))),
+										 _mm512_set1_epi32((int)ldb)),
+							       _mm512_set1_epi32((int)(2 * q)));
+				if (b_f32) {
+					lo = round16(_mm512_i32gather_epi32(idx, b, 4));
+					hi = round16(_mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(1)), b, 4));
+					v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+				} else {
+					v = _mm512_i32gather_epi32(_mm512_add_epi32(idx, idx), b, 1); // both halves, little-endian
+				}
+			}
+			_mm512_storeu_si512(out + q * NR + h, v);
+		}
+	}
+}
+
 // tacc_bf16_pack_b packs panels [p0, p1) of op(B) (k x n): panel p holds
 // columns p*NR.. as (k+1)/2 pairs, each pair NR lanes of (B[2q][j], B[2q+1][j]),
-// zero past k and n.
+// zero past k and n. Full panels' full pairs take the vector path.
 void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1) {
 	long kp = (k + 1) / 2;
+	// the transposed path's gather indices: elements (f32) or bytes (bf16)
+	// below 2^31
+	int gather = (n * ldb + k) * (b_f32 ? 1 : 2) < 0x7fffffffL;
 	for (long p = p0; p < p1; p++) {
 		uint16_t *out = dst + p * kp * 2 * NR;
 		long j0 = p * NR;
-		for (long q = 0; q < kp; q++) {
+		long q = 0;
+		if (j0 + NR <= n && (!trans || gather)) {
+			pack_pairs_vec(b, b_f32, trans, ldb, j0, k / 2, (uint32_t *)out);
+			q = k / 2;
+		}
+		for (; q < kp; q++) {
 			for (long j = 0; j < NR; j++) {
 				long col = j0 + j;
 				uint16_t lo = 0, hi = 0;
@@ -69,12 +130,58 @@ void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long 
 	}
 }
 
+// pack_tile_vec packs the full pairs [q0, q0+pairs) of the MR rows from
+// row0 of op(A): the lanes of pack_a's loop, MR at a time under a mask.
+// Transposed, the rows of op(A) are contiguous in the stored rows kk and
+// kk+1; not transposed, each lane's pair is gathered from its row.
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void pack_tile_vec(const void *a, int a_f32, int trans, long lda, long row0, long q0, long pairs, uint32_t *dst) {
+	const __mmask16 mr = (__mmask16)((1u << MR) - 1);
+	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	__m512i rows = _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)row0)), _mm512_set1_epi32((int)lda));
+	for (long q = 0; q < pairs; q++) {
+		long kk = 2 * (q0 + q);
+		__m512i lo, hi, v;
+		if (trans) {
+			long o0 = kk * lda + row0, o1 = o0 + lda;
+			if (a_f32) {
+				lo = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o0));
+				hi = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o1));
+			} else {
+				lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o0));
+				hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o1));
+			}
+			v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+		} else {
+			__m512i idx = _mm512_add_epi32(rows, _mm512_set1_epi32((int)kk)); // elements (row0+r)*lda + kk
+			if (a_f32) {
+				lo = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, idx, a, 4));
+				hi = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, _mm512_set1_epi32(1)), a, 4));
+				v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+			} else {
+				v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, idx), a, 1);
+			}
+		}
+		_mm512_mask_storeu_epi32(dst + q * MR, mr, v);
+	}
+}
+
 // pack_a packs rows [m0, m1) and pairs [q0, q0+kc) of op(A) into tiles of MR
-// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k.
+// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k. Full
+// tiles' full pairs take the vector path.
 static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m0, long m1, long q0, long kc, uint32_t *dst) {
 	long tiles = (m1 - m0 + MR - 1) / MR;
+	// the gather's indices (elements, or bytes of bf16) stay below 2^31
+	int gather = (m1 * lda + k) * (a_f32 ? 1 : 2) < 0x7fffffffL;
+	long full = k / 2 - q0; // full pairs from q0
+	full = full < 0 ? 0 : (full < kc ? full : kc);
 	for (long t = 0; t < tiles; t++) {
-		for (long q = 0; q < kc; q++) {
+		long q = 0;
+		if (m0 + (t + 1) * MR <= m1 && (trans || gather)) {
+			pack_tile_vec(a, a_f32, trans, lda, m0 + t * MR, q0, full, dst + t * kc * MR);
+			q = full;
+		}
+		for (; q < kc; q++) {
 			long kk = 2 * (q0 + q);
 			for (long r = 0; r < MR; r++) {
 				long row = m0 + t * MR + r;

@@ -50,6 +50,14 @@ func GemmRoundF16(transA, transB bool, m, n, k int, alpha float32, a []float32, 
 	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{f: a, f16: true}, lda, halfOperand{f: b, f16: true}, ldb, beta, c, ldc)
 }
 
+// GemmRoundAHalfB is GemmRoundBF16 (GemmRoundF16 when f16) with B already
+// stored in the half format: a parameter's half-precision copy, read as
+// stored, times a float32 activation rounded as it is read. The result is
+// bitwise that of GemmRoundBF16 on the float32 B the copy was rounded from.
+func GemmRoundAHalfB(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []uint16, ldb int, beta float32, c []float32, ldc int) {
+	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{f: a, f16: f16}, lda, halfOperand{h: b, f16: f16}, ldb, beta, c, ldc)
+}
+
 // GemmF16 computes C = alpha*op(A)*op(B) + beta*C, with A and B holding
 // IEEE fp16 numbers and C float32.
 func GemmF16(transA, transB bool, m, n, k int, alpha float32, a []uint16, lda int, b []uint16, ldb int, beta float32, c []float32, ldc int) {

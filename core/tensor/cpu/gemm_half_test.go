@@ -142,3 +142,51 @@ func TestGemmHalfBadArguments(t *testing.T) {
 			GemmBF16(false, false, 2, 2, 3, 1, make([]uint16, 6), 2, make([]uint16, 6), 2, 0, make([]float32, 4), 2)
 		})
 }
+
+// TestGemmRoundBF16SpecialValues: a product that selects one row of B
+// (A = [1 0] or [0 1]) gives back B's numbers rounded to bf16 exactly as
+// BF16FromF32 rounds them, ties to even, the largest float32 to infinity,
+// infinities kept, in every packing of B (stored or transposed, full
+// panels and the columns past them). Subnormals are left out: VDPBF16PS
+// treats subnormal inputs as zero.
+func TestGemmRoundBF16SpecialValues(t *testing.T) {
+	bits := []uint32{0x3f808000, 0x3f818000, 0x3f80c000, 0x7f7fffff, 0xff7fffff, 0x3f80bfff, 0x3f808001, 0,
+		0x7f800000, 0xff800000, 0x3f7fffff, 0x477fe000, 0xc2fe8000, 0x00800000, 0x80800000}
+	n := 70 // two full panels of 32 columns and 6 past them
+	row := make([]float32, n)
+	for j := range row {
+		row[j] = math.Float32frombits(bits[j%len(bits)])
+	}
+	finite := make([]float32, n)
+	for j := range finite {
+		finite[j] = float32(j) - 3.25
+	}
+	for _, tb := range []bool{false, true} {
+		for sel := 0; sel < 2; sel++ {
+			rows := [2][]float32{finite, finite}
+			rows[sel] = row
+			b := make([]float32, 2*n) // k = 2 rows of n
+			for i := 0; i < 2; i++ {
+				for j := 0; j < n; j++ {
+					if tb {
+						b[j*2+i] = rows[i][j]
+					} else {
+						b[i*n+j] = rows[i][j]
+					}
+				}
+			}
+			ldb := n
+			if tb {
+				ldb = 2
+			}
+			a := []float32{0, 0}
+			a[sel] = 1
+			c := make([]float32, n)
+			GemmRoundBF16(false, tb, 1, n, 2, 1, a, 2, b, ldb, 0, c, n)
+			for j := range c {
+				want := BF16ToF32(BF16FromF32(row[j]))
+				require.Equal(t, math.Float32bits(want), math.Float32bits(c[j]), "tb=%v row %d column %d: %x", tb, sel, j, math.Float32bits(row[j]))
+			}
+		}
+	}
+}
