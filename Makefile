@@ -26,11 +26,11 @@ build: deps
 	@mkdir -p build
 	$(GO) build -o $(BIN) ./cmd/tinyacc
 
-# demo trains the default GPT on the default corpus (the Go toolchain's own
-# sources) for a few minutes, then samples from it.
+# demo trains the default GPT on the doc comments of the Go toolchain's own
+# sources (examples/demo.yaml) for a few minutes, then samples from it.
 demo: build
 	$(BIN) train --config examples/demo.yaml
-	$(BIN) sample --from build/demo.safetensors --prompt "func main" --tokens 300
+	$(BIN) sample --from build/demo.safetensors --prompt "The " --tokens 300
 
 vet:
 	$(GO) vet ./...

@@ -210,7 +210,7 @@ func apiLoaderNew(ch int64) (int64, error) {
 		return 0, err
 	}
 	cfg := c.cfg
-	corpus, err := data.LoadCorpus(cfg.Data.Path, cfg.Data.MaxBytes)
+	corpus, err := data.Load(cfg.Data.Path, cfg.Data.Format, cfg.Data.MaxBytes)
 	if err != nil {
 		return 0, wrap(errIO, err)
 	}

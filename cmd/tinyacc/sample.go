@@ -42,7 +42,9 @@ func cmdSample(args []string, stdout io.Writer) error {
 	if st, err := os.Stat(*from); err == nil && st.IsDir() {
 		return sampleFromDir(*from)
 	}
-	_, meta, err := ckpt.Load(*from)
+	// The header alone gives the model shape; LoadWeights then reads
+	// each tensor straight into its parameter.
+	_, meta, err := ckpt.Inspect(*from)
 	if err != nil {
 		return err
 	}

@@ -297,12 +297,16 @@ func checkTiling(entries []entry, dataLen int64) error {
 
 // Reader reads single tensors of a safetensors file on demand: the header
 // is validated once at Open, and each Read touches only that tensor's
-// bytes, so a rank loads the few pieces it needs from a large file.
+// bytes, so a rank loads the few pieces it needs from a large file. A
+// Reader is for one goroutine: its reads share one staging buffer of at
+// most chunkElems elements, so reading a tensor of any size allocates no
+// more than that outside the destination.
 type Reader struct {
 	path      string
 	f         *os.File
 	entries   map[string]entry
 	dataStart int64
+	raw       []byte // staging for ReadRange, reused
 }
 
 // Open opens path and validates its header.
@@ -390,7 +394,10 @@ func (r *Reader) ReadRange(name string, from, n int, dst *tensor.Tensor, at int)
 		return fmt.Errorf("ckpt: cannot read into %s", dst)
 	}
 	es := int64(e.dt.size())
-	raw := make([]byte, min(int64(n), chunkElems)*es)
+	if need := min(int64(n), chunkElems) * es; int64(cap(r.raw)) < need {
+		r.raw = make([]byte, need)
+	}
+	raw := r.raw[:cap(r.raw)]
 	for k := int64(0); k < int64(n); k += chunkElems {
 		m := min(int64(n)-k, chunkElems)
 		buf := raw[:m*es]

@@ -95,7 +95,9 @@ type Config struct {
 		ValFraction float64 `koanf:"val_fraction"` // share held out for evaluation, in [0,1)
 		MaxBytes    int64   `koanf:"max_bytes"`    // cap on text corpus bytes read; 0 = no cap
 		// Format says how data.path is read: "text" (byte tokenizer),
-		// "tokens" (llm.c .bin shards) or "auto" (a shard header decides).
+		// "tokens" (llm.c .bin shards), "auto" (a shard header decides) or
+		// "go_comments" (the comments of its Go files, GOROOT/src's when
+		// data.path is "", as text: prose wherever Go is installed).
 		Format  string `koanf:"format"`
 		ValPath string `koanf:"val_path"` // separate validation shards (glob); "" = hold out data.val_fraction
 	} `koanf:"data"`

@@ -71,7 +71,7 @@ func (c *Config) Validate() error {
 	v.oneOf("data.order", d.Order, "sequential", "random")
 	v.unitInterval("data.val_fraction", d.ValFraction, "such as 0.1, or 0 for no validation split")
 	v.nonNegative("data.max_bytes", d.MaxBytes)
-	v.oneOf("data.format", d.Format, "auto", "text", "tokens")
+	v.oneOf("data.format", d.Format, "auto", "text", "tokens", "go_comments")
 	if _, err := ParseMemoryLimit(c.Memory.Limit); err != nil {
 		v.errs = append(v.errs, err)
 	}

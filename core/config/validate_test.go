@@ -89,7 +89,7 @@ func TestValidateMessages(t *testing.T) {
 		{"max_bytes", func(c *Config) { c.Data.MaxBytes = -1 },
 			"config: data.max_bytes=-1 must not be negative: set it to 0 or more"},
 		{"data.format", func(c *Config) { c.Data.Format = "bin" },
-			`config: data.format="bin" is not supported: use one of auto, text, tokens`},
+			`config: data.format="bin" is not supported: use one of auto, text, tokens, go_comments`},
 		{"memory.limit", func(c *Config) { c.Memory.Limit = "lots" },
 			`config: memory.limit="lots" is not a size: use auto, 0 (no check) or a size such as 4GiB or 512MiB`},
 		{"tp", func(c *Config) { c.Parallel.TP = 0 },

@@ -157,6 +157,22 @@ func (b *Backprop) leafGrad(t *Tensor) *Tensor {
 	return t.Grad
 }
 
+// GradInto is leafGrad for a Function's backward: the buffer to add
+// t's gradient contribution into, and what the backward returns for t.
+// For a leaf that takes a gradient these are its Grad and the marker
+// that says the contribution is already there, so no weight-sized
+// temporary exists beside the weight's gradient; otherwise a fresh
+// zeroed buffer from the pass's allocator, returned as t's gradient.
+// The backward must only add into the buffer (it may hold earlier
+// contributions) and must not reduce it over a group.
+func (b *Backprop) GradInto(t *Tensor) (buf, ret *Tensor) {
+	if buf = b.leafGrad(t); buf != nil {
+		return buf, accumulated
+	}
+	buf = b.alloc.New(Activations, t.dtype, t.shape...)
+	return buf, buf
+}
+
 // releaseSpent gives the contributions of the op that just ran back to
 // the allocator.
 func (b *Backprop) releaseSpent() {

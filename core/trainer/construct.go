@@ -246,23 +246,30 @@ func (w *weightsFile) fill(spec *place.Spec, c place.Coord, data *tensor.Tensor)
 
 // verify reads the part as fill would, into scratch memory, so that a
 // caller loading into live parameters refuses a bad file before it
-// changes any of them.
+// changes any of them. The scratch is one buffer of at most verifyChunk
+// elements, reused run by run and chunk by chunk: checking a tensor of
+// any size holds no copy of it outside the allocator.
 func (w *weightsFile) verify(spec *place.Spec, c place.Coord, dtype tensor.DType) error {
 	var err error
+	var scratch *tensor.Tensor
 	spec.Runs(c, func(g, l, n int) {
-		if err != nil {
-			return
+		for at := 0; at < n && err == nil; at += verifyChunk {
+			k := min(n-at, verifyChunk)
+			if scratch == nil || scratch.Numel() < k {
+				if dtype == tensor.Float64 {
+					scratch = tensor.FromF64(make([]float64, k), k)
+				} else {
+					scratch = tensor.FromF32(make([]float32, k), k)
+				}
+			}
+			// The spec at the scratch's own run: global elements [g+at, g+at+k).
+			one := place.NewSpec(spec.Name, []int{g + at + k})
+			one.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: g + at, Length: k}
+			err = w.fill(one, place.Single, scratch.Span(0, k))
 		}
-		var scratch *tensor.Tensor
-		if dtype == tensor.Float64 {
-			scratch = tensor.FromF64(make([]float64, n), n)
-		} else {
-			scratch = tensor.FromF32(make([]float32, n), n)
-		}
-		// The spec at the scratch's own run: global elements [g, g+n).
-		one := place.NewSpec(spec.Name, []int{g + n})
-		one.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: g, Length: n}
-		err = w.fill(one, place.Single, scratch)
 	})
 	return err
 }
+
+// verifyChunk is the most elements verify reads at once.
+const verifyChunk = 1 << 16

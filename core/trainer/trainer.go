@@ -419,7 +419,7 @@ func (t *Trainer) loadData() error {
 		if shards {
 			return nil
 		}
-		c, err := data.LoadCorpus(t.Cfg.Data.Path, t.Cfg.Data.MaxBytes)
+		c, err := data.Load(t.Cfg.Data.Path, t.Cfg.Data.Format, t.Cfg.Data.MaxBytes)
 		if err != nil {
 			return err
 		}
@@ -449,7 +449,7 @@ func (t *Trainer) loadData() error {
 // token stream.
 func (t *Trainer) tokenShards() (bool, error) {
 	d := t.Cfg.Data
-	if d.Path == "" || d.Format == "text" {
+	if d.Path == "" || d.Format == "text" || d.Format == data.GoComments {
 		return false, nil
 	}
 	if d.Format == "auto" {

@@ -3,9 +3,14 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/place"
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // TestNoWeightSizedTemporaries holds the activation peak of a step at
@@ -36,4 +41,38 @@ func TestNoWeightSizedTemporaries(t *testing.T) {
 			require.LessOrEqual(t, got, est+layer, "activations hold a weight-sized temporary")
 		})
 	}
+}
+
+// TestVerifyWeightsHoldsNoCopy: before loading a weights file into live
+// parameters, LoadWeights reads every value of the parts a rank holds to
+// refuse a non-finite one. A part held as one flat run (ZeRO's shards)
+// is read in bounded chunks into one reused buffer, never copied whole
+// onto the Go heap, where the allocator would not count it: checking a
+// 4 MiB table as a single run allocates less than half of it.
+func TestVerifyWeightsHoldsNoCopy(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Model.NLayer, cfg.Model.NHead, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.VocabSize = 1, 2, 64, 8, 16384
+	m, err := BuildModel(cfg, nil)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	require.NoError(t, SaveWeights(m, path))
+	w, err := openWeights(path, m.Config)
+	require.NoError(t, err)
+	defer w.Close()
+	var table *tensor.Tensor
+	for _, p := range m.Params() {
+		if table == nil || p.Numel() > table.Numel() {
+			table = p
+		}
+	}
+	spec := place.NewSpec(table.Name, []int{table.Numel()})
+	spec.Along[place.DP] = place.Placement{Kind: place.Flat, Offset: 0, Length: table.Numel()}
+	bytes := int64(4 * table.Numel())
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	require.NoError(t, w.verify(spec, place.Single, tensor.Float32))
+	runtime.ReadMemStats(&after)
+	got := int64(after.TotalAlloc - before.TotalAlloc)
+	t.Logf("checking %s (%d bytes) as one run allocated %d bytes on the Go heap", table.Name, bytes, got)
+	require.Less(t, got, bytes/2, "verify copies the part outside the allocator")
 }

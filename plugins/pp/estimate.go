@@ -190,9 +190,16 @@ func (e *Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.Memory
 		return fmt.Errorf("pp: rank %d is outside a pipeline of %d stages over %d ranks", in.Rank, e.sched.P, in.World)
 	}
 	B := in.Cfg.Train.BatchSize
-	peak, inGrads := e.play(in.Model, B, in.Cfg.Parallel.TP, r)
+	// Under context parallel every sequence-sized tensor of a stage holds
+	// T/cp rows of the sequence, the received inputs and their gradients
+	// included (as cp's estimator says of one process).
+	m := in.Model
+	if cp := in.Cfg.Parallel.CP; cp > 1 {
+		m.BlockSize /= cp
+	}
+	peak, inGrads := e.play(m, B, in.Cfg.Parallel.TP, r)
 	est.ActPeak = 4*peak + 1024
-	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(in.Model.BlockSize) * int64(in.Model.NEmbd)
+	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(m.BlockSize) * int64(m.NEmbd)
 	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes
 	return nil
 }

@@ -85,16 +85,25 @@ func (f *lookupFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Ten
 	return out, nil
 }
 
+// Backward adds the rows of g into the table's gradient in place
+// (GradInto), as the full embedding's backward does: no buffer the size
+// of this rank's table exists beside its gradient.
 func (f *lookupFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
 	w := f.e.Wte
 	rows, C := w.Dim(0), w.Dim(1)
-	gw := backAlloc(ctx).New(tensor.Activations, g.DType(), rows, C)
+	var gw, ret *tensor.Tensor
+	if ctx.Backprop != nil {
+		gw, ret = ctx.Backprop.GradInto(w)
+	} else {
+		gw = backAlloc(ctx).New(tensor.Activations, g.DType(), rows, C)
+		ret = gw
+	}
 	if g.DType() == tensor.Float32 {
 		scatterRows(g.F32(), gw.F32(), f.idx, f.e.Lo, rows, C)
 	} else {
 		scatterRows(g.F64(), gw.F64(), f.idx, f.e.Lo, rows, C)
 	}
-	return []*tensor.Tensor{gw}, nil
+	return []*tensor.Tensor{ret}, nil
 }
 
 // scatterRows adds g's row i into gw's row idx[i]-lo for the ids held, in
