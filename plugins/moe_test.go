@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -83,7 +84,7 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 	cfg := ptest.Config()
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.TP = 2
-	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data and expert parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
 	var errs []error
 	_ = comm.RunLocal(2, comm.Options{}, func(g comm.Group) error {
 		ps, m, err := Build(cfg, g)
@@ -97,7 +98,7 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 		return nil
 	})
 	require.Len(t, errs, 1)
-	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data and expert parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
 }
 
 // The estimate counts the experts: parameter, gradient and optimizer
@@ -123,4 +124,77 @@ func TestMoEEstimateCountsExperts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Expert parallel (dropless) equals one process on the same global batch
+// in float64 to the matrix's 1e-9: ep 2 over dp 2, ep 2 and ep 4 over dp
+// 4, in both DDP modes. Each rank keeps only its experts (the others are
+// not in its model), the tokens travel to them and back by all-to-all,
+// and an expert's gradient is summed over its replicas and divided by dp.
+// The logged aux_loss, z_loss and expert_load equal one process's.
+func TestExpertParallelEqualsOneProcess(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
+	base.Train.GradAccum = 2
+	one := base
+	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
+	want := ptest.Single(t, one)
+	wantM := moeMetrics(t, one.MetricsFile)
+	for _, row := range []struct {
+		dp, ep int
+		mode   string
+	}{{2, 2, "bucketed"}, {4, 2, "bucketed"}, {4, 4, "bucketed"}, {4, 2, "naive"}} {
+		what := fmt.Sprintf("dp %d ep %d %s", row.dp, row.ep, row.mode)
+		t.Run(what, func(t *testing.T) {
+			cfg := base
+			cfg.Parallel.DP, cfg.Parallel.EP, cfg.DDP.Mode = row.dp, row.ep, row.mode
+			cfg.Train.BatchSize /= row.dp
+			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+			require.NoError(t, cfg.Validate())
+			require.NoError(t, cfg.CheckWorld(row.dp))
+			got := ptest.Parallel(t, cfg, row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			ptest.Check(t, want, got, what)
+			gotM := moeMetrics(t, cfg.MetricsFile)
+			require.Len(t, gotM, len(wantM))
+			for i := range wantM {
+				for _, k := range []string{"aux_loss", "z_loss"} {
+					assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
+				}
+				assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
+			}
+		})
+	}
+}
+
+// Under parallel.ep=2 over dp 4 each rank's model holds only its experts
+// (rank at position j of its group: experts 2j and 2j+1 of 4), placed as
+// held along dp by its replicas, the dp ranks at the same position.
+func TestExpertParallelPlacesExperts(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Model.NLayer = 1
+	cfg.Model.MoE.Experts = 4
+	cfg.Parallel.DP, cfg.Parallel.EP = 4, 2
+	got := make([][]string, 4)
+	err := comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := Build(cfg, g)
+		if err != nil {
+			return err
+		}
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 4})
+		if err != nil {
+			return err
+		}
+		for _, p := range tr.Model.Params() {
+			if strings.Contains(p.Name, "experts") && strings.HasSuffix(p.Name, "c_fc.weight") {
+				got[g.Rank()] = append(got[g.Rank()], p.Spec.String())
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	low := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp held[0 2]", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp held[0 2]"}
+	high := []string{"h.0.mlp.experts.2.c_fc.weight [32 128]: dp held[1 3]", "h.0.mlp.experts.3.c_fc.weight [32 128]: dp held[1 3]"}
+	assert.Equal(t, [][]string{low, high, low, high}, got)
 }

@@ -111,6 +111,9 @@ type Config struct {
 		TP int `koanf:"tp"` // tensor-parallel ranks
 		PP int `koanf:"pp"` // pipeline stages
 		CP int `koanf:"cp"` // context-parallel ranks
+		// EP splits the experts of each MoE block over groups of ep
+		// data-parallel ranks (plugins/ep); 1 = every rank holds every expert.
+		EP int `koanf:"ep"`
 	} `koanf:"parallel"`
 	PP struct {
 		Schedule      string `koanf:"schedule"`       // "afab" | "1f1b" | "interleaved" | "zb1"
@@ -233,7 +236,7 @@ func Defaults() Config {
 	c.Data.Format = "auto"
 	c.Memory.Limit = "auto"
 
-	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
+	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP, c.Parallel.EP = 0, 1, 1, 1, 1
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
 	c.CP.Attention, c.CP.Split = "ring", "zigzag"
 	c.Recompute.Granularity, c.Recompute.Modules = "none", []string{"norm", "mlp_act"}

@@ -42,7 +42,7 @@ func TestKeys(t *testing.T) {
 		"model.moe.aux_loss_coef", "model.moe.capacity_factor", "model.moe.every", "model.moe.experts", "model.moe.top_k", "model.moe.z_loss_coef",
 		"model.n_embd", "model.n_head", "model.n_kv_head", "model.n_layer",
 		"model.norm_eps", "model.rope_theta", "model.tie_embeddings", "model.vocab_size",
-		"parallel.cp", "parallel.dp", "parallel.pp", "parallel.tp", "plugins.process",
+		"parallel.cp", "parallel.dp", "parallel.ep", "parallel.pp", "parallel.tp", "plugins.process",
 		"pp.layers", "pp.schedule", "pp.virtual_stages",
 		"recompute.blocks", "recompute.granularity", "recompute.modules",
 		"resume", "resume_allow_nonfinite", "save_to", "tp.sequence_parallel", "trace", "trace_per_rank",

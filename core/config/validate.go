@@ -81,7 +81,7 @@ func (c *Config) Validate() error {
 	for _, k := range []struct {
 		key, plugin string
 		n           int
-	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "", pl.CP}} {
+	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "", pl.CP}, {"parallel.ep", "", pl.EP}} {
 		if k.n < 1 {
 			v.addf("config: %s=%d must be >= 1", k.key, k.n)
 		} else if k.n > 1 && k.plugin != "" {

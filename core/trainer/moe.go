@@ -77,7 +77,7 @@ func (t *Trainer) wireMoE() error {
 	}
 	sh := t.Mesh.Shape()
 	if sh.TP > 1 || sh.PP > 1 || sh.CP > 1 {
-		return fmt.Errorf("trainer: model.moe.experts=%d trains under data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP, sh.CP)
+		return fmt.Errorf("trainer: model.moe.experts=%d trains under data and expert parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP, sh.CP)
 	}
 	g := t.Mesh.DPCP()
 	if g == nil || g.Size() == 1 {

@@ -1,0 +1,117 @@
+package nn
+
+import (
+	"fmt"
+
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
+
+// Dispatcher moves a MoE layer's tokens between the ranks of an
+// expert-parallel group (plugins/ep). The group's Size ranks split the
+// experts into equal consecutive runs: rank r holds experts
+// [r·E/Size, (r+1)·E/Size).
+type Dispatcher interface {
+	Size() int
+	Rank() int
+	// Counts sends count[e], the rows this rank has for expert e (all E
+	// of them), to the rank holding e, and returns what every rank has
+	// for this rank's experts: recv[q·L+j] rows from rank q for local
+	// expert j (L = E/Size).
+	Counts(count []int) (recv []int, err error)
+	// Exchange sends send[p] rows of x [S, C] (in rank order) to rank p
+	// and returns the recv[q] rows rank q sent, in rank order: an
+	// autograd op whose backward is the inverse exchange.
+	Exchange(x *tensor.Tensor, send, recv []int) (*tensor.Tensor, error)
+}
+
+// forwardEP runs the experts of routing rt over the expert-parallel group:
+//
+//  1. dispatch: this rank's rows for each expert, in expert order, go to
+//     the rank holding it (Exchange); the received rows are grouped by
+//     sender, then by that sender's expert;
+//  2. each local expert runs on all the rows it received, from every
+//     sender at once, and its outputs go back to their places;
+//  3. combine: the inverse exchange returns every row's output to the
+//     rank that sent it, where it is weighted and added at its token, in
+//     expert order, as in one process.
+//
+// Every rank calls both exchanges and each output feeds the next, whatever
+// it routed (possibly nothing), so backward runs the same collectives in
+// the same order everywhere.
+func (m *MoE) forwardEP(h, w *tensor.Tensor, rt Routing) (*tensor.Tensor, error) {
+	d := m.Dispatch
+	E, P := m.Cfg.Experts, d.Size()
+	L := E / P
+	N := h.Dim(0)
+	count := make([]int, E)
+	var rows, weight []int
+	for e := range rt.Rows {
+		count[e] = len(rt.Rows[e])
+		rows = append(rows, rt.Rows[e]...)
+		weight = append(weight, rt.Weight[e]...)
+	}
+	recv, err := d.Counts(count)
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE dispatch counts: %w", err)
+	}
+	send, got := make([]int, P), make([]int, P)
+	for e, n := range count {
+		send[e/L] += n
+	}
+	for i, n := range recv {
+		got[i/L] += n
+	}
+	x, err := d.Exchange(tensor.GatherRows(h, rows), send, got)
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE dispatch: %w", err)
+	}
+	// Row indices of x for each local expert: from every sender q, the
+	// run after q's rows for the experts before it.
+	R := x.Dim(0)
+	idx := make([][]int, L)
+	at := 0
+	for q := 0; q < P; q++ {
+		for j := 0; j < L; j++ {
+			for i := 0; i < recv[q*L+j]; i++ {
+				idx[j] = append(idx[j], at)
+				at++
+			}
+		}
+	}
+	var parts []tensor.Routed
+	for j, ix := range idx {
+		if len(ix) > 0 {
+			y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(x, ix))
+			parts = append(parts, tensor.Routed{Y: y, Rows: ix, Weight: ix})
+		}
+	}
+	// The outputs in x's row order (each row scaled by one); with no
+	// rows, an empty view of x keeps the return exchange in x's graph.
+	var y *tensor.Tensor
+	if len(parts) == 0 {
+		y = tensor.GatherRows(x, nil)
+	} else {
+		y = tensor.CombineRows(R, ones(x, R), parts)
+	}
+	back, err := d.Exchange(y, got, send)
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE combine: %w", err)
+	}
+	return tensor.CombineRows(N, w, []tensor.Routed{{Y: back, Rows: rows, Weight: weight}}), nil
+}
+
+// ones is a constant [n] tensor of ones in x's dtype.
+func ones(x *tensor.Tensor, n int) *tensor.Tensor {
+	if x.DType() == tensor.Float32 {
+		f := make([]float32, n)
+		for i := range f {
+			f[i] = 1
+		}
+		return tensor.FromF32(f, n)
+	}
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return tensor.FromF64(v, n)
+}
