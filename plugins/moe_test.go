@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
@@ -197,4 +198,48 @@ func TestExpertParallelPlacesExperts(t *testing.T) {
 	low := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp held[0 2]", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp held[0 2]"}
 	high := []string{"h.0.mlp.experts.2.c_fc.weight [32 128]: dp held[1 3]", "h.0.mlp.experts.3.c_fc.weight [32 128]: dp held[1 3]"}
 	assert.Equal(t, [][]string{low, high, low, high}, got)
+}
+
+// A checkpoint saved under expert parallel (ep 4 over dp 4: every rank
+// writes its own experts) resumes at ep 2 (dp 4 and dp 2), under plain
+// data parallel and on one process, each continuing as the uninterrupted
+// single process does, in float64 to 1e-9; resumed at ep 4 it continues
+// its own uninterrupted run bit for bit.
+func TestExpertParallelResumeAcrossEP(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef = 0.1
+	base.Train.BatchSize = 8
+	at := func(steps, dp, ep int) config.Config {
+		c := base
+		c.Train.Steps, c.Parallel.DP, c.Parallel.EP = steps, dp, ep
+		c.Train.BatchSize = base.Train.BatchSize / dp
+		return c
+	}
+	run := func(cfg config.Config) ptest.Result {
+		if cfg.Parallel.DP == 1 {
+			return ptest.Single(t, cfg)
+		}
+		return ptest.Parallel(t, cfg, cfg.Parallel.DP, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })[0]
+	}
+	full := run(at(4, 1, 1))
+	want := full
+	want.Losses, want.GradNorms = full.Losses[2:], full.GradNorms[2:]
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	save := at(2, 4, 4)
+	save.Checkpoint.Dir = dir
+	run(save)
+	for _, row := range []struct{ dp, ep int }{{4, 2}, {2, 2}, {2, 1}, {1, 1}} {
+		cfg := at(4, row.dp, row.ep)
+		cfg.Resume = dir
+		got := run(cfg)
+		ptest.AssertEquivalent(t, want, got, fmt.Sprintf("saved at ep 4 dp 4, resumed at ep %d dp %d", row.ep, row.dp))
+	}
+	same := at(4, 4, 4)
+	whole := run(same)
+	same.Resume = dir
+	got := run(same)
+	require.Equal(t, whole.Losses[2:], got.Losses, "ep 4 resumed by itself")
+	require.Equal(t, whole.Params, got.Params, "ep 4 resumed by itself")
 }

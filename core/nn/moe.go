@@ -225,12 +225,13 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 			return nil, err
 		}
 	} else {
+		// Every expert runs, on no rows when no token chose it: its
+		// gradient is then zero but final like every other parameter's,
+		// so data parallel's buckets complete alike on every rank.
 		var parts []tensor.Routed
 		for e, rows := range rt.Rows {
-			if len(rows) > 0 {
-				y := m.Experts[e].Forward(tensor.GatherRows(h, rows))
-				parts = append(parts, tensor.Routed{Y: y, Rows: rows, Weight: rt.Weight[e]})
-			}
+			y := m.Experts[e].Forward(tensor.GatherRows(h, rows))
+			parts = append(parts, tensor.Routed{Y: y, Rows: rows, Weight: rt.Weight[e]})
 		}
 		out = tensor.CombineRows(N, w, parts)
 	}

@@ -78,21 +78,15 @@ func (m *MoE) forwardEP(h, w *tensor.Tensor, rt Routing) (*tensor.Tensor, error)
 			}
 		}
 	}
+	// Each local expert runs on every row it received (on none if no
+	// sender chose it: its gradient is then zero but final), and the
+	// outputs go back to x's row order, each row scaled by one.
 	var parts []tensor.Routed
 	for j, ix := range idx {
-		if len(ix) > 0 {
-			y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(x, ix))
-			parts = append(parts, tensor.Routed{Y: y, Rows: ix, Weight: ix})
-		}
+		y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(x, ix))
+		parts = append(parts, tensor.Routed{Y: y, Rows: ix, Weight: ix})
 	}
-	// The outputs in x's row order (each row scaled by one); with no
-	// rows, an empty view of x keeps the return exchange in x's graph.
-	var y *tensor.Tensor
-	if len(parts) == 0 {
-		y = tensor.GatherRows(x, nil)
-	} else {
-		y = tensor.CombineRows(R, ones(x, R), parts)
-	}
+	y := tensor.CombineRows(R, ones(x, R), parts)
 	back, err := d.Exchange(y, got, send)
 	if err != nil {
 		return nil, fmt.Errorf("nn: MoE combine: %w", err)
