@@ -144,13 +144,17 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 	want := ptest.Single(t, one)
 	wantM := moeMetrics(t, one.MetricsFile)
 	for _, row := range []struct {
-		dp, ep int
-		mode   string
-	}{{2, 2, "bucketed"}, {4, 2, "bucketed"}, {4, 4, "bucketed"}, {4, 2, "naive"}} {
-		what := fmt.Sprintf("dp %d ep %d %s", row.dp, row.ep, row.mode)
+		dp, ep, zero int
+		mode         string
+	}{{2, 2, 0, "bucketed"}, {4, 2, 0, "bucketed"}, {4, 4, 0, "bucketed"}, {4, 2, 0, "naive"},
+		{4, 2, 1, ""}, {4, 2, 2, ""}, {4, 2, 3, ""}, {2, 2, 3, ""}} {
+		what := fmt.Sprintf("dp %d ep %d zero %d %s", row.dp, row.ep, row.zero, row.mode)
 		t.Run(what, func(t *testing.T) {
 			cfg := base
-			cfg.Parallel.DP, cfg.Parallel.EP, cfg.DDP.Mode = row.dp, row.ep, row.mode
+			cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = row.dp, row.ep, row.zero
+			if row.mode != "" {
+				cfg.DDP.Mode = row.mode
+			}
 			cfg.Train.BatchSize /= row.dp
 			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
 			require.NoError(t, cfg.Validate())
@@ -201,7 +205,7 @@ func TestExpertParallelPlacesExperts(t *testing.T) {
 }
 
 // A checkpoint saved under expert parallel (ep 4 over dp 4: every rank
-// writes its own experts) resumes at ep 2 (dp 4 and dp 2), under plain
+// writes its own experts) resumes at ep 2 (dp 4, and dp 2 with ZeRO-3), under plain
 // data parallel and on one process, each continuing as the uninterrupted
 // single process does, in float64 to 1e-9; resumed at ep 4 it continues
 // its own uninterrupted run bit for bit.
@@ -214,6 +218,9 @@ func TestExpertParallelResumeAcrossEP(t *testing.T) {
 	at := func(steps, dp, ep int) config.Config {
 		c := base
 		c.Train.Steps, c.Parallel.DP, c.Parallel.EP = steps, dp, ep
+		if dp == 2 && ep == 2 {
+			c.Zero.Stage = 3
+		}
 		c.Train.BatchSize = base.Train.BatchSize / dp
 		return c
 	}
@@ -234,7 +241,7 @@ func TestExpertParallelResumeAcrossEP(t *testing.T) {
 		cfg := at(4, row.dp, row.ep)
 		cfg.Resume = dir
 		got := run(cfg)
-		ptest.AssertEquivalent(t, want, got, fmt.Sprintf("saved at ep 4 dp 4, resumed at ep %d dp %d", row.ep, row.dp))
+		ptest.AssertEquivalent(t, want, got, fmt.Sprintf("saved at ep 4 dp 4, resumed at ep %d dp %d zero %d", row.ep, row.dp, cfg.Zero.Stage))
 	}
 	same := at(4, 4, 4)
 	whole := run(same)

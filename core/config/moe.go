@@ -16,9 +16,6 @@ func (c *Config) validateMoE(v *validator) {
 		case m.Experts%ep != 0:
 			v.addf("config: parallel.ep=%d does not divide model.moe.experts=%d: every expert-parallel rank holds the same number of experts", ep, m.Experts)
 		}
-		if c.Zero.Stage > 0 {
-			v.addf("config: parallel.ep=%d with zero.stage=%d: ZeRO does not shard experts placed by expert parallel in this build; set zero.stage=0 or parallel.ep=1", ep, c.Zero.Stage)
-		}
 		if c.DDP.Process {
 			v.addf("config: parallel.ep=%d with ddp.process=true: a DDP plugin process does not know expert placements; set ddp.process=false or parallel.ep=1", ep)
 		}

@@ -48,8 +48,6 @@ func TestExpertParallelKeys(t *testing.T) {
 	assert.EqualError(t, c.CheckWorld(6), "config: parallel.ep=4 does not divide dp=6 × cp=1 = 6: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of 6")
 	c.Parallel.DP = 2
 	assert.EqualError(t, c.CheckWorld(2), "config: parallel.ep=4 does not divide dp=2 × cp=1 = 2: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of 2")
-	c.Parallel.DP, c.Zero.Stage = 0, 1
-	assert.ErrorContains(t, c.Validate(), "config: parallel.ep=4 with zero.stage=1: ZeRO does not shard experts placed by expert parallel in this build; set zero.stage=0 or parallel.ep=1")
-	c.Zero.Stage, c.Parallel.EP = 0, 0
+	c.Parallel.DP, c.Parallel.EP = 0, 0
 	assert.ErrorContains(t, c.Validate(), "config: parallel.ep=0 must be >= 1")
 }
