@@ -103,25 +103,42 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 }
 
 // The estimate counts the experts: parameter, gradient and optimizer
-// bytes per rank equal the measured ones for a MoE model on one process
-// and under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
-// other parameters alike). Activations are not modelled for MoE blocks
-// yet; the gap is logged, not held.
+// bytes per rank equal the measured ones for a MoE model on one process,
+// under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
+// other parameters alike), and under expert parallel (each rank its own
+// experts, kept whole by ZeRO; ZeRO-3's parameter peak there within 15%).
+// The activations of the MoE blocks
+// (trainer.MoEActivationFloats) are within 15% of the measured peak on
+// one process and under data parallel; under expert parallel the estimate
+// is the worst case of dropless routing (every token of the group to this
+// rank's experts), which the balanced measured run stays under.
 func TestMoEEstimateCountsExperts(t *testing.T) {
-	for _, row := range []struct{ world, zero int }{{1, 0}, {2, 1}, {2, 3}} {
-		t.Run(fmt.Sprintf("world %d zero %d", row.world, row.zero), func(t *testing.T) {
+	for _, row := range []struct{ world, zero, ep int }{{1, 0, 1}, {2, 1, 1}, {2, 3, 1}, {4, 0, 2}, {4, 1, 2}, {4, 3, 2}, {2, 3, 2}} {
+		t.Run(fmt.Sprintf("world %d zero %d ep %d", row.world, row.zero, row.ep), func(t *testing.T) {
 			cfg := ptest.Config()
 			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
-			cfg.Train.Steps, cfg.Zero.Stage = 2, row.zero
+			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP = 2, row.zero, row.ep
 			est, err := Estimate(cfg, row.world)
 			require.NoError(t, err)
 			got := measure(t, cfg, row.world)
 			for r, m := range got {
 				e := est[r]
-				t.Logf("rank %d: params %d est %d | activations %d est %d (dense formula)", r, m.ParamsBytes, e.ParamsBytes, m.ActPeak, e.ActPeak)
-				require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+				t.Logf("rank %d: params %d est %d | activations %d est %d", r, m.ParamsBytes, e.ParamsBytes, m.ActPeak, e.ActPeak)
+				if row.zero == 3 && row.ep > 1 {
+					// Stage 3's gathered units under ep are not modelled
+					// to the byte: the measured peak holds one expert
+					// c_fc more than the estimate's pair of units.
+					assert.InEpsilon(t, float64(m.ParamsBytes), float64(e.ParamsBytes), 0.15, "rank %d params", r)
+				} else {
+					require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
+				}
 				require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
 				require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
+				if row.ep == 1 {
+					assert.InEpsilon(t, float64(m.ActPeak), float64(e.ActPeak), 0.15, "rank %d activations", r)
+				} else {
+					assert.LessOrEqual(t, m.ActPeak, e.ActPeak, "rank %d activations: the worst case bounds the run", r)
+				}
 			}
 		})
 	}

@@ -123,3 +123,52 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 	}
 	return m, nil
 }
+
+// MoEActivationFloats is what the MoE blocks of m add to the activations
+// of the dense model (ActivationBytes) in one micro-batch of B sequences
+// on one process, in elements. Per MoE block of N = B·T tokens:
+//
+//   - MoERowFloats per row its experts process (MoERows of them): the
+//     gathered input (C), the
+//     4C-wide hidden layer before and after GELU, its output (C), the
+//     gradients of those that backward holds at once, and the row's
+//     routing weight and index;
+//   - C·N·E + 5·N·E: each expert's input gradient scattered back into a
+//     [N, C] buffer, and the router's logits, probabilities and their
+//     gradients;
+//   - minus 14·N·C: the dense MLP's terms the experts replace.
+//
+// Fitted to the allocator's count over E, k, B·T, C and n_layer, it holds
+// to 15% like the dense terms (TestMoEEstimateCountsExperts).
+func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
+	if m.MoE.Experts == 0 {
+		return 0
+	}
+	n, c, e := int64(B)*int64(m.BlockSize), int64(m.NEmbd), int64(m.MoE.Experts)
+	return MoEBlocks(m) * (MoERowFloats(m)*MoERows(m.MoE, n) + c*n*e + 5*n*e - 14*n*c)
+}
+
+// MoERowFloats is the activation elements of one row an expert processes.
+func MoERowFloats(m nn.GPTConfig) int64 { return 20*int64(m.NEmbd) + 2 }
+
+// MoEBlocks is the number of MoE blocks of m.
+func MoEBlocks(m nn.GPTConfig) int64 {
+	var blocks int64
+	for i := 0; i < m.NLayer; i++ {
+		if m.MoE.IsMoE(i) {
+			blocks++
+		}
+	}
+	return blocks
+}
+
+// MoERows is the most token-to-expert assignments the experts of one MoE
+// block process for n tokens on one process: n·top_k dropless, and at
+// most E·capacity with a capacity.
+func MoERows(m nn.MoEConfig, n int64) int64 {
+	rows := n * int64(m.TopK)
+	if cap := m.Capacity(int(n)); cap > 0 {
+		rows = min(rows, int64(m.Experts)*int64(cap))
+	}
+	return rows
+}

@@ -56,7 +56,21 @@ func unitNumels(ps []nn.ParamShape) []int {
 // stages 2 and 3, G stage 3's gathered parameters.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
-	numels := unitNumels(in.Params)
+	// Under expert parallel the experts are held by some dp ranks only
+	// and ZeRO keeps them whole (Layout.Whole): parameter, gradient and
+	// optimizer bytes of one process.
+	params, whole := in.Params, int64(0)
+	if in.Cfg.Parallel.EP > 1 {
+		params = nil
+		for _, p := range in.Params {
+			if strings.Contains(p.Name, ".mlp.experts.") {
+				whole += trainer.Numel([]nn.ParamShape{p})
+			} else {
+				params = append(params, p)
+			}
+		}
+	}
+	numels := unitNumels(params)
 	var padded, owned, embed, pair, largest int64
 	sizes := make([]int64, len(numels))
 	for i, num := range numels {
@@ -89,7 +103,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
 	}
 	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
-	e.OptimBytes = perElem * owned
+	e.OptimBytes = perElem * (owned + whole)
 	// Gradients the plugins before ZeRO added beyond the parameters'
 	// (a pipeline stage's received inputs) are not ZeRO's to shard.
 	otherGrads := e.GradsBytes - 4*trainer.Numel(in.Params)
@@ -103,6 +117,8 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+4*gathered, 4*padded/int64(n)+transient
 	}
 	e.GradsBytes += otherGrads
+	e.ParamsBytes += 4 * whole
+	e.GradsBytes += 4 * whole
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
 		// buffer while backward goes on: two shards in flight.
