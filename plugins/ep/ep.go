@@ -36,7 +36,7 @@ import (
 )
 
 // EP is the expert-parallel plugin of one rank. It implements
-// trainer.Preparer and PreStepper.
+// trainer.Preparer, PreStepper and PostStepper.
 type EP struct {
 	size, rank, dp int
 	group          comm.Group // this rank's expert-parallel group
@@ -167,12 +167,12 @@ func (e *EP) PreStep(t *trainer.Trainer) error {
 	return nil
 }
 
-// SentBytes is the bytes this rank has sent to other ranks by the
-// all-to-alls of token rows (dispatch and combine, forward and backward)
-// since the start; rows a rank keeps for itself are not counted.
-func (e *EP) SentBytes() int64 {
-	if e.x == nil {
-		return 0
+// PostStep implements trainer.PostStepper: it reports the rows the
+// step's forwards exchanged with other ranks (StepMetrics.ExpertRows).
+func (e *EP) PostStep(t *trainer.Trainer, m *trainer.StepMetrics) error {
+	if m != nil {
+		m.ExpertRows = e.x.rows
 	}
-	return e.x.sent
+	e.x.rows = 0
+	return nil
 }

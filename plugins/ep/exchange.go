@@ -15,8 +15,9 @@ type exchanger struct {
 	g     comm.Group
 	alloc *tensor.Allocator
 	trace *trace.Recorder
-	// sent counts the bytes of token rows sent to other ranks.
-	sent int64
+	// rows counts the token rows sent to and received from other ranks
+	// by the routing (Counts) since the last PostStep.
+	rows int64
 }
 
 func (x *exchanger) Size() int { return x.g.Size() }
@@ -37,8 +38,12 @@ func (x *exchanger) Counts(count []int) ([]int, error) {
 		return nil, fmt.Errorf("ep: all-to-all of expert counts over group %s: %w", x.g.Name(), err)
 	}
 	out := make([]int, len(count))
+	L, me := len(count)/x.g.Size(), x.g.Rank()
 	for i, v := range dst.F64() {
 		out[i] = int(v)
+		if i/L != me {
+			x.rows += int64(count[i] + out[i])
+		}
 	}
 	return out, nil
 }
@@ -80,9 +85,6 @@ func (x *exchanger) run(a *tensor.Allocator, what string, rows *tensor.Tensor, s
 	for p := range send {
 		sc[p], rc[p] = send[p]*C, recv[p]*C
 		total += recv[p]
-		if p != x.g.Rank() {
-			x.sent += int64(sc[p]) * int64(rows.DType().Size())
-		}
 	}
 	out := a.NewUninit(tensor.Activations, rows.DType(), total, C)
 	span := x.trace.Begin("all_to_all "+what, "comm", trace.Comm).With("bytes", rows.Bytes()).With("group", x.g.Name())
