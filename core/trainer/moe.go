@@ -121,6 +121,13 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 	if m.Experts == 0 {
 		return nn.MoEConfig{}, nil
 	}
+	if v, ok := recorded["model.moe.capacity_factor"]; ok {
+		f, err := strconv.ParseFloat(fmt.Sprint(v), 64)
+		if err != nil {
+			return m, fmt.Errorf("ckpt: the index records model.moe.capacity_factor=%v, not a number", v)
+		}
+		m.CapacityFactor = f
+	}
 	return m, nil
 }
 
