@@ -79,13 +79,22 @@ func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
 	}
 }
 
-// Experts are not split by tensor, pipeline or context parallel yet: such
-// a layout is refused before training, naming the keys.
+// Experts are not split by tensor or pipeline parallel yet: such a layout
+// is refused before training, naming the keys; so are an ep that neither
+// divides cp nor is a multiple of it, and ZeRO with cp and ep together.
 func TestMoERefusesModelParallelLayouts(t *testing.T) {
 	cfg := ptest.Config()
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.TP = 2
-	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data and expert parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data, context and expert parallel only in this build, not parallel.tp=2 pp=1; set them to 1 (experts are not split by tensor or pipeline parallel yet)")
+	ep := ptest.Config()
+	ep.Model.MoE.Experts, ep.Parallel.CP, ep.Parallel.EP = 4, 2, 4
+	ep.Model.BlockSize = 24
+	assert.EqualError(t, ep.CheckWorld(6), "config: parallel.ep=4 does not divide dp=3 × cp=2 = 6: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of 6")
+	ep.Parallel.CP, ep.Parallel.EP = 3, 2
+	assert.EqualError(t, ep.CheckWorld(6), "config: parallel.ep=2 must divide parallel.cp=3 or be a multiple of it")
+	ep.Parallel.CP, ep.Zero.Stage = 2, 1
+	assert.EqualError(t, ep.CheckWorld(4), "config: parallel.ep=2 with parallel.cp=2 trains under DDP only in this build, not zero.stage=1 or ddp.process; set zero.stage=0")
 	var errs []error
 	_ = comm.RunLocal(2, comm.Options{}, func(g comm.Group) error {
 		ps, m, err := Build(cfg, g)
@@ -99,7 +108,7 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 		return nil
 	})
 	require.Len(t, errs, 1)
-	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data and expert parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data, context and expert parallel only in this build, not parallel.tp=2 pp=1; set them to 1")
 }
 
 // The estimate counts the experts: parameter, gradient and optimizer
@@ -146,7 +155,9 @@ func TestMoEEstimateCountsExperts(t *testing.T) {
 
 // Expert parallel (dropless) equals one process on the same global batch
 // in float64 to the matrix's 1e-9: ep 2 over dp 2, ep 2 and ep 4 over dp
-// 4, in both DDP modes. Each rank keeps only its experts (the others are
+// 4, in both DDP modes, with ZeRO-1, 2 and 3, and carved from context-
+// parallel ranks (cp 2 × ep 2 alone and over dp 2, ep 4 over dp 2 × cp 2,
+// ep 2 inside cp 4). Each rank keeps only its experts (the others are
 // not in its model), the tokens travel to them and back by all-to-all,
 // and an expert's gradient is summed over its replicas and divided by dp.
 // The logged aux_loss, z_loss and expert_load equal one process's.
@@ -161,22 +172,23 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 	want := ptest.Single(t, one)
 	wantM := moeMetrics(t, one.MetricsFile)
 	for _, row := range []struct {
-		dp, ep, zero int
-		mode         string
-	}{{2, 2, 0, "bucketed"}, {4, 2, 0, "bucketed"}, {4, 4, 0, "bucketed"}, {4, 2, 0, "naive"},
-		{4, 2, 1, ""}, {4, 2, 2, ""}, {4, 2, 3, ""}, {2, 2, 3, ""}} {
-		what := fmt.Sprintf("dp %d ep %d zero %d %s", row.dp, row.ep, row.zero, row.mode)
+		dp, cp, ep, zero int
+		mode             string
+	}{{2, 1, 2, 0, "bucketed"}, {4, 1, 2, 0, "bucketed"}, {4, 1, 4, 0, "bucketed"}, {4, 1, 2, 0, "naive"},
+		{4, 1, 2, 1, ""}, {4, 1, 2, 2, ""}, {4, 1, 2, 3, ""}, {2, 1, 2, 3, ""},
+		{1, 2, 2, 0, ""}, {2, 2, 2, 0, ""}, {2, 2, 4, 0, ""}, {1, 4, 2, 0, ""}} {
+		what := fmt.Sprintf("dp %d cp %d ep %d zero %d %s", row.dp, row.cp, row.ep, row.zero, row.mode)
 		t.Run(what, func(t *testing.T) {
 			cfg := base
-			cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = row.dp, row.ep, row.zero
+			cfg.Parallel.DP, cfg.Parallel.CP, cfg.Parallel.EP, cfg.Zero.Stage = row.dp, row.cp, row.ep, row.zero
 			if row.mode != "" {
 				cfg.DDP.Mode = row.mode
 			}
 			cfg.Train.BatchSize /= row.dp
 			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
 			require.NoError(t, cfg.Validate())
-			require.NoError(t, cfg.CheckWorld(row.dp))
-			got := ptest.Parallel(t, cfg, row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			require.NoError(t, cfg.CheckWorld(row.dp*row.cp))
+			got := ptest.Parallel(t, cfg, row.dp*row.cp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.Check(t, want, got, what)
 			gotM := moeMetrics(t, cfg.MetricsFile)
 			require.Len(t, gotM, len(wantM))
@@ -260,6 +272,15 @@ func TestExpertParallelResumeAcrossEP(t *testing.T) {
 		got := run(cfg)
 		ptest.AssertEquivalent(t, want, got, fmt.Sprintf("saved at ep 4 dp 4, resumed at ep %d dp %d zero %d", row.ep, row.dp, cfg.Zero.Stage))
 	}
+	// Saved under cp 2 × dp 2 with ep 4 (an expert held along dp and cp by
+	// one rank), resumed on one process.
+	dir2 := filepath.Join(t.TempDir(), "ckpt-cp")
+	save = at(2, 2, 4)
+	save.Parallel.CP, save.Checkpoint.Dir = 2, dir2
+	ptest.Parallel(t, save, 4, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(save, g) })
+	one := at(4, 1, 1)
+	one.Resume = dir2
+	ptest.AssertEquivalent(t, want, run(one), "saved at cp 2 × dp 2 ep 4, resumed on one process")
 	same := at(4, 4, 4)
 	whole := run(same)
 	same.Resume = dir

@@ -49,14 +49,14 @@ func (c *Config) validateMoE(v *validator) {
 }
 
 // checkMoEWorld: mixtures of experts train on one process or under data
-// parallel (DDP or ZeRO, and expert parallel over the data-parallel
-// ranks) in this build; tensor, pipeline and context parallel do not
-// split or place experts yet. parallel.ep must divide the data-parallel
-// ranks the world leaves.
+// and context parallel (DDP or ZeRO, and expert parallel over the data ×
+// context-parallel ranks) in this build; tensor and pipeline parallel do
+// not split or place experts yet. parallel.ep must divide the dp·cp ranks
+// the world leaves.
 func (c Config) checkMoEWorld(world int) error {
 	p := c.Parallel
-	if c.Model.MoE.Experts > 0 && world > 1 && (p.TP > 1 || p.PP > 1 || p.CP > 1) {
-		return fmt.Errorf("config: model.moe.experts=%d trains under data and expert parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", c.Model.MoE.Experts, p.TP, p.PP, p.CP)
+	if c.Model.MoE.Experts > 0 && world > 1 && (p.TP > 1 || p.PP > 1) {
+		return fmt.Errorf("config: model.moe.experts=%d trains under data, context and expert parallel only in this build, not parallel.tp=%d pp=%d; set them to 1 (experts are not split by tensor or pipeline parallel yet)", c.Model.MoE.Experts, p.TP, p.PP)
 	}
 	if p.EP > 1 {
 		dp := p.DP
@@ -65,6 +65,12 @@ func (c Config) checkMoEWorld(world int) error {
 		}
 		if dpcp := dp * p.CP; dpcp%p.EP != 0 {
 			return fmt.Errorf("config: parallel.ep=%d does not divide dp=%d × cp=%d = %d: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of %d", p.EP, dp, p.CP, dpcp, dpcp)
+		}
+		if p.EP%p.CP != 0 && p.CP%p.EP != 0 {
+			return fmt.Errorf("config: parallel.ep=%d must divide parallel.cp=%d or be a multiple of it", p.EP, p.CP)
+		}
+		if p.CP > 1 && (c.Zero.Stage > 0 || c.DDP.Process) {
+			return fmt.Errorf("config: parallel.ep=%d with parallel.cp=%d trains under DDP only in this build, not zero.stage=%d or ddp.process; set zero.stage=0", p.EP, p.CP, c.Zero.Stage)
 		}
 	}
 	return nil

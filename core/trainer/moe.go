@@ -68,16 +68,17 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 }
 
 // wireMoE hands the MoE blocks the data × context-parallel group, over
-// which their load-balancing statistics are summed. Experts are not split
-// by tensor or pipeline parallel (nor spread by expert parallel) in this
-// build, so a mesh with any of them is refused.
+// which their load-balancing statistics are summed (a context-parallel
+// rank routes its own chunk of the tokens). Experts are not split by
+// tensor or pipeline parallel in this build, so a mesh with either is
+// refused.
 func (t *Trainer) wireMoE() error {
 	if t.Cfg.Model.MoE.Experts == 0 || t.Mesh == nil {
 		return nil
 	}
 	sh := t.Mesh.Shape()
-	if sh.TP > 1 || sh.PP > 1 || sh.CP > 1 {
-		return fmt.Errorf("trainer: model.moe.experts=%d trains under data and expert parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP, sh.CP)
+	if sh.TP > 1 || sh.PP > 1 {
+		return fmt.Errorf("trainer: model.moe.experts=%d trains under data, context and expert parallel only in this build, not parallel.tp=%d pp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP)
 	}
 	g := t.Mesh.DPCP()
 	if g == nil || g.Size() == 1 {

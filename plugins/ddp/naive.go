@@ -46,7 +46,7 @@ func replicated(t *trainer.Trainer) []*tensor.Tensor {
 }
 
 // heldBySome reports whether p's placement gives it to only some
-// data-parallel ranks.
+// data- or context-parallel ranks.
 func heldBySome(p *tensor.Tensor) bool {
-	return p.Spec != nil && p.Spec.Along[place.DP].Kind == place.Held
+	return p.Spec != nil && (p.Spec.Along[place.DP].Kind == place.Held || p.Spec.Along[place.CP].Kind == place.Held)
 }

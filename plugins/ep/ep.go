@@ -1,30 +1,32 @@
 // Package ep is expert parallel: the experts of every MoE block are split
-// over groups of ep data-parallel ranks, and each token travels to the
-// rank holding its expert and back (all-to-all, see exchange.go).
+// over groups of ep data × context-parallel ranks, and each token travels
+// to the rank holding its expert and back (all-to-all, see exchange.go).
 //
-// The data-parallel ranks (dp of them) form dp/ep expert-parallel groups
-// of ep consecutive ranks: dp ranks [k·ep, (k+1)·ep) are group k, and the
-// one at position j in its group holds experts [j·E/ep, (j+1)·E/ep) of
-// every MoE block. The ranks at the same position in every group hold the
-// same experts: an expert's replicas, dp/ep of them, which form its
-// gradient group.
+// The dp·cp ranks, numbered i = dp·cp_size + cp, form dp·cp/ep
+// expert-parallel groups of ep consecutive numbers: [k·ep, (k+1)·ep) is
+// group k, and the rank at position j in its group holds experts
+// [j·E/ep, (j+1)·E/ep) of every MoE block. The ranks at the same position
+// in every group hold the same experts: an expert's replicas, dp·cp/ep of
+// them, which form its gradient group.
 //
-// Placements say it: a local expert's parameters are held along dp by its
-// replicas (place.Held); the other experts' parameters are not on this
-// rank at all. So checkpoints (each expert written once, by its first
-// replica), resume at another ep, the gradient norm and export need
-// nothing of this package. Data parallel (plugins/ddp) averages only the
-// parameters every dp rank holds; this plugin reduces the experts'.
+// Placements say it: a local expert's parameters are held along dp (and
+// cp) by its replicas (place.Held); the other experts' parameters are not
+// on this rank at all. So checkpoints (each expert written once, by its
+// first replica), resume at another ep, the gradient norm and export need
+// nothing of this package. Data parallel (plugins/ddp, plugins/zero)
+// reduces only the parameters every rank of its group holds; this plugin
+// reduces the experts'.
 //
-// An expert's gradient is summed over its replicas and divided by dp
+// An expert's gradient is summed over its replicas and divided by dp·cp
 // (Megatron's expert gradient scaling): each rank's loss is the mean over
-// its own tokens and the step's loss the mean over the dp ranks, and the
-// experts of one replica saw the tokens of its whole group, so the sum
+// its own tokens and the step's loss the mean over the dp·cp ranks, and
+// the experts of one replica saw the tokens of its whole group, so the sum
 // over the replicas covers every token once, as one process's gradient.
 package ep
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -38,30 +40,38 @@ import (
 // EP is the expert-parallel plugin of one rank. It implements
 // trainer.Preparer, PreStepper and PostStepper.
 type EP struct {
-	size, rank, dp int
-	group          comm.Group // this rank's expert-parallel group
-	replicas       comm.Group // the ranks holding the same experts (nil: alone)
-	replicaDP      []int      // their dp coordinates, in order
-	experts        []*tensor.Tensor
-	x              *exchanger
+	size, rank, dpcp int
+	group            comm.Group // this rank's expert-parallel group
+	replicas         comm.Group // the ranks holding the same experts (nil: alone)
+	// held is where this rank's experts live along dp and cp.
+	held    [2]place.Placement
+	experts []*tensor.Tensor
+	x       *exchanger
 }
 
-// New carves the expert-parallel groups of size ep from the data-parallel
-// ranks of m. Every rank of the world calls it alike (it creates groups).
+// New carves the expert-parallel groups of size ep from the data ×
+// context-parallel ranks of m, numbered i = dp·cp_size + cp (cp fastest,
+// as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Every rank of the
+// world calls it alike (it creates groups).
 func New(m *mesh.Mesh, ep int) (*EP, error) {
 	sh := m.Shape()
-	if sh.CP > 1 || sh.TP > 1 || sh.PP > 1 {
-		return nil, fmt.Errorf("ep: parallel.ep=%d composes with data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", ep, sh.TP, sh.PP, sh.CP)
+	if sh.TP > 1 || sh.PP > 1 {
+		return nil, fmt.Errorf("ep: parallel.ep=%d composes with data and context parallel only in this build, not parallel.tp=%d pp=%d; set them to 1", ep, sh.TP, sh.PP)
 	}
-	if ep < 1 || sh.DP%ep != 0 {
-		return nil, fmt.Errorf("ep: parallel.ep=%d does not divide dp=%d", ep, sh.DP)
+	n := sh.DP * sh.CP
+	if ep < 1 || n%ep != 0 {
+		return nil, fmt.Errorf("ep: parallel.ep=%d does not divide dp=%d × cp=%d = %d", ep, sh.DP, sh.CP, n)
+	}
+	if ep%sh.CP != 0 && sh.CP%ep != 0 {
+		return nil, fmt.Errorf("ep: parallel.ep=%d must divide parallel.cp=%d or be a multiple of it, so that an expert's replicas are a grid of dp and cp ranks", ep, sh.CP)
 	}
 	me := m.Coord()
-	e := &EP{size: ep, rank: me.DP % ep, dp: sh.DP}
+	i := me.DP*sh.CP + me.CP
+	e := &EP{size: ep, rank: i % ep, dpcp: n}
 	w := m.WorldGroup()
-	rankAt := func(dp int) int { c := me; c.DP = dp; return sh.Rank(c) }
+	rankAt := func(i int) int { c := me; c.DP, c.CP = i/sh.CP, i%sh.CP; return sh.Rank(c) }
 	// Every rank creates every group in the same order, keeping its own.
-	for k := 0; k < sh.DP/ep; k++ {
+	for k := 0; k < n/ep; k++ {
 		ranks := make([]int, ep)
 		for j := range ranks {
 			ranks[j] = rankAt(k*ep + j)
@@ -74,13 +84,11 @@ func New(m *mesh.Mesh, ep int) (*EP, error) {
 			e.group = g
 		}
 	}
-	e.replicaDP = e.replicaDPAt(e.rank)
-	if len(e.replicaDP) > 1 {
+	if n > ep {
 		for j := 0; j < ep; j++ {
-			dps := e.replicaDPAt(j)
-			ranks := make([]int, len(dps))
-			for i, d := range dps {
-				ranks[i] = rankAt(d)
+			var ranks []int
+			for i := j; i < n; i += ep {
+				ranks = append(ranks, rankAt(i))
 			}
 			g, err := w.NewNamedGroup("ep_replicas", ranks)
 			if err != nil {
@@ -91,17 +99,25 @@ func New(m *mesh.Mesh, ep int) (*EP, error) {
 			}
 		}
 	}
-	return e, nil
-}
-
-// replicaDPAt is the dp coordinates of the ranks at position j of their
-// expert-parallel groups.
-func (e *EP) replicaDPAt(j int) []int {
-	var out []int
-	for d := j; d < e.dp; d += e.size {
-		out = append(out, d)
+	// The replicas {i : i mod ep = j} as dp and cp coordinates: a grid,
+	// since ep divides cp (every dp, the cp ≡ j mod ep) or cp divides ep
+	// (the dp ≡ i/cp mod ep/cp, this cp).
+	var dps, cps []int
+	for i := e.rank; i < n; i += ep {
+		if d := i / sh.CP; !slices.Contains(dps, d) {
+			dps = append(dps, d)
+		}
+		if c := i % sh.CP; !slices.Contains(cps, c) {
+			cps = append(cps, c)
+		}
 	}
-	return out
+	for a, held := range [][]int{dps, cps} {
+		if len(held) < []int{sh.DP, sh.CP}[a] {
+			slices.Sort(held)
+			e.held[a] = place.Placement{Kind: place.Held, Ranks: held}
+		}
+	}
+	return e, nil
 }
 
 // Name implements trainer.Plugin.
@@ -134,7 +150,7 @@ func (e *EP) Prepare(t *trainer.Trainer) error {
 				continue
 			}
 			for _, p := range params {
-				p.Spec.Along[place.DP] = place.Placement{Kind: place.Held, Ranks: append([]int(nil), e.replicaDP...)}
+				p.Spec.Along[place.DP], p.Spec.Along[place.CP] = clone(e.held[0]), clone(e.held[1])
 				e.experts = append(e.experts, p)
 			}
 		}
@@ -144,7 +160,7 @@ func (e *EP) Prepare(t *trainer.Trainer) error {
 }
 
 // PreStep sums each local expert's gradient over its replicas and divides
-// it by dp, one blocking all-reduce per parameter in the model's order
+// it by dp·cp, one blocking all-reduce per parameter in the model's order
 // (the same on every replica). An expert no token reached on any rank of
 // the group gets a zero gradient, so every replica issues the same
 // collectives.
@@ -163,7 +179,7 @@ func (e *EP) PreStep(t *trainer.Trainer) error {
 			}
 		}
 	}
-	optim.ScaleGrads(e.experts, 1/float64(e.dp))
+	optim.ScaleGrads(e.experts, 1/float64(e.dpcp))
 	return nil
 }
 
@@ -175,4 +191,9 @@ func (e *EP) PostStep(t *trainer.Trainer, m *trainer.StepMetrics) error {
 	}
 	e.x.rows = 0
 	return nil
+}
+
+func clone(p place.Placement) place.Placement {
+	p.Ranks = slices.Clone(p.Ranks)
+	return p
 }

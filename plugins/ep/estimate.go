@@ -29,10 +29,12 @@ func expertOf(name string) (int, bool) {
 }
 
 // LocalParams implements trainer.ParamLocalizer: the rank at position
-// DPRank mod N of its group keeps experts [j·E/N, (j+1)·E/N).
+// j = i mod N of its group (i = dp·cp_size + cp) keeps experts
+// [j·E/N, (j+1)·E/N).
 func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []nn.ParamShape {
 	L := in.Model.MoE.Experts / e.N
-	j := in.DPRank % e.N
+	p := in.Cfg.Parallel
+	j := (in.Rank / max(1, p.TP)) % (in.DPSize * max(1, p.CP)) % e.N
 	var out []nn.ParamShape
 	for _, p := range ps {
 		if x, ok := expertOf(p.Name); ok && x/L != j {

@@ -78,7 +78,7 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 		u := &Unit{Index: i, Module: mod, Name: mod.Name()}
 		u.Lookup = m.Embed != nil && mod == m.Embed.Module
 		for _, p := range mod.Params() {
-			if p.Spec != nil && p.Spec.Along[place.DP].Kind == place.Held {
+			if p.Spec != nil && (p.Spec.Along[place.DP].Kind == place.Held || p.Spec.Along[place.CP].Kind == place.Held) {
 				l.Whole = append(l.Whole, p)
 				continue
 			}
