@@ -39,8 +39,9 @@ func moeMetrics(t *testing.T, path string) []map[string]any {
 
 // A MoE GPT (4 experts, top-2, in every block, with load-balancing and z
 // losses that matter) under data parallel equals one process on the same
-// global batch, in float64 to the matrix's 1e-9: the statistics of the
-// auxiliary losses are summed over the data-parallel ranks, so every rank
+// global batch, in float64 to the matrix's 1e-9, and so under context
+// parallel (cp 2, and dp 2 × cp 2 with ZeRO-1): the statistics of the
+// auxiliary losses are summed over the data × context-parallel ranks, so every rank
 // computes the whole micro-batch's losses, and its share of their
 // gradient times dp survives the averaging. The logged aux_loss, z_loss
 // and expert_load equal one process's too (expert_load is summed over the
@@ -56,16 +57,17 @@ func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
 	want := ptest.Single(t, one)
 	wantM := moeMetrics(t, one.MetricsFile)
 	for _, row := range []struct {
-		dp, zero int
-	}{{2, 0}, {4, 0}, {2, 1}, {2, 3}} {
-		what := fmt.Sprintf("dp %d zero %d", row.dp, row.zero)
+		dp, cp, zero int
+	}{{2, 1, 0}, {4, 1, 0}, {2, 1, 1}, {2, 1, 3}, {1, 2, 0}, {2, 2, 1}} {
+		what := fmt.Sprintf("dp %d cp %d zero %d", row.dp, row.cp, row.zero)
 		t.Run(what, func(t *testing.T) {
 			cfg := base
-			cfg.Parallel.DP, cfg.Zero.Stage = row.dp, row.zero
+			cfg.Parallel.DP, cfg.Parallel.CP, cfg.Zero.Stage = row.dp, row.cp, row.zero
 			cfg.Train.BatchSize /= row.dp
 			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
 			require.NoError(t, cfg.Validate())
-			got := ptest.Parallel(t, cfg, row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			require.NoError(t, cfg.CheckWorld(row.dp*row.cp))
+			got := ptest.Parallel(t, cfg, row.dp*row.cp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.Check(t, want, got, what)
 			gotM := moeMetrics(t, cfg.MetricsFile)
 			require.Len(t, gotM, len(wantM))
