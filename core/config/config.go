@@ -150,6 +150,13 @@ type Config struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
 	} `koanf:"comm"`
+	EP struct {
+		// Dispatch is how expert parallel moves tokens to their experts:
+		// "alltoall" sends each row to the rank holding its expert and back
+		// (AllToAllV); "allgather", the naive form, gathers every rank's
+		// tokens on every rank and reduce-scatters the experts' outputs.
+		Dispatch string `koanf:"dispatch"`
+	} `koanf:"ep"`
 	DDP struct {
 		Mode          string  `koanf:"mode"`            // "naive" | "bucketed"
 		BucketMB      float64 `koanf:"bucket_mb"`       // bucket size in MiB
@@ -243,6 +250,7 @@ func Defaults() Config {
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"
+	c.EP.Dispatch = "alltoall"
 	c.DDP.BucketMB = 25
 	c.DDP.FirstBucketMB = 1
 	c.Zero.Stage = 0

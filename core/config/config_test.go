@@ -37,7 +37,7 @@ func TestKeys(t *testing.T) {
 		"comm.backend", "comm.timeout", "cp.attention", "cp.split",
 		"data.format", "data.max_bytes", "data.order", "data.path", "data.val_fraction", "data.val_path",
 		"ddp.bucket_mb", "ddp.first_bucket_mb", "ddp.mode", "ddp.process",
-		"device", "init_from", "memory.limit", "metrics_file",
+		"device", "ep.dispatch", "init_from", "memory.limit", "metrics_file",
 		"model.arch", "model.block_size", "model.intermediate_size",
 		"model.moe.aux_loss_coef", "model.moe.capacity_factor", "model.moe.every", "model.moe.experts", "model.moe.top_k", "model.moe.z_loss_coef",
 		"model.n_embd", "model.n_head", "model.n_kv_head", "model.n_layer",

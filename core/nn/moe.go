@@ -221,7 +221,12 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	var out *tensor.Tensor
 	if m.Dispatch != nil {
 		var err error
-		if out, err = m.forwardEP(h, w, rt); err != nil {
+		if m.Dispatch.Gathers() {
+			out, err = m.forwardGather(h, w, choice)
+		} else {
+			out, err = m.forwardEP(h, w, rt)
+		}
+		if err != nil {
 			return nil, err
 		}
 	} else {

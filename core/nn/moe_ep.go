@@ -22,6 +22,65 @@ type Dispatcher interface {
 	// and returns the recv[q] rows rank q sent, in rank order: an
 	// autograd op whose backward is the inverse exchange.
 	Exchange(x *tensor.Tensor, send, recv []int) (*tensor.Tensor, error)
+
+	// The naive form (forwardGather) when Gathers is true:
+	Gathers() bool
+	// GatherRows concatenates every rank's x [N, W] in rank order
+	// ([Size·N, W]); backward sums the gradient over the ranks and keeps
+	// this rank's block (a reduce-scatter).
+	GatherRows(x *tensor.Tensor) (*tensor.Tensor, error)
+	// ScatterSum sums y [Size·N, C] over the ranks and returns block Rank
+	// ([N, C]); backward all-gathers the gradient.
+	ScatterSum(y *tensor.Tensor) (*tensor.Tensor, error)
+	// GatherInts concatenates every rank's v (equal lengths) in rank order.
+	GatherInts(v []int) ([]int, error)
+}
+
+// forwardGather is the naive form of forwardEP: every rank gathers the
+// tokens of its whole group (rows, routing weights and choices), runs its
+// experts on the rows routed to them, each sender's tokens routed as that
+// sender routed them (Route with its capacity), and the weighted outputs,
+// a partial sum for every token of the group, are summed over the group,
+// each rank keeping its own tokens'. It moves Size times the tokens of the
+// all-to-all form and is checked against it.
+func (m *MoE) forwardGather(h, w *tensor.Tensor, choice []int) (*tensor.Tensor, error) {
+	d := m.Dispatch
+	E, P, k := m.Cfg.Experts, d.Size(), m.Cfg.TopK
+	L := E / P
+	N := h.Dim(0)
+	all, err := d.GatherRows(h)
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE gather: %w", err)
+	}
+	W, err := d.GatherRows(tensor.View(w, N, k))
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE gather: %w", err)
+	}
+	ch, err := d.GatherInts(choice)
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE gather: %w", err)
+	}
+	rows, weight := make([][]int, L), make([][]int, L)
+	for q := 0; q < P; q++ {
+		rt := Route(ch[q*N*k:(q+1)*N*k], N, k, E, m.Cfg.Capacity(N))
+		for j := 0; j < L; j++ {
+			e := d.Rank()*L + j
+			for i, r := range rt.Rows[e] {
+				rows[j] = append(rows[j], q*N+r)
+				weight[j] = append(weight[j], q*N*k+rt.Weight[e][i])
+			}
+		}
+	}
+	var parts []tensor.Routed
+	for j := range rows {
+		y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(all, rows[j]))
+		parts = append(parts, tensor.Routed{Y: y, Rows: rows[j], Weight: weight[j]})
+	}
+	out, err := d.ScatterSum(tensor.CombineRows(P*N, W, parts))
+	if err != nil {
+		return nil, fmt.Errorf("nn: MoE combine: %w", err)
+	}
+	return out, nil
 }
 
 // forwardEP runs the experts of routing rt over the expert-parallel group:

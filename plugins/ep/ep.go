@@ -45,6 +45,7 @@ type EP struct {
 	replicas         comm.Group // the ranks holding the same experts (nil: alone)
 	// held is where this rank's experts live along dp and cp.
 	held    [2]place.Placement
+	gather  bool // ep.dispatch allgather: the naive form
 	experts []*tensor.Tensor
 	x       *exchanger
 }
@@ -53,7 +54,7 @@ type EP struct {
 // context-parallel ranks of m, numbered i = dp·cp_size + cp (cp fastest,
 // as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Every rank of the
 // world calls it alike (it creates groups).
-func New(m *mesh.Mesh, ep int) (*EP, error) {
+func New(m *mesh.Mesh, ep int, dispatch string) (*EP, error) {
 	sh := m.Shape()
 	if sh.TP > 1 || sh.PP > 1 {
 		return nil, fmt.Errorf("ep: parallel.ep=%d composes with data and context parallel only in this build, not parallel.tp=%d pp=%d; set them to 1", ep, sh.TP, sh.PP)
@@ -67,7 +68,10 @@ func New(m *mesh.Mesh, ep int) (*EP, error) {
 	}
 	me := m.Coord()
 	i := me.DP*sh.CP + me.CP
-	e := &EP{size: ep, rank: i % ep, dpcp: n}
+	if dispatch != "alltoall" && dispatch != "allgather" && dispatch != "" {
+		return nil, fmt.Errorf("ep: unknown ep.dispatch %q; use alltoall or allgather", dispatch)
+	}
+	e := &EP{size: ep, rank: i % ep, dpcp: n, gather: dispatch == "allgather"}
 	w := m.WorldGroup()
 	rankAt := func(i int) int { c := me; c.DP, c.CP = i/sh.CP, i%sh.CP; return sh.Rank(c) }
 	// Every rank creates every group in the same order, keeping its own.
@@ -128,7 +132,7 @@ func (e *EP) Name() string { return "ep" }
 // layer the exchange over the expert-parallel group. It runs on the
 // described model, before any parameter has storage.
 func (e *EP) Prepare(t *trainer.Trainer) error {
-	e.x = &exchanger{g: e.group, alloc: t.Alloc, trace: t.Trace}
+	e.x = &exchanger{g: e.group, alloc: t.Alloc, trace: t.Trace, gather: e.gather}
 	for _, b := range t.Model.Blocks() {
 		if b.MoE == nil {
 			continue

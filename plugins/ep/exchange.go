@@ -10,7 +10,8 @@ import (
 
 // exchanger is nn.Dispatcher over an expert-parallel group: the per-expert
 // counts go with an AllToAll, the token rows with AllToAllV, each rank's
-// rows for rank p as one block.
+// rows for rank p as one block. Its naive form (gather) all-gathers every
+// rank's rows and reduce-scatters the outputs instead.
 type exchanger struct {
 	g     comm.Group
 	alloc *tensor.Allocator
@@ -18,6 +19,8 @@ type exchanger struct {
 	// rows counts the token rows sent to and received from other ranks
 	// by the routing (Counts) since the last PostStep.
 	rows int64
+	// gather picks the naive form (ep.dispatch allgather).
+	gather bool
 }
 
 func (x *exchanger) Size() int { return x.g.Size() }
@@ -66,11 +69,7 @@ func (f *exchangeFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.T
 }
 
 func (f *exchangeFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
-	a := tensor.Default
-	if ctx.Backprop != nil {
-		a = ctx.Backprop.Alloc()
-	}
-	gx, err := f.x.run(a, "dispatch.grad", g, f.recv, f.send)
+	gx, err := f.x.run(backAlloc(ctx), "dispatch.grad", g, f.recv, f.send)
 	if err != nil {
 		return nil, err
 	}
@@ -95,4 +94,95 @@ func (x *exchanger) run(a *tensor.Allocator, what string, rows *tensor.Tensor, s
 		return nil, fmt.Errorf("ep: all-to-all %s over group %s: %w", what, x.g.Name(), err)
 	}
 	return out, nil
+}
+
+// Gathers implements nn.Dispatcher: true for ep.dispatch allgather.
+func (x *exchanger) Gathers() bool { return x.gather }
+
+// GatherRows implements nn.Dispatcher.
+func (x *exchanger) GatherRows(rows *tensor.Tensor) (*tensor.Tensor, error) {
+	return tensor.Apply("ep.all_gather", &gatherFn{x: x}, rows)
+}
+
+// ScatterSum implements nn.Dispatcher.
+func (x *exchanger) ScatterSum(y *tensor.Tensor) (*tensor.Tensor, error) {
+	return tensor.Apply("ep.reduce_scatter", &scatterFn{x: x}, y)
+}
+
+// GatherInts implements nn.Dispatcher (as float64, exact for counts and
+// expert indices).
+func (x *exchanger) GatherInts(v []int) ([]int, error) {
+	in := make([]float64, len(v))
+	for i, n := range v {
+		in[i] = float64(n)
+	}
+	out := tensor.FromF64(make([]float64, len(v)*x.g.Size()), len(v)*x.g.Size())
+	if err := x.g.AllGather(tensor.FromF64(in, len(in)), out); err != nil {
+		return nil, fmt.Errorf("ep: all-gather of expert choices over group %s: %w", x.g.Name(), err)
+	}
+	res := make([]int, out.Numel())
+	for i, f := range out.F64() {
+		res[i] = int(f)
+	}
+	return res, nil
+}
+
+// gatherFn all-gathers rows [N, W] into [P·N, W]; backward reduce-scatters.
+type gatherFn struct{ x *exchanger }
+
+func (f *gatherFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tensor, error) {
+	r := in[0]
+	out := f.x.alloc.NewUninit(tensor.Activations, r.DType(), f.x.g.Size()*r.Dim(0), r.Dim(-1))
+	if err := f.x.collective("all_gather", r.Bytes(), func() error { return f.x.g.AllGather(r, out) }); err != nil {
+		out.Release()
+		return nil, err
+	}
+	return out, nil
+}
+
+func (f *gatherFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
+	gx := backAlloc(ctx).NewUninit(tensor.Activations, g.DType(), g.Dim(0)/f.x.g.Size(), g.Dim(-1))
+	if err := f.x.collective("reduce_scatter grad", g.Bytes(), func() error { return f.x.g.ReduceScatter(g, gx, comm.Sum) }); err != nil {
+		return nil, err
+	}
+	return []*tensor.Tensor{gx}, nil
+}
+
+// scatterFn reduce-scatters y [P·N, C] into [N, C]; backward all-gathers.
+type scatterFn struct{ x *exchanger }
+
+func (f *scatterFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tensor, error) {
+	y := in[0]
+	out := f.x.alloc.NewUninit(tensor.Activations, y.DType(), y.Dim(0)/f.x.g.Size(), y.Dim(-1))
+	if err := f.x.collective("reduce_scatter", y.Bytes(), func() error { return f.x.g.ReduceScatter(y, out, comm.Sum) }); err != nil {
+		out.Release()
+		return nil, err
+	}
+	return out, nil
+}
+
+func (f *scatterFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
+	gy := backAlloc(ctx).NewUninit(tensor.Activations, g.DType(), g.Dim(0)*f.x.g.Size(), g.Dim(-1))
+	if err := f.x.collective("all_gather grad", g.Bytes(), func() error { return f.x.g.AllGather(g, gy) }); err != nil {
+		return nil, err
+	}
+	return []*tensor.Tensor{gy}, nil
+}
+
+// collective runs one blocking collective of the group under a trace span.
+func (x *exchanger) collective(what string, bytes int64, f func() error) error {
+	span := x.trace.Begin(what+" ep", "comm", trace.Comm).With("bytes", bytes).With("group", x.g.Name())
+	err := f()
+	span.End()
+	if err != nil {
+		return fmt.Errorf("ep: %s over group %s: %w", what, x.g.Name(), err)
+	}
+	return nil
+}
+
+func backAlloc(ctx *tensor.FuncCtx) *tensor.Allocator {
+	if ctx.Backprop != nil {
+		return ctx.Backprop.Alloc()
+	}
+	return tensor.Default
 }
