@@ -124,11 +124,11 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 // is the worst case of dropless routing (every token of the group to this
 // rank's experts), which the balanced measured run stays under.
 func TestMoEEstimateCountsExperts(t *testing.T) {
-	for _, row := range []struct{ world, zero, ep int }{{1, 0, 1}, {2, 1, 1}, {2, 3, 1}, {4, 0, 2}, {4, 1, 2}, {4, 3, 2}, {2, 3, 2}} {
-		t.Run(fmt.Sprintf("world %d zero %d ep %d", row.world, row.zero, row.ep), func(t *testing.T) {
+	for _, row := range []struct{ world, zero, ep, cp int }{{1, 0, 1, 1}, {2, 1, 1, 1}, {2, 3, 1, 1}, {4, 0, 2, 1}, {4, 1, 2, 1}, {4, 3, 2, 1}, {2, 3, 2, 1}, {4, 0, 2, 2}} {
+		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d", row.world, row.zero, row.ep, row.cp), func(t *testing.T) {
 			cfg := ptest.Config()
 			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
-			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP = 2, row.zero, row.ep
+			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP, cfg.Parallel.CP = 2, row.zero, row.ep, row.cp
 			est, err := Estimate(cfg, row.world)
 			require.NoError(t, err)
 			got := measure(t, cfg, row.world)

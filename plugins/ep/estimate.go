@@ -66,7 +66,7 @@ func (e Estimator) Rows(m nn.MoEConfig, n int64) int64 {
 // elements.
 func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
 	m := in.Model
-	n := int64(in.Cfg.Train.BatchSize) * int64(m.BlockSize)
+	n := int64(in.Cfg.Train.BatchSize) * int64(m.BlockSize) / int64(max(1, in.Cfg.Parallel.CP)) // a cp rank routes its chunk
 	s, r := trainer.MoERows(m.MoE, n), e.Rows(m.MoE, n)
 	c := int64(m.NEmbd)
 	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoERowFloats(m)*(r-s) + 4*c*(s+r))
