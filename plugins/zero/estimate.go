@@ -101,6 +101,10 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	gathered := pair
 	if k := len(sizes); k >= 3 {
 		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
+		// The embed unit and the first block, gathered together in the
+		// forward: the larger when blocks differ (MoE blocks whose experts
+		// are kept whole under expert parallel are smaller than dense ones).
+		gathered = max(gathered, embed+sizes[1])
 	}
 	perElem := e.OptimBytes / max(1, trainer.Numel(in.Params)) // 8 for AdamW, 4 for SGD momentum
 	e.OptimBytes = perElem * (owned + whole)
