@@ -294,3 +294,22 @@ func TestExpertParallelResumeAcrossEP(t *testing.T) {
 	require.Equal(t, whole.Losses[2:], got.Losses, "ep 4 resumed by itself")
 	require.Equal(t, whole.Params, got.Params, "ep 4 resumed by itself")
 }
+
+// Activation recomputation runs a MoE block's forward again in backward,
+// exchanges included, on every rank alike: ep 2 over dp 2 under full and
+// selective recomputation equals one process.
+func TestExpertParallelUnderRecompute(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef = 0.5
+	want := ptest.Single(t, base)
+	for _, g := range []string{"full", "selective"} {
+		cfg := base
+		cfg.Recompute.Granularity = g
+		cfg.Parallel.DP, cfg.Parallel.EP = 2, 2
+		cfg.Train.BatchSize /= 2
+		got := ptest.Parallel(t, cfg, 2, "local", func(gr comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, gr) })
+		ptest.Check(t, want, got, "recompute "+g)
+	}
+}
