@@ -96,7 +96,7 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		out = append(out, o)
 	}
 	if p.EP > 1 {
-		e, err := ep.New(m, p.EP, cfg.EP.Dispatch)
+		e, err := ep.New(m, p.EP, cfg.EP.Dispatch, cfg.DDP.Mode)
 		if err != nil {
 			return nil, nil, err
 		}

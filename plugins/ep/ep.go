@@ -25,6 +25,7 @@
 package ep
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -38,7 +39,7 @@ import (
 )
 
 // EP is the expert-parallel plugin of one rank. It implements
-// trainer.Preparer, PreStepper and PostStepper.
+// trainer.Preparer, GradReadier, PreStepper and PostStepper.
 type EP struct {
 	size, rank, dpcp int
 	group            comm.Group // this rank's expert-parallel group
@@ -46,7 +47,10 @@ type EP struct {
 	// held is where this rank's experts live along dp and cp.
 	held    [2]place.Placement
 	gather  bool // ep.dispatch allgather: the naive form
+	naive   bool // ddp.mode naive: expert gradients reduced after backward
 	experts []*tensor.Tensor
+	mine    map[*tensor.Tensor]bool
+	flight  []inflight
 	x       *exchanger
 }
 
@@ -54,7 +58,7 @@ type EP struct {
 // context-parallel ranks of m, numbered i = dp·cp_size + cp (cp fastest,
 // as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Every rank of the
 // world calls it alike (it creates groups).
-func New(m *mesh.Mesh, ep int, dispatch string) (*EP, error) {
+func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 	sh := m.Shape()
 	if sh.TP > 1 || sh.PP > 1 {
 		return nil, fmt.Errorf("ep: parallel.ep=%d composes with data and context parallel only in this build, not parallel.tp=%d pp=%d; set them to 1", ep, sh.TP, sh.PP)
@@ -71,7 +75,7 @@ func New(m *mesh.Mesh, ep int, dispatch string) (*EP, error) {
 	if dispatch != "alltoall" && dispatch != "allgather" && dispatch != "" {
 		return nil, fmt.Errorf("ep: unknown ep.dispatch %q; use alltoall or allgather", dispatch)
 	}
-	e := &EP{size: ep, rank: i % ep, dpcp: n, gather: dispatch == "allgather"}
+	e := &EP{size: ep, rank: i % ep, dpcp: n, gather: dispatch == "allgather", naive: ddpMode == "naive", mine: map[*tensor.Tensor]bool{}}
 	w := m.WorldGroup()
 	rankAt := func(i int) int { c := me; c.DP, c.CP = i/sh.CP, i%sh.CP; return sh.Rank(c) }
 	// Every rank creates every group in the same order, keeping its own.
@@ -156,6 +160,7 @@ func (e *EP) Prepare(t *trainer.Trainer) error {
 			for _, p := range params {
 				p.Spec.Along[place.DP], p.Spec.Along[place.CP] = clone(e.held[0]), clone(e.held[1])
 				e.experts = append(e.experts, p)
+				e.mine[p] = true
 			}
 		}
 		b.MoE.Dispatch = e.x
@@ -163,18 +168,55 @@ func (e *EP) Prepare(t *trainer.Trainer) error {
 	return nil
 }
 
+// GradReady implements trainer.GradReadier: in the overlapped form
+// (ddp.mode bucketed) an expert's gradient, final in the step's last
+// micro-batch, starts its sum over the replicas at once, behind the rest
+// of backward. Replicas hold the same experts, so they start the same
+// all-reduces in the same order.
+func (e *EP) GradReady(t *trainer.Trainer, p *tensor.Tensor, info tensor.PassInfo) error {
+	if e.naive || e.replicas == nil || !info.Last || !e.mine[p] {
+		return nil
+	}
+	span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", p.Grad.Bytes()).With("group", e.replicas.Name())
+	e.flight = append(e.flight, inflight{p: p, h: e.replicas.AllReduceAsync(p.Grad, comm.Sum), span: span})
+	return nil
+}
+
+// inflight is an expert gradient's all-reduce started by GradReady.
+type inflight struct {
+	p    *tensor.Tensor
+	h    comm.Handle
+	span trace.Span
+}
+
 // PreStep sums each local expert's gradient over its replicas and divides
-// it by dp·cp, one blocking all-reduce per parameter in the model's order
-// (the same on every replica). An expert no token reached on any rank of
-// the group gets a zero gradient, so every replica issues the same
-// collectives.
+// it by dp·cp. The naive form (ddp.mode naive) runs one blocking
+// all-reduce per parameter here, in the model's order (the same on every
+// replica); the overlapped form waits for those GradReady started and
+// runs the rest (none when every expert's gradient was reported). An
+// expert no token reached on any rank of the group gets a zero gradient,
+// so every replica issues the same collectives.
 func (e *EP) PreStep(t *trainer.Trainer) error {
+	done := map[*tensor.Tensor]bool{}
+	var errs []error
+	for _, f := range e.flight {
+		err := f.h.Wait()
+		f.span.End()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ep: summing the gradient of %s over its replicas: %w", f.p.Name, err))
+		}
+		done[f.p] = true
+	}
+	e.flight = e.flight[:0]
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
 	for _, p := range e.experts {
 		if p.Grad == nil {
 			p.Grad = t.Alloc.New(tensor.Grads, p.DType(), p.Shape()...)
 			p.Grad.Name = p.Name
 		}
-		if e.replicas != nil {
+		if e.replicas != nil && !done[p] {
 			span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", p.Grad.Bytes()).With("group", e.replicas.Name())
 			err := e.replicas.AllReduce(p.Grad, comm.Sum)
 			span.End()
