@@ -81,14 +81,17 @@ func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
 	}
 }
 
-// Experts are not split by tensor or pipeline parallel yet: such a layout
-// is refused before training, naming the keys; so are an ep that neither
+// Experts are not split by tensor parallel yet: such a layout (ep × tp
+// included) is refused before training, naming the keys; so are an ep that neither
 // divides cp nor is a multiple of it, and ZeRO with cp and ep together.
 func TestMoERefusesModelParallelLayouts(t *testing.T) {
 	cfg := ptest.Config()
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.TP = 2
-	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 trains under data, context and expert parallel only in this build, not parallel.tp=2 pp=1; set them to 1 (experts are not split by tensor or pipeline parallel yet)")
+	assert.EqualError(t, cfg.CheckWorld(2), "config: model.moe.experts=4 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)")
+	eptp := cfg
+	eptp.Parallel.EP = 2
+	assert.EqualError(t, eptp.CheckWorld(4), "config: model.moe.experts=4 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)")
 	ep := ptest.Config()
 	ep.Model.MoE.Experts, ep.Parallel.CP, ep.Parallel.EP = 4, 2, 4
 	ep.Model.BlockSize = 24
@@ -110,7 +113,7 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 		return nil
 	})
 	require.Len(t, errs, 1)
-	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 trains under data, context and expert parallel only in this build, not parallel.tp=2 pp=1; set them to 1")
+	assert.EqualError(t, errs[0], "trainer: model.moe.experts=4 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1")
 }
 
 // The estimate counts the experts: parameter, gradient and optimizer
@@ -311,5 +314,43 @@ func TestExpertParallelUnderRecompute(t *testing.T) {
 		cfg.Train.BatchSize /= 2
 		got := ptest.Parallel(t, cfg, 2, "local", func(gr comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, gr) })
 		ptest.Check(t, want, got, "recompute "+g)
+	}
+}
+
+// A MoE model under pipeline parallel (pp 2, and dp 2 × pp 2) and expert
+// parallel over a pipeline's data-parallel ranks (ep 2 × pp 2 under 1F1B
+// and AFAB) equals one process in float64 to 1e-9; the logged aux_loss,
+// z_loss and expert_load cover every stage's blocks (summed over the
+// pipeline group) and equal one process's.
+func TestExpertParallelWithPipeline(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
+	base.Train.GradAccum = 2
+	one := base
+	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
+	want := ptest.Single(t, one)
+	wantM := moeMetrics(t, one.MetricsFile)
+	for _, row := range []struct {
+		dp, ep int
+		sched  string
+	}{{1, 1, "1f1b"}, {2, 1, "1f1b"}, {2, 2, "1f1b"}, {2, 2, "afab"}} {
+		what := fmt.Sprintf("pp 2 dp %d ep %d %s", row.dp, row.ep, row.sched)
+		cfg := base
+		cfg.Parallel.DP, cfg.Parallel.PP, cfg.Parallel.EP, cfg.PP.Schedule = row.dp, 2, row.ep, row.sched
+		cfg.Train.BatchSize /= row.dp
+		cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+		require.NoError(t, cfg.CheckWorld(2*row.dp))
+		got := ptest.Parallel(t, cfg, 2*row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+		ptest.Check(t, want, got, what)
+		gotM := moeMetrics(t, cfg.MetricsFile)
+		require.Len(t, gotM, len(wantM))
+		for i := range wantM {
+			for _, k := range []string{"aux_loss", "z_loss"} {
+				assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
+			}
+			assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
+		}
 	}
 }

@@ -48,15 +48,14 @@ func (c *Config) validateMoE(v *validator) {
 	}
 }
 
-// checkMoEWorld: mixtures of experts train on one process or under data
-// and context parallel (DDP or ZeRO, and expert parallel over the data ×
-// context-parallel ranks) in this build; tensor and pipeline parallel do
-// not split or place experts yet. parallel.ep must divide the dp·cp ranks
-// the world leaves.
+// checkMoEWorld: mixtures of experts train on one process or under data,
+// context and pipeline parallel (and expert parallel over the data ×
+// context-parallel ranks) in this build; tensor parallel does not split
+// experts yet. parallel.ep must divide the dp·cp ranks the world leaves.
 func (c Config) checkMoEWorld(world int) error {
 	p := c.Parallel
-	if c.Model.MoE.Experts > 0 && world > 1 && (p.TP > 1 || p.PP > 1) {
-		return fmt.Errorf("config: model.moe.experts=%d trains under data, context and expert parallel only in this build, not parallel.tp=%d pp=%d; set them to 1 (experts are not split by tensor or pipeline parallel yet)", c.Model.MoE.Experts, p.TP, p.PP)
+	if c.Model.MoE.Experts > 0 && world > 1 && p.TP > 1 {
+		return fmt.Errorf("config: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)", c.Model.MoE.Experts, p.TP)
 	}
 	if p.EP > 1 {
 		dp := p.DP

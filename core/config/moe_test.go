@@ -28,7 +28,7 @@ func TestMoEKeysValidated(t *testing.T) {
 	c.Model.MoE.Experts = 8
 	assert.NoError(t, c.CheckWorld(4), "data parallel")
 	c.Parallel.TP = 2
-	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 trains under data, context and expert parallel only in this build, not parallel.tp=2 pp=1; set them to 1 (experts are not split by tensor or pipeline parallel yet)")
+	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)")
 }
 
 // parallel.ep must divide the experts and the data × context-parallel

@@ -27,9 +27,23 @@ func moeConfig(cfg config.Config) nn.MoEConfig {
 // summed over the MoE blocks and averaged over the step's micro-batches as
 // the loss is; the token-to-expert assignments a capacity dropped; and on
 // the steps that log a line (train.log_every) the tokens each expert
-// processed, one list per MoE block, summed over the micro-batches.
+// processed, one list per MoE block, summed over the micro-batches. Under
+// pipeline parallel each stage fills its own blocks' entries and one
+// all-reduce over the pipeline group puts every block's on every stage.
 func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 	logLoad := (step+1)%max(1, t.Cfg.Train.LogEvery) == 0 || step == 0 || step == t.Cfg.Train.Steps-1
+	// One row per MoE block of the whole model: aux, z, the tokens per
+	// expert, the drops.
+	mc := GPTConfig(t.Cfg)
+	E := mc.MoE.Experts
+	row := map[int]int{}
+	for i := 0; i < mc.NLayer; i++ {
+		if mc.MoE.IsMoE(i) {
+			row[i] = len(row)
+		}
+	}
+	w := E + 3
+	all := make([]float64, len(row)*w)
 	for _, b := range t.Model.Blocks() {
 		if b.MoE == nil {
 			continue
@@ -38,28 +52,43 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 		if m == nil {
 			continue
 		}
+		v := all[row[b.Index]*w : (row[b.Index]+1)*w]
 		if s.Forwards > 0 {
-			m.AuxLoss += s.Aux / float64(s.Forwards)
-			m.ZLoss += s.Z / float64(s.Forwards)
+			v[0], v[1] = s.Aux/float64(s.Forwards), s.Z/float64(s.Forwards)
 		}
 		// Tokens per expert and drops, summed over the ranks that share
 		// the micro-batches (every rank takes part: the condition is the
 		// same everywhere).
-		counts := make([]float64, b.MoE.Cfg.Experts+1)
+		counts := v[2:]
 		for e, n := range s.Load {
 			counts[e] = float64(n)
 		}
-		counts[len(counts)-1] = float64(s.Dropped)
+		counts[E] = float64(s.Dropped)
 		if b.MoE.Reduce != nil {
 			if err := b.MoE.Reduce(counts); err != nil {
 				return fmt.Errorf("trainer: MoE expert load: %w", err)
 			}
 		}
-		m.DroppedTokens += int64(counts[len(counts)-1])
+	}
+	if m == nil {
+		return nil
+	}
+	if t.Mesh != nil && t.Mesh.PP() != nil && t.Mesh.PP().Size() > 1 {
+		buf := tensor.FromF64(all, len(all))
+		if err := t.Mesh.PP().AllReduce(buf, comm.Sum); err != nil {
+			return fmt.Errorf("trainer: MoE metrics over the pipeline stages: %w", err)
+		}
+		copy(all, buf.F64())
+	}
+	for k := 0; k < len(row); k++ {
+		v := all[k*w : (k+1)*w]
+		m.AuxLoss += v[0]
+		m.ZLoss += v[1]
+		m.DroppedTokens += int64(v[2+E])
 		if logLoad {
-			load := make([]int64, b.MoE.Cfg.Experts)
+			load := make([]int64, E)
 			for e := range load {
-				load[e] = int64(counts[e])
+				load[e] = int64(v[2+e])
 			}
 			m.ExpertLoad = append(m.ExpertLoad, load)
 		}
@@ -69,16 +98,16 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 
 // wireMoE hands the MoE blocks the data × context-parallel group, over
 // which their load-balancing statistics are summed (a context-parallel
-// rank routes its own chunk of the tokens). Experts are not split by
-// tensor or pipeline parallel in this build, so a mesh with either is
-// refused.
+// rank routes its own chunk of the tokens; a pipeline stage's blocks see
+// its micro-batches whole). Experts are not split by tensor parallel in
+// this build, so a mesh with it is refused.
 func (t *Trainer) wireMoE() error {
 	if t.Cfg.Model.MoE.Experts == 0 || t.Mesh == nil {
 		return nil
 	}
 	sh := t.Mesh.Shape()
-	if sh.TP > 1 || sh.PP > 1 {
-		return fmt.Errorf("trainer: model.moe.experts=%d trains under data, context and expert parallel only in this build, not parallel.tp=%d pp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP)
+	if sh.TP > 1 {
+		return fmt.Errorf("trainer: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1", t.Cfg.Model.MoE.Experts, sh.TP)
 	}
 	g := t.Mesh.DPCP()
 	if g == nil || g.Size() == 1 {
