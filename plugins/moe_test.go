@@ -319,7 +319,7 @@ func TestExpertParallelUnderRecompute(t *testing.T) {
 
 // A MoE model under pipeline parallel (pp 2, and dp 2 × pp 2) and expert
 // parallel over a pipeline's data-parallel ranks (ep 2 × pp 2 under 1F1B
-// and AFAB) equals one process in float64 to 1e-9; the logged aux_loss,
+// and AFAB, and under ZB1 with ZeRO-1) equals one process in float64 to 1e-9; the logged aux_loss,
 // z_loss and expert_load cover every stage's blocks (summed over the
 // pipeline group) and equal one process's.
 func TestExpertParallelWithPipeline(t *testing.T) {
@@ -333,12 +333,12 @@ func TestExpertParallelWithPipeline(t *testing.T) {
 	want := ptest.Single(t, one)
 	wantM := moeMetrics(t, one.MetricsFile)
 	for _, row := range []struct {
-		dp, ep int
-		sched  string
-	}{{1, 1, "1f1b"}, {2, 1, "1f1b"}, {2, 2, "1f1b"}, {2, 2, "afab"}} {
-		what := fmt.Sprintf("pp 2 dp %d ep %d %s", row.dp, row.ep, row.sched)
+		dp, ep, zero int
+		sched        string
+	}{{1, 1, 0, "1f1b"}, {2, 1, 0, "1f1b"}, {2, 2, 0, "1f1b"}, {2, 2, 0, "afab"}, {2, 2, 1, "zb1"}} {
+		what := fmt.Sprintf("pp 2 dp %d ep %d zero %d %s", row.dp, row.ep, row.zero, row.sched)
 		cfg := base
-		cfg.Parallel.DP, cfg.Parallel.PP, cfg.Parallel.EP, cfg.PP.Schedule = row.dp, 2, row.ep, row.sched
+		cfg.Parallel.DP, cfg.Parallel.PP, cfg.Parallel.EP, cfg.PP.Schedule, cfg.Zero.Stage = row.dp, 2, row.ep, row.sched, row.zero
 		cfg.Train.BatchSize /= row.dp
 		cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
 		require.NoError(t, cfg.CheckWorld(2*row.dp))
