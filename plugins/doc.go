@@ -6,6 +6,7 @@
 //	tp    tensor (and sequence) parallel, Megatron style
 //	pp    pipeline schedules (AFAB, 1F1B, interleaved, ZB)
 //	cp    context parallel (ring and all-gather attention, zigzag split)
+//	ep    expert parallel (experts over dp × cp ranks, tokens by all-to-all)
 //
 // Each strategy is a trainer.Plugin implementing only the hooks it needs
 // (see core/trainer/plugin.go); the naive form of each lives beside the

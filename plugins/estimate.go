@@ -4,6 +4,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/cp"
+	"github.com/tinyacc/tinyacc/plugins/ep"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
@@ -25,8 +26,8 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 		dp = world / max(1, p.TP*p.CP*p.PP)
 	}
 	var ests []trainer.MemoryEstimator
-	// Model rewriters (tp, then cp), then the step owner (pp), in Build's
-	// order.
+	// Model rewriters (tp, then cp), then the step owner (pp), then expert
+	// parallel, in Build's order.
 	if world > 1 && p.TP > 1 {
 		ests = append(ests, tp.Estimator{N: p.TP})
 	}
@@ -43,6 +44,9 @@ func Estimate(cfg config.Config, world int) ([]trainer.MemoryEstimate, error) {
 			return nil, err
 		}
 		ests = append(ests, e)
+	}
+	if world > 1 && p.EP > 1 {
+		ests = append(ests, ep.Estimator{N: p.EP})
 	}
 	if world > 1 && dp > 1 && cfg.Zero.Stage > 0 {
 		z, err := zero.Estimator(cfg.Zero.Stage)

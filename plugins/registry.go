@@ -9,6 +9,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/cp"
 	"github.com/tinyacc/tinyacc/plugins/ddp"
+	"github.com/tinyacc/tinyacc/plugins/ep"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 	"github.com/tinyacc/tinyacc/plugins/process"
 	"github.com/tinyacc/tinyacc/plugins/tp"
@@ -28,7 +29,9 @@ import (
 // DP × CP. zero.stage 0 picks
 // DDP (ddp.mode naive or bucketed), 1 to 3 the ZeRO stage, both over the
 // data-parallel group. A single process gets no mesh and no plugins but
-// the process plugins. The binaries of plugins.process are started here
+// the process plugins. parallel.ep > 1 adds expert parallel (plugins/ep)
+// before data parallel, which then averages only the parameters every dp
+// rank holds. The binaries of plugins.process are started here
 // (see package process): one that serves ddp takes DDP's place, the others
 // come last, in their order; ddp.process: true starts DDP itself as a
 // plugin process. Close the returned plugins with process.CloseAll.
@@ -91,6 +94,13 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 			return nil, nil, err
 		}
 		out = append(out, o)
+	}
+	if p.EP > 1 {
+		e, err := ep.New(m, p.EP, cfg.EP.Dispatch, cfg.DDP.Mode)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, e)
 	}
 	if dp > 1 || (p.CP > 1 && ddpOverDPCP(cfg)) {
 		d, err := dataParallel(cfg, m)

@@ -21,19 +21,33 @@ import (
 type layoutRow struct {
 	name, flags string
 	comm        func(b layoutBench, n int) float64
+	// routed, set instead of comm, is the formula of a row whose bytes
+	// depend on the routing: given the run's median expert_rows.
+	routed func(b layoutBench, n int, rows float64) float64
 }
 
 var layoutRows = []layoutRow{
-	{"1 process", "", func(layoutBench, int) float64 { return 0 }},
-	{"dp %d", "--parallel.dp=%d", dpCommBytes},
-	{"tp %d", "--parallel.tp=%d", tpCommBytes(false)},
-	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true)},
-	{"pp %d afab", "--parallel.pp=%d --pp.schedule=afab" + ppMicroFlag, ppCommBytes(1)},
-	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b" + ppMicroFlag, ppCommBytes(1)},
-	{"pp %d interleaved", "--parallel.pp=%d --pp.schedule=interleaved --pp.virtual_stages=2" + ppMicroFlag, ppCommBytes(2)},
-	{"pp %d zb1", "--parallel.pp=%d --pp.schedule=zb1" + ppMicroFlag, ppCommBytes(1)},
-	{"cp %d ring", "--parallel.cp=%d --cp.attention=ring", cpCommBytes(true)},
-	{"cp %d allgather", "--parallel.cp=%d --cp.attention=allgather", cpCommBytes(false)},
+	{"1 process", "", func(layoutBench, int) float64 { return 0 }, nil},
+	{"dp %d", "--parallel.dp=%d", dpCommBytes, nil},
+	{"tp %d", "--parallel.tp=%d", tpCommBytes(false), nil},
+	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true), nil},
+	{"pp %d afab", "--parallel.pp=%d --pp.schedule=afab" + ppMicroFlag, ppCommBytes(1), nil},
+	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b" + ppMicroFlag, ppCommBytes(1), nil},
+	{"pp %d interleaved", "--parallel.pp=%d --pp.schedule=interleaved --pp.virtual_stages=2" + ppMicroFlag, ppCommBytes(2), nil},
+	{"pp %d zb1", "--parallel.pp=%d --pp.schedule=zb1" + ppMicroFlag, ppCommBytes(1), nil},
+	{"cp %d ring", "--parallel.cp=%d --cp.attention=ring", cpCommBytes(true), nil},
+	{"cp %d allgather", "--parallel.cp=%d --cp.attention=allgather", cpCommBytes(false), nil},
+	{"ep %d MoE", "--parallel.ep=%d --model.moe.experts=%d --model.moe.top_k=2", nil, epLayoutBytes},
+}
+
+// epLayoutBytes is epCommBytes (bench_ep.go) for the ep row's model: the
+// bench's GPT with every block a mixture of N experts, top-2, the default
+// load-balancing loss, given the run's expert_rows. It assumes every DDP
+// bucket above 32 KiB (the ring factor), true of the default shape.
+func epLayoutBytes(b layoutBench, n int, rows float64) float64 {
+	m := b.model
+	m.MoE = nn.MoEConfig{Experts: n, TopK: 2, Every: 1, AuxLossCoef: 0.01}
+	return epCommBytes(m, n, 1, rows)
 }
 
 // ppMicro is the micro-batches per step (train.grad_accum) of the pipeline
@@ -151,6 +165,10 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 //	pp N       (2v-1)·m·e·V + 4·vocab·h                  activations forward and gradients backward of the
 //	                                                     first stage's v chunks over m micro-batches; the
 //	                                                     tied wte's gradient summed with the last stage
+//	ep N       2·4h·rows + all-to-all counts,            every block a mixture of N experts (top-2): the
+//	           statistics, and 2(N-1)/N · 4Ψr            token rows the routing sent and received, each
+//	                                                     crossing twice; Ψr the non-expert parameters
+//	                                                     (epCommBytes in bench_ep.go has every term)
 //
 // each plus 2(N-1)/N · 16 for the gradient norm (24 under fp16, whose
 // overflow flag travels with it; see tp.StepBytes). With
@@ -233,8 +251,13 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	for i, row := range layoutRows {
 		m := results[i].median()
 		formula, diff := "-", "-"
-		if row.comm != nil {
-			f := row.comm(b, n)
+		if row.comm != nil || row.routed != nil {
+			var f float64
+			if row.comm != nil {
+				f = row.comm(b, n)
+			} else {
+				f = row.routed(b, n, m.rows)
+			}
 			formula = fmt.Sprintf("%.0f", f)
 			switch {
 			case f > 0:
@@ -260,7 +283,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 }
 
 // layoutMetrics is what one run of a layout reports.
-type layoutMetrics struct{ ms, tps, comm, params, act float64 }
+type layoutMetrics struct{ ms, tps, comm, params, act, rows float64 }
 
 type layoutResult struct{ runs []layoutMetrics }
 
@@ -281,6 +304,7 @@ func (r *layoutResult) median() layoutMetrics {
 		comm:   field(func(m layoutMetrics) float64 { return m.comm }),
 		params: field(func(m layoutMetrics) float64 { return m.params }),
 		act:    field(func(m layoutMetrics) float64 { return m.act }),
+		rows:   field(func(m layoutMetrics) float64 { return m.rows }),
 	}
 }
 
@@ -292,12 +316,12 @@ func readLayoutMetrics(path string) (layoutMetrics, error) {
 	if err != nil {
 		return out, err
 	}
-	var ms, tps, comm []float64
+	var ms, tps, comm, rows []float64
 	mem := false
 	for _, m := range lines {
 		switch {
 		case m.Kind == "train" && m.Step > 1:
-			ms, tps, comm = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm)
+			ms, tps, comm, rows = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm), append(rows, m.ExpertRows)
 		case m.Kind == "memory" && m.Rank == 0:
 			out.params, out.act, mem = m.Params, m.Act, true
 		}
@@ -305,6 +329,6 @@ func readLayoutMetrics(path string) (layoutMetrics, error) {
 	if len(ms) == 0 || !mem {
 		return out, fmt.Errorf("%s: no timed steps or no memory entry (train.steps must be 2 or more)", path)
 	}
-	out.ms, out.tps, out.comm = median(ms), median(tps), median(comm)
+	out.ms, out.tps, out.comm, out.rows = median(ms), median(tps), median(comm), median(rows)
 	return out, nil
 }

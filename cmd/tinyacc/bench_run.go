@@ -52,6 +52,10 @@ type metricLine struct {
 	Act    float64 `json:"activations_peak_bytes"`
 	Peak   float64 `json:"peak_bytes"`
 	RSS    float64 `json:"rss_peak_bytes"`
+	// A MoE run's routing (train lines): tokens per expert and, under
+	// expert parallel, the rows rank 0 exchanged with other ranks.
+	ExpertLoad [][]float64 `json:"expert_load"`
+	ExpertRows float64     `json:"expert_rows"`
 }
 
 // readMetrics reads every line of a metrics file (metrics_file).

@@ -32,6 +32,11 @@ var benchmarks = []benchmark{
       One model on one global batch as one process and under every parallel
       layout on N processes: ms/step, tokens/s, bytes sent per step beside the
       formula, parameter bytes and activation peak against one process's.`, benchLayouts},
+	{"ep", ` [--nproc 4] [--steps 200] [--batch B] [--n_embd C] [--block_size T]
+      A dense GPT and a MoE GPT with the same parameters per token (8 experts,
+      top-2) under expert parallel on N processes, with and without the
+      load-balancing loss: ms/step, tokens/s, bytes sent per step against the
+      formula at every step, parameter bytes per rank, load balance.`, benchEP},
 	{"pp", ` [--micro 2,4,8] [--steps N]
       Pipeline schedules on 2 processes: ms/step, idle share of wall time from
       the trace beside the simulator's and the formula's, activation peaks.`, benchPP},

@@ -16,7 +16,7 @@ import (
 // this package (func benchX(args, stdout, stderr) error) is in the table
 // they are drawn from.
 func TestHelpListsEveryBenchmark(t *testing.T) {
-	want := []string{"step", "comm", "dp", "layouts", "pp", "cp", "soak", "ckpt", "process", "memory", "precision", "torch", "recompute", "lora"}
+	want := []string{"step", "comm", "dp", "layouts", "ep", "pp", "cp", "soak", "ckpt", "process", "memory", "precision", "torch", "recompute", "lora"}
 	for _, args := range [][]string{{"--help"}, {"bench", "--help"}} {
 		var out, errb bytes.Buffer
 		require.Equal(t, 0, run(args, &out, &errb), "%v", args)

@@ -52,7 +52,7 @@ func TestBenchLayouts(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 		require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
 		require.Contains(t, lines[0], "mixed precision "+precision)
-		for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1", "cp 2 ring", "cp 2 allgather"} {
+		for i, name := range []string{"1 process", "dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1", "cp 2 ring", "cp 2 allgather", "ep 2 MoE"} {
 			row := lines[2+i]
 			require.True(t, strings.HasPrefix(row, name), row)
 			if i > 0 {

@@ -113,6 +113,9 @@ type Config struct {
 		TP int `koanf:"tp"` // tensor-parallel ranks
 		PP int `koanf:"pp"` // pipeline stages
 		CP int `koanf:"cp"` // context-parallel ranks
+		// EP splits the experts of each MoE block over groups of ep
+		// data-parallel ranks (plugins/ep); 1 = every rank holds every expert.
+		EP int `koanf:"ep"`
 	} `koanf:"parallel"`
 	PP struct {
 		Schedule      string `koanf:"schedule"`       // "afab" | "1f1b" | "interleaved" | "zb1"
@@ -158,6 +161,13 @@ type Config struct {
 		Backend string        `koanf:"backend"` // "tcp" between processes, "mpi" through an installed MPI, "local" for goroutine ranks
 		Timeout time.Duration `koanf:"timeout"` // deadline of every blocking communication
 	} `koanf:"comm"`
+	EP struct {
+		// Dispatch is how expert parallel moves tokens to their experts:
+		// "alltoall" sends each row to the rank holding its expert and back
+		// (AllToAllV); "allgather", the naive form, gathers every rank's
+		// tokens on every rank and reduce-scatters the experts' outputs.
+		Dispatch string `koanf:"dispatch"`
+	} `koanf:"ep"`
 	DDP struct {
 		Mode          string  `koanf:"mode"`            // "naive" | "bucketed"
 		BucketMB      float64 `koanf:"bucket_mb"`       // bucket size in MiB
@@ -245,7 +255,7 @@ func Defaults() Config {
 	c.Data.Format = "auto"
 	c.Memory.Limit = "auto"
 
-	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP = 0, 1, 1, 1
+	c.Parallel.DP, c.Parallel.TP, c.Parallel.PP, c.Parallel.CP, c.Parallel.EP = 0, 1, 1, 1, 1
 	c.PP.Schedule, c.PP.VirtualStages = "1f1b", 1
 	c.CP.Attention, c.CP.Split = "ring", "zigzag"
 	c.Recompute.Granularity, c.Recompute.Modules = "none", []string{"norm", "mlp_act"}
@@ -253,6 +263,7 @@ func Defaults() Config {
 	c.Comm.Backend = "tcp"
 	c.Comm.Timeout = 5 * time.Minute
 	c.DDP.Mode = "bucketed"
+	c.EP.Dispatch = "alltoall"
 	c.DDP.BucketMB = 25
 	c.DDP.FirstBucketMB = 1
 	c.DDP.ReduceDType = "fp32"

@@ -15,7 +15,7 @@ const (
 	trainKeys = "batch_size, beta1, beta2, dtype, eps, eval_batches, eval_every, grad_accum, grad_clip, " +
 		"log_every, loss_scale, loss_scale_window, lr, min_lr, mixed_precision, momentum, nonfinite, nonfinite_max_skips, optimizer, peak_flops, schedule, seed, steps, threads, " +
 		"warmup_steps, weight_decay"
-	topKeys = "checkpoint, comm, cp, data, ddp, device, init_from, lora, memory, metrics_file, model, parallel, plugins, pp, recompute, resume, resume_allow_nonfinite, save_to, tp, trace, trace_per_rank, train, zero"
+	topKeys = "checkpoint, comm, cp, data, ddp, device, ep, init_from, lora, memory, metrics_file, model, parallel, plugins, pp, recompute, resume, resume_allow_nonfinite, save_to, tp, trace, trace_per_rank, train, zero"
 	// noSuggestion ends the message about a TINYACC_ variable close to no name.
 	noSuggestion = "; TINYACC_ variables are config keys (TINYACC_TRAIN__LR sets train.lr) or one of TINYACC_SHM, TINYACC_DEBUG, TINYACC_LIB, TINYACC_TOKEN, TINYACC_JOB_TOKEN, TINYACC_LOCAL_RANK, TINYACC_RESTART, TINYACC_PLUGIN, TINYACC_PLUGIN_BUILTIN, TINYACC_GO, TINYACC_README_STEPS, TINYACC_README_TEST, TINYACC_HOST_ID"
 )

@@ -9,6 +9,17 @@ import (
 // model.moe.experts is above 0.
 func (c *Config) validateMoE(v *validator) {
 	m := c.Model.MoE
+	if ep := c.Parallel.EP; ep > 1 {
+		switch {
+		case m.Experts <= 0:
+			v.addf("config: parallel.ep=%d splits experts, but model.moe.experts=%d: set model.moe.experts to a multiple of %d or parallel.ep=1", ep, m.Experts, ep)
+		case m.Experts%ep != 0:
+			v.addf("config: parallel.ep=%d does not divide model.moe.experts=%d: every expert-parallel rank holds the same number of experts", ep, m.Experts)
+		}
+		if c.DDP.Process {
+			v.addf("config: parallel.ep=%d with ddp.process=true: a DDP plugin process does not know expert placements; set ddp.process=false or parallel.ep=1", ep)
+		}
+	}
 	if m.Experts < 0 {
 		v.addf("config: model.moe.experts=%d must be >= 0 (0 = a dense model)", m.Experts)
 	}
@@ -37,13 +48,29 @@ func (c *Config) validateMoE(v *validator) {
 	}
 }
 
-// checkMoEWorld: mixtures of experts train on one process or under data
-// parallel (DDP or ZeRO) in this build; tensor, pipeline and context
-// parallel do not split or place experts yet.
+// checkMoEWorld: mixtures of experts train on one process or under data,
+// context and pipeline parallel (and expert parallel over the data ×
+// context-parallel ranks) in this build; tensor parallel does not split
+// experts yet. parallel.ep must divide the dp·cp ranks the world leaves.
 func (c Config) checkMoEWorld(world int) error {
 	p := c.Parallel
-	if c.Model.MoE.Experts > 0 && world > 1 && (p.TP > 1 || p.PP > 1 || p.CP > 1) {
-		return fmt.Errorf("config: model.moe.experts=%d trains under data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", c.Model.MoE.Experts, p.TP, p.PP, p.CP)
+	if c.Model.MoE.Experts > 0 && world > 1 && p.TP > 1 {
+		return fmt.Errorf("config: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)", c.Model.MoE.Experts, p.TP)
+	}
+	if p.EP > 1 {
+		dp := p.DP
+		if dp == 0 {
+			dp = world / max(1, p.TP*p.PP*p.CP)
+		}
+		if dpcp := dp * p.CP; dpcp%p.EP != 0 {
+			return fmt.Errorf("config: parallel.ep=%d does not divide dp=%d × cp=%d = %d: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of %d", p.EP, dp, p.CP, dpcp, dpcp)
+		}
+		if p.EP%p.CP != 0 && p.CP%p.EP != 0 {
+			return fmt.Errorf("config: parallel.ep=%d must divide parallel.cp=%d or be a multiple of it", p.EP, p.CP)
+		}
+		if p.CP > 1 && (c.Zero.Stage > 0 || c.DDP.Process) {
+			return fmt.Errorf("config: parallel.ep=%d with parallel.cp=%d trains under DDP only in this build, not zero.stage=%d or ddp.process; set zero.stage=0", p.EP, p.CP, c.Zero.Stage)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMoEKeysValidated(t *testing.T) {
@@ -27,5 +28,26 @@ func TestMoEKeysValidated(t *testing.T) {
 	c.Model.MoE.Experts = 8
 	assert.NoError(t, c.CheckWorld(4), "data parallel")
 	c.Parallel.TP = 2
-	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 trains under data parallel only in this build, not parallel.tp=2 pp=1 cp=1; set them to 1")
+	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)")
+}
+
+// parallel.ep must divide the experts and the data × context-parallel
+// ranks; the errors name the numbers, and layouts ep does not compose
+// with are refused naming their keys.
+func TestExpertParallelKeys(t *testing.T) {
+	c := Defaults()
+	c.Parallel.EP = 2
+	assert.ErrorContains(t, c.Validate(), "config: parallel.ep=2 splits experts, but model.moe.experts=0: set model.moe.experts to a multiple of 2 or parallel.ep=1")
+	c.Model.MoE.Experts = 6
+	c.Parallel.EP = 4
+	assert.ErrorContains(t, c.Validate(), "config: parallel.ep=4 does not divide model.moe.experts=6: every expert-parallel rank holds the same number of experts")
+	c.Model.MoE.Experts = 8
+	require.NoError(t, c.Validate())
+	assert.NoError(t, c.CheckWorld(4))
+	assert.NoError(t, c.CheckWorld(8))
+	assert.EqualError(t, c.CheckWorld(6), "config: parallel.ep=4 does not divide dp=6 × cp=1 = 6: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of 6")
+	c.Parallel.DP = 2
+	assert.EqualError(t, c.CheckWorld(2), "config: parallel.ep=4 does not divide dp=2 × cp=1 = 2: expert-parallel groups are carved from the data × context-parallel ranks; choose ep among the divisors of 2")
+	c.Parallel.DP, c.Parallel.EP = 0, 0
+	assert.ErrorContains(t, c.Validate(), "config: parallel.ep=0 must be >= 1")
 }

@@ -81,7 +81,7 @@ func (c *Config) Validate() error {
 	for _, k := range []struct {
 		key, plugin string
 		n           int
-	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "", pl.CP}} {
+	}{{"parallel.tp", "", pl.TP}, {"parallel.cp", "", pl.CP}, {"parallel.ep", "", pl.EP}} {
 		if k.n < 1 {
 			v.addf("config: %s=%d must be >= 1", k.key, k.n)
 		} else if k.n > 1 && k.plugin != "" {
@@ -114,6 +114,7 @@ func (c *Config) Validate() error {
 		v.addf("config: comm.timeout=%s must be > 0: use a duration such as 5m", c.Comm.Timeout)
 	}
 	v.oneOf("ddp.mode", c.DDP.Mode, "naive", "bucketed")
+	v.oneOf("ep.dispatch", c.EP.Dispatch, "alltoall", "allgather")
 	if !(c.DDP.BucketMB > 0) || !(c.DDP.FirstBucketMB >= 0) {
 		v.addf("config: ddp.bucket_mb=%s must be > 0 and ddp.first_bucket_mb=%s >= 0 (0: no smaller first bucket): use sizes such as 25 and 1", ff(c.DDP.BucketMB), ff(c.DDP.FirstBucketMB))
 	}

@@ -94,6 +94,20 @@ func (m *Module) SetParam(p *tensor.Tensor) error {
 	return fmt.Errorf("nn: module %q has no parameter %q", m.name, p.Name)
 }
 
+// DropParam removes the parameter with global name name from the module:
+// a plugin that places it on other ranks only (expert parallel keeps each
+// rank's experts) leaves this rank without it. It is an error if the
+// module has no such parameter.
+func (m *Module) DropParam(name string) error {
+	for i, q := range m.params {
+		if q.Name == name {
+			m.params = append(m.params[:i:i], m.params[i+1:]...)
+			return nil
+		}
+	}
+	return fmt.Errorf("nn: module %q has no parameter %q", m.name, name)
+}
+
 // Run calls body on x between the module's hooks. The backward hooks are
 // attached as identity ops on the output (PreBackward) and on the input
 // (PostBackward, only when x carries a gradient).

@@ -89,6 +89,10 @@ type MoE struct {
 	// ranks' gradients are averaged.
 	Reduce func(v []float64) error
 	Ranks  int
+	// Dispatch, when set, spreads the experts over an expert-parallel
+	// group (forwardEP): Experts then holds only this rank's experts,
+	// the others nil.
+	Dispatch Dispatcher
 }
 
 // MoEStats is what one MoE layer saw since the last reset.
@@ -214,14 +218,28 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	choice := TopK(probs, k)
 	w := tensor.RoutedWeights(probs, choice, k)
 	rt := Route(choice, N, k, E, m.Cfg.Capacity(N))
-	var parts []tensor.Routed
-	for e, rows := range rt.Rows {
-		if len(rows) > 0 {
+	var out *tensor.Tensor
+	if m.Dispatch != nil {
+		var err error
+		if m.Dispatch.Gathers() {
+			out, err = m.forwardGather(h, w, choice)
+		} else {
+			out, err = m.forwardEP(h, w, rt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		// Every expert runs, on no rows when no token chose it: its
+		// gradient is then zero but final like every other parameter's,
+		// so data parallel's buckets complete alike on every rank.
+		var parts []tensor.Routed
+		for e, rows := range rt.Rows {
 			y := m.Experts[e].Forward(tensor.GatherRows(h, rows))
 			parts = append(parts, tensor.Routed{Y: y, Rows: rows, Weight: rt.Weight[e]})
 		}
+		out = tensor.CombineRows(N, w, parts)
 	}
-	out := tensor.CombineRows(N, w, parts)
 	if m.Stats.Load == nil {
 		m.Stats.Load = make([]int64, E)
 	}

@@ -125,7 +125,8 @@ const RuntimeBytes = 48 << 20
 //   - 6·B·T·C + 15·B·T: the embeddings' output, the final layer norm,
 //     the loss's per-token terms and the token ids;
 //
-// plus 1 KiB of scalars. No term is the size of a weight: the weight
+// plus 1 KiB of scalars, plus the MoE blocks' difference from a dense
+// block (MoEActivationFloats). No term is the size of a weight: the weight
 // gradients accumulate straight into the parameters' gradients (counted
 // as gradients), so the activations depend on the batch, not on the
 // parameters. TestEstimateMatchesMeasured holds the sum to the
@@ -136,7 +137,7 @@ func ActivationBytes(m nn.GPTConfig, B int) int64 {
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
 	emb := m.EmbedActs()          // GPT-2: 2
 	floats := 2*(whole+split)*b*t*l + b*h*t*l + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
-	return 4*floats + 1024
+	return 4*(floats+MoEActivationFloats(m, B)) + 1024
 }
 
 // EstimateMemory predicts the memory of every rank of a run of cfg on

@@ -27,9 +27,23 @@ func moeConfig(cfg config.Config) nn.MoEConfig {
 // summed over the MoE blocks and averaged over the step's micro-batches as
 // the loss is; the token-to-expert assignments a capacity dropped; and on
 // the steps that log a line (train.log_every) the tokens each expert
-// processed, one list per MoE block, summed over the micro-batches.
+// processed, one list per MoE block, summed over the micro-batches. Under
+// pipeline parallel each stage fills its own blocks' entries and one
+// all-reduce over the pipeline group puts every block's on every stage.
 func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 	logLoad := (step+1)%max(1, t.Cfg.Train.LogEvery) == 0 || step == 0 || step == t.Cfg.Train.Steps-1
+	// One row per MoE block of the whole model: aux, z, the tokens per
+	// expert, the drops.
+	mc := GPTConfig(t.Cfg)
+	E := mc.MoE.Experts
+	row := map[int]int{}
+	for i := 0; i < mc.NLayer; i++ {
+		if mc.MoE.IsMoE(i) {
+			row[i] = len(row)
+		}
+	}
+	w := E + 3
+	all := make([]float64, len(row)*w)
 	for _, b := range t.Model.Blocks() {
 		if b.MoE == nil {
 			continue
@@ -38,28 +52,43 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 		if m == nil {
 			continue
 		}
+		v := all[row[b.Index]*w : (row[b.Index]+1)*w]
 		if s.Forwards > 0 {
-			m.AuxLoss += s.Aux / float64(s.Forwards)
-			m.ZLoss += s.Z / float64(s.Forwards)
+			v[0], v[1] = s.Aux/float64(s.Forwards), s.Z/float64(s.Forwards)
 		}
 		// Tokens per expert and drops, summed over the ranks that share
 		// the micro-batches (every rank takes part: the condition is the
 		// same everywhere).
-		counts := make([]float64, b.MoE.Cfg.Experts+1)
+		counts := v[2:]
 		for e, n := range s.Load {
 			counts[e] = float64(n)
 		}
-		counts[len(counts)-1] = float64(s.Dropped)
+		counts[E] = float64(s.Dropped)
 		if b.MoE.Reduce != nil {
 			if err := b.MoE.Reduce(counts); err != nil {
 				return fmt.Errorf("trainer: MoE expert load: %w", err)
 			}
 		}
-		m.DroppedTokens += int64(counts[len(counts)-1])
+	}
+	if m == nil {
+		return nil
+	}
+	if t.Mesh != nil && t.Mesh.PP() != nil && t.Mesh.PP().Size() > 1 {
+		buf := tensor.FromF64(all, len(all))
+		if err := t.Mesh.PP().AllReduce(buf, comm.Sum); err != nil {
+			return fmt.Errorf("trainer: MoE metrics over the pipeline stages: %w", err)
+		}
+		copy(all, buf.F64())
+	}
+	for k := 0; k < len(row); k++ {
+		v := all[k*w : (k+1)*w]
+		m.AuxLoss += v[0]
+		m.ZLoss += v[1]
+		m.DroppedTokens += int64(v[2+E])
 		if logLoad {
-			load := make([]int64, b.MoE.Cfg.Experts)
+			load := make([]int64, E)
 			for e := range load {
-				load[e] = int64(counts[e])
+				load[e] = int64(v[2+e])
 			}
 			m.ExpertLoad = append(m.ExpertLoad, load)
 		}
@@ -68,16 +97,17 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 }
 
 // wireMoE hands the MoE blocks the data × context-parallel group, over
-// which their load-balancing statistics are summed. Experts are not split
-// by tensor or pipeline parallel (nor spread by expert parallel) in this
-// build, so a mesh with any of them is refused.
+// which their load-balancing statistics are summed (a context-parallel
+// rank routes its own chunk of the tokens; a pipeline stage's blocks see
+// its micro-batches whole). Experts are not split by tensor parallel in
+// this build, so a mesh with it is refused.
 func (t *Trainer) wireMoE() error {
 	if t.Cfg.Model.MoE.Experts == 0 || t.Mesh == nil {
 		return nil
 	}
 	sh := t.Mesh.Shape()
-	if sh.TP > 1 || sh.PP > 1 || sh.CP > 1 {
-		return fmt.Errorf("trainer: model.moe.experts=%d trains under data parallel only in this build, not parallel.tp=%d pp=%d cp=%d; set them to 1", t.Cfg.Model.MoE.Experts, sh.TP, sh.PP, sh.CP)
+	if sh.TP > 1 {
+		return fmt.Errorf("trainer: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1", t.Cfg.Model.MoE.Experts, sh.TP)
 	}
 	g := t.Mesh.DPCP()
 	if g == nil || g.Size() == 1 {
@@ -121,5 +151,61 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 	if m.Experts == 0 {
 		return nn.MoEConfig{}, nil
 	}
+	if v, ok := recorded["model.moe.capacity_factor"]; ok {
+		f, err := strconv.ParseFloat(fmt.Sprint(v), 64)
+		if err != nil {
+			return m, fmt.Errorf("ckpt: the index records model.moe.capacity_factor=%v, not a number", v)
+		}
+		m.CapacityFactor = f
+	}
 	return m, nil
+}
+
+// MoEActivationFloats is what the MoE blocks of m add to the activations
+// of the dense model (ActivationBytes) in one micro-batch of B sequences
+// on one process, in elements. Per MoE block of N = B·T tokens:
+//
+//   - MoERowFloats per row its experts process (MoERows of them): the
+//     gathered input (C), the
+//     4C-wide hidden layer before and after GELU, its output (C), the
+//     gradients of those that backward holds at once, and the row's
+//     routing weight and index;
+//   - C·N·E + 5·N·E: each expert's input gradient scattered back into a
+//     [N, C] buffer, and the router's logits, probabilities and their
+//     gradients;
+//   - minus 14·N·C: the dense MLP's terms the experts replace.
+//
+// Fitted to the allocator's count over E, k, B·T, C and n_layer, it holds
+// to 15% like the dense terms (TestMoEEstimateCountsExperts).
+func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
+	if m.MoE.Experts == 0 {
+		return 0
+	}
+	n, c, e := int64(B)*int64(m.BlockSize), int64(m.NEmbd), int64(m.MoE.Experts)
+	return MoEBlocks(m) * (MoERowFloats(m)*MoERows(m.MoE, n) + c*n*e + 5*n*e - 14*n*c)
+}
+
+// MoERowFloats is the activation elements of one row an expert processes.
+func MoERowFloats(m nn.GPTConfig) int64 { return 20*int64(m.NEmbd) + 2 }
+
+// MoEBlocks is the number of MoE blocks of m.
+func MoEBlocks(m nn.GPTConfig) int64 {
+	var blocks int64
+	for i := 0; i < m.NLayer; i++ {
+		if m.MoE.IsMoE(i) {
+			blocks++
+		}
+	}
+	return blocks
+}
+
+// MoERows is the most token-to-expert assignments the experts of one MoE
+// block process for n tokens on one process: n·top_k dropless, and at
+// most E·capacity with a capacity.
+func MoERows(m nn.MoEConfig, n int64) int64 {
+	rows := n * int64(m.TopK)
+	if cap := m.Capacity(int(n)); cap > 0 {
+		rows = min(rows, int64(m.Experts)*int64(cap))
+	}
+	return rows
 }

@@ -11,7 +11,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 func moeConfig4() config.Config {
@@ -136,4 +139,22 @@ func TestMoEResumeContinuesUninterrupted(t *testing.T) {
 			assert.Equal(t, w[k], m[k], "step %v %s", w["step"], k)
 		}
 	}
+}
+
+// A MoE model's weights file records its experts, so `sample` rebuilds
+// the model from the file alone; a dense model's file has no moe keys.
+func TestMoEWeightsMetadata(t *testing.T) {
+	c := nn.GPTConfig{NLayer: 2, NHead: 2, NEmbd: 16, BlockSize: 8, VocabSize: 32,
+		MoE: nn.MoEConfig{Experts: 4, TopK: 2, Every: 2, CapacityFactor: 1.25}}
+	m, err := nn.NewGPT(c, 1, tensor.Float32, nil)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "moe.safetensors")
+	require.NoError(t, SaveWeights(m, path))
+	_, meta, err := ckpt.Load(path)
+	require.NoError(t, err)
+	got, ok := ModelConfigFromMetadata(meta)
+	require.True(t, ok, "%v", meta)
+	assert.Equal(t, c, got)
+	c.MoE = nn.MoEConfig{}
+	assert.NotContains(t, weightsMeta(c), "moe.experts")
 }

@@ -92,6 +92,12 @@ type StepMetrics struct {
 	ZLoss         float64   `json:"z_loss,omitempty"`
 	ExpertLoad    [][]int64 `json:"expert_load,omitempty"`
 	DroppedTokens int64     `json:"dropped_tokens,omitempty"`
+	// ExpertRows is, under expert parallel, the token rows this rank's
+	// forwards exchanged with the other ranks of its expert-parallel
+	// group, by the routing: rows it sent to their experts plus rows it
+	// received for its own (plugins/ep). The all-to-alls move each such
+	// row four times a step (dispatch and combine, forward and backward).
+	ExpertRows int64 `json:"expert_rows,omitempty"`
 }
 
 // Trainer holds one rank's training state.

@@ -46,6 +46,10 @@ func weightsMeta(c nn.GPTConfig) map[string]string {
 	for k, v := range llamaKeys(c) {
 		m[k] = v
 	}
+	if e := c.MoE; e.Experts > 0 { // the experts decide the parameters and the routing
+		m["moe.experts"], m["moe.top_k"], m["moe.every"] = strconv.Itoa(e.Experts), strconv.Itoa(e.TopK), strconv.Itoa(e.Every)
+		m["moe.capacity_factor"] = strconv.FormatFloat(e.CapacityFactor, 'g', -1, 64)
+	}
 	return m
 }
 
@@ -180,7 +184,8 @@ func (t *Trainer) LoadWeights(path string) error {
 	return t.fillParams(baseFrom(w.fill, func(*place.Spec, place.Coord, *tensor.Tensor) error { return nil }))
 }
 
-// ModelConfigFromMetadata reads the model shape a SaveWeights file records.
+// ModelConfigFromMetadata reads the model shape a SaveWeights file records,
+// its experts included (moe.experts, top_k, every, capacity_factor).
 func ModelConfigFromMetadata(meta map[string]string) (nn.GPTConfig, bool) {
 	if meta["arch"] == "llama" {
 		values := map[string]any{}
@@ -197,6 +202,17 @@ func ModelConfigFromMetadata(meta map[string]string) (nn.GPTConfig, bool) {
 		key string
 		dst *int
 	}{{"n_layer", &c.NLayer}, {"n_head", &c.NHead}, {"n_embd", &c.NEmbd}, {"block_size", &c.BlockSize}, {"vocab_size", &c.VocabSize}}
+	if meta["moe.experts"] != "" {
+		fields = append(fields, []struct {
+			key string
+			dst *int
+		}{{"moe.experts", &c.MoE.Experts}, {"moe.top_k", &c.MoE.TopK}, {"moe.every", &c.MoE.Every}}...)
+		f, err := strconv.ParseFloat(meta["moe.capacity_factor"], 64)
+		if err != nil {
+			return c, false
+		}
+		c.MoE.CapacityFactor = f
+	}
 	for _, f := range fields {
 		v, err := strconv.Atoi(meta[f.key])
 		if err != nil {

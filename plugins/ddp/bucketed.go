@@ -88,7 +88,7 @@ func planBuckets(sizes []int64, firstCap, capBytes int64) [][]int {
 // layout allocates the buckets and makes every p.Grad a view of its slice
 // of one, so backward accumulates straight into what is sent.
 func (d *DDP) layout(t *trainer.Trainer) error {
-	params := t.Model.TrainedParams() // a frozen base (LoRA) has no gradient to move
+	params := replicated(t)
 	// Reverse order of use: backward makes the last layers' gradients
 	// final first, and wte (first used by the embedding lookup) last.
 	order := make([]*tensor.Tensor, len(params))
@@ -137,6 +137,9 @@ func (d *DDP) layout(t *trainer.Trainer) error {
 // bucket's all-reduce when it was the bucket's last one.
 func (d *DDP) gradReady(t *trainer.Trainer, p *tensor.Tensor) error {
 	s, ok := d.slots[p]
+	if !ok && heldBySome(p) {
+		return nil // its replicas reduce it (see replicated)
+	}
 	if !ok {
 		return fmt.Errorf("ddp: parameter %s has no gradient bucket; parameters added after ddp's Prepare are not synchronised (list ddp after plugins that rewrite the model)", p.Name)
 	}

@@ -134,7 +134,7 @@ func (d *DDP) Prepare(t *trainer.Trainer) error {
 	// byte ranges of init_from, the same numbers on every rank. Values a
 	// caller built (NewWith) are broadcast, so replicas start identical
 	// whatever each caller loaded.
-	for _, p := range t.Model.Params() {
+	for _, p := range replicated(t) {
 		if !p.HasStorage() {
 			continue
 		}

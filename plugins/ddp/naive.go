@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trace"
 	"github.com/tinyacc/tinyacc/core/trainer"
@@ -13,7 +14,7 @@ import (
 // every gradient over the ranks, one blocking all-reduce per parameter, in
 // the model's parameter order (the same on every rank).
 func (d *DDP) allReduceEach(t *trainer.Trainer) error {
-	for _, p := range t.Model.TrainedParams() { // a frozen base (LoRA) has no gradient
+	for _, p := range replicated(t) {
 		if p.Grad == nil {
 			// No gradient reached p on this rank; a zero one keeps every
 			// rank issuing the same collectives.
@@ -39,4 +40,24 @@ func (d *DDP) allReduceEach(t *trainer.Trainer) error {
 		}
 	}
 	return nil
+}
+
+// replicated lists the parameters DDP averages: those every rank of its
+// group holds. A parameter held by only some data-parallel ranks (an
+// expert placed by expert parallel, which differs from rank to rank) is
+// reduced over its own replicas by the plugin that placed it.
+func replicated(t *trainer.Trainer) []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, p := range t.Model.TrainedParams() { // a frozen base (LoRA) has no gradient to move
+		if !heldBySome(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// heldBySome reports whether p's placement gives it to only some
+// data- or context-parallel ranks.
+func heldBySome(p *tensor.Tensor) bool {
+	return p.Spec != nil && (p.Spec.Along[place.DP].Kind == place.Held || p.Spec.Along[place.CP].Kind == place.Held)
 }

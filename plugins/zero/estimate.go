@@ -64,7 +64,21 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	// (LoRA) stays whole on every rank, beside the units.
 	trained := trainer.TrainedOf(in.Model, in.Params)
 	frozen := trainer.Numel(in.Params) - trainer.Numel(trained)
-	numels, hasEmbed := unitNumels(trained)
+	// Under expert parallel the experts are held by some dp ranks only
+	// and ZeRO keeps them whole (Layout.Whole): parameter, gradient and
+	// optimizer bytes of one process.
+	params, whole := trained, int64(0)
+	if in.Cfg.Parallel.EP > 1 {
+		params = nil
+		for _, p := range trained {
+			if strings.Contains(p.Name, ".mlp.experts.") {
+				whole += trainer.Numel([]nn.ParamShape{p})
+			} else {
+				params = append(params, p)
+			}
+		}
+	}
+	numels, hasEmbed := unitNumels(params)
 	var padded, owned, embed, pair, largest int64
 	sizes := make([]int64, len(numels))
 	for i, num := range numels {
@@ -95,9 +109,13 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	gathered := pair
 	if k := len(sizes); k >= 3 {
 		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
+		// The embed unit and the first block, gathered together in the
+		// forward: the larger when blocks differ (MoE blocks whose experts
+		// are kept whole under expert parallel are smaller than dense ones).
+		gathered = max(gathered, embed+sizes[1])
 	}
 	perElem := e.OptimBytes / max(1, trainer.Numel(trained)) // 8 for AdamW, 4 for SGD momentum
-	e.OptimBytes = perElem * owned
+	e.OptimBytes = perElem * (owned + whole)
 	// Gradients the plugins before ZeRO added beyond the parameters'
 	// (a pipeline stage's received inputs) are not ZeRO's to shard.
 	otherGrads := e.GradsBytes - 4*trainer.Numel(trained)
@@ -112,6 +130,8 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	}
 	e.ParamsBytes += 4 * frozen
 	e.GradsBytes += otherGrads
+	e.ParamsBytes += 4 * whole
+	e.GradsBytes += 4 * whole
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
 		// buffer while backward goes on: two shards in flight.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -55,6 +56,10 @@ type Unit struct {
 type Layout struct {
 	N, Rank int
 	Units   []*Unit
+	// Whole are the parameters held by only some ranks of the group (an
+	// expert placed by expert parallel, which differs from rank to rank):
+	// they are in no unit, and each holder keeps and updates them whole.
+	Whole   []*tensor.Tensor
 	unitOf  map[*tensor.Tensor]int
 	rangeOf map[*tensor.Tensor]*Range
 }
@@ -78,6 +83,10 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 				// optimizer state: it stays a whole tensor on every rank,
 				// outside the flat buffers, and a module of only frozen
 				// parameters is no unit.
+				continue
+			}
+			if p.Spec != nil && (p.Spec.Along[place.DP].Kind == place.Held || p.Spec.Along[place.CP].Kind == place.Held) {
+				l.Whole = append(l.Whole, p)
 				continue
 			}
 			if _, dup := l.unitOf[p]; dup {

@@ -50,6 +50,14 @@ func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc
 			}
 		}
 	}
+	for _, p := range lay.Whole {
+		o.viewOf[p] = p
+		if len(p.Shape()) >= 2 {
+			decay = append(decay, p)
+		} else {
+			none = append(none, p)
+		}
+	}
 	groups := []optim.Group{{Params: decay, WeightDecay: cfg.Train.WeightDecay}, {Params: none, WeightDecay: 0}}
 	o.inner = trainer.NewOptimizer(cfg, groups, alloc)
 	return o

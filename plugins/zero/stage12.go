@@ -49,6 +49,9 @@ func (z *Zero) GradReady(t *trainer.Trainer, p *tensor.Tensor, info tensor.PassI
 		return nil
 	}
 	u := z.owner[p]
+	if u == nil && z.whole[p] {
+		return nil // reduced over its replicas by the plugin that placed it
+	}
 	if u == nil {
 		return fmt.Errorf("zero: gradient of %s, which is in no unit of the layout (was the model changed after Prepare?)", p.Name)
 	}

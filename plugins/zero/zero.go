@@ -29,6 +29,8 @@ type Zero struct {
 	units []*unitState
 	opt   *ShardOptimizer
 	owner map[*tensor.Tensor]*unitState
+	// whole are Layout.Whole: kept and updated whole, reduced elsewhere.
+	whole map[*tensor.Tensor]bool
 
 	reduces []*op       // gradient reduce-scatters in flight, oldest first
 	gathers map[int]*op // stage 3: parameter all-gathers in flight, by unit
@@ -104,6 +106,13 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 	}
 	z.lay = lay
 	z.owner = map[*tensor.Tensor]*unitState{}
+	z.whole = map[*tensor.Tensor]bool{}
+	for _, p := range lay.Whole {
+		z.whole[p] = true
+		if !p.HasStorage() {
+			p.Allocate() // Hold claims it, so the trainer would not
+		}
+	}
 	for _, u := range lay.Units {
 		us := &unitState{Unit: u}
 		if err := z.layOut(us); err != nil {
@@ -223,6 +232,12 @@ func (z *Zero) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
 // data-parallel axis; in stages 1 and 2 the value stays the whole tensor,
 // replicated over the group.
 func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool) {
+	if z.whole[p] {
+		h := trainer.Holding{Value: trainer.Part{Spec: p.Spec, Data: p}, Grad: trainer.Part{Spec: p.Spec, Data: p.Grad}}
+		h.Opt, _ = z.opt.inner.(optim.PerParam)
+		h.OptParam = p
+		return h, true
+	}
 	u := z.owner[p]
 	if u == nil {
 		return trainer.Holding{}, false
