@@ -76,3 +76,29 @@ func TestMemoryLimitNamesTheLayoutsThatFit(t *testing.T) {
 
 	require.NoError(t, CheckMemory(cfg, 4, es, 4*own, 4, "test"), "a run under the limit starts")
 }
+
+// TestMeshDimsSplitExpertsWhereThereAreExperts: a mixture of experts on 4
+// ranks enumerates parallel.ep over the divisors of dp × cp that divide
+// the expert count; a dense model enumerates no ep at all.
+func TestMeshDimsSplitExpertsWhereThereAreExperts(t *testing.T) {
+	eps := func(cfg config.Config) map[string][]string {
+		got := map[string][]string{}
+		for _, l := range Layouts(cfg, 4, MeshDims()) {
+			mesh := "tp" + strconv.Itoa(l.Config.Parallel.TP) + " pp" + strconv.Itoa(l.Config.Parallel.PP) + " cp" + strconv.Itoa(l.Config.Parallel.CP)
+			for _, f := range l.Flags {
+				if v, ok := strings.CutPrefix(f, "parallel.ep="); ok && l.Config.Zero.Stage == 0 {
+					got[mesh] = append(got[mesh], v)
+				}
+			}
+		}
+		return got
+	}
+	dense := ptest.Config()
+	require.Empty(t, eps(dense))
+	moe := ptest.Config()
+	moe.Model.MoE.Experts = 2
+	got := eps(moe)
+	require.Equal(t, []string{"1", "2"}, got["tp1 pp1 cp1"], "dp 4: ep 4 does not divide 2 experts")
+	require.Equal(t, []string{"1", "2"}, got["tp1 pp1 cp2"], "dp 2 × cp 2")
+	require.Equal(t, []string{"1"}, got["tp4 pp1 cp1"], "dp 1")
+}

@@ -99,8 +99,9 @@ func dpOf(c config.Config, world int) int {
 	return world / max(1, c.Parallel.TP*c.Parallel.PP*c.Parallel.CP)
 }
 
-// MeshDims split the ranks into tp × pp × cp × dp, with each ZeRO stage
-// where dp > 1: the layouts Fits names. parallel.dp is written only when
+// MeshDims split the ranks into tp × pp × cp × dp, expert parallel over
+// dp × cp where the model has experts, and each ZeRO stage where dp > 1:
+// the layouts Fits names. parallel.dp is written only when
 // the run sets it (0 means "every rank left").
 func MeshDims() []Dim {
 	return []Dim{
@@ -117,6 +118,20 @@ func MeshDims() []Dim {
 			}
 			return []int{dpOf(c, world)}, nil
 		}, func(c *config.Config, v int) { c.Parallel.DP = v }),
+		intDim("parallel.ep", func(c config.Config, world int) ([]int, error) {
+			// Expert parallel splits a mixture of experts' experts over
+			// groups of the dp × cp ranks; a dense model has no such axis.
+			if c.Model.MoE.Experts == 0 {
+				return nil, nil
+			}
+			var out []int
+			for _, e := range divisors(dpOf(c, world) * c.Parallel.CP) {
+				if c.Model.MoE.Experts%e == 0 {
+					out = append(out, e)
+				}
+			}
+			return out, nil
+		}, func(c *config.Config, v int) { c.Parallel.EP = v }),
 		intDim("zero.stage", func(c config.Config, world int) ([]int, error) {
 			if dpOf(c, world) == 1 {
 				return []int{0}, nil
@@ -131,8 +146,8 @@ func MeshDims() []Dim {
 // count (train.grad_accum, with train.batch_size so that their product ×
 // dp is the global batch of global sequences), and the recomputation
 // granularity. Mixed precision is the run's choice, never searched. A
-// new axis (expert parallel for a mixture of experts, say) is one more
-// Dim before zero.stage whose Values return none where it does not apply.
+// new axis is one more Dim whose Values return none where it does not
+// apply, as parallel.ep does for a dense model.
 func PlanDims(global int) []Dim {
 	return append(MeshDims(),
 		stringDim("pp.schedule", func(c config.Config, _ int) []string {

@@ -23,7 +23,7 @@ type Candidate struct {
 func (c Candidate) Name() string { return Name(c.Config, c.World) }
 
 // Name names cfg's layout on world ranks: the mesh (dp, then tp, pp, cp
-// above 1), ZeRO, the pipeline's schedule, the micro-batches (count ×
+// and expert parallel's ep above 1), ZeRO, the pipeline's schedule, the micro-batches (count ×
 // sequences) and the recomputation.
 func Name(cfg config.Config, world int) string {
 	p := cfg.Parallel
@@ -33,7 +33,7 @@ func Name(cfg config.Config, world int) string {
 	for _, d := range []struct {
 		n string
 		v int
-	}{{"tp", p.TP}, {"pp", p.PP}, {"cp", p.CP}} {
+	}{{"tp", p.TP}, {"pp", p.PP}, {"cp", p.CP}, {"ep", p.EP}} {
 		if d.v > 1 {
 			fmt.Fprintf(&b, " %s%d", d.n, d.v)
 		}
