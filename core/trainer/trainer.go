@@ -206,8 +206,8 @@ func NewWith(cfg config.Config, model *nn.GPT, opt optim.Optimizer, train, val *
 	if opt == nil && len(opts.Plugins) > 0 {
 		return nil, fmt.Errorf("trainer: plugin %s needs an optimizer to prepare; pass one (or no plugins for forward passes only)", opts.Plugins[0].Name())
 	}
-	if want, got := GPTConfig(cfg).LoRA, model.Config.LoRA; !reflect.DeepEqual(want, got) {
-		return nil, fmt.Errorf("trainer: the run's lora.* keys (lora.rank=%d) are not the model's (%s): build the model from the run's config, as GPT(accelerator.config) does", cfg.LoRA.Rank, loraText(got))
+	if err := sameLoRA(cfg, model); err != nil {
+		return nil, err
 	}
 	t, err := start(cfg, opts)
 	if err != nil {
@@ -240,6 +240,9 @@ func NewPlaced(cfg config.Config, model *nn.GPT, init Init, withOpt bool, train,
 			return nil, fmt.Errorf("trainer: NewPlaced needs a model without storage, but %s has some; use NewWith for a built model", p.Name)
 		}
 	}
+	if err := sameLoRA(cfg, model); err != nil {
+		return nil, err
+	}
 	if !withOpt && len(opts.Plugins) > 0 {
 		return nil, fmt.Errorf("trainer: plugin %s places a model for training; build it with its optimizer (or no plugins for forward passes only)", opts.Plugins[0].Name())
 	}
@@ -257,6 +260,16 @@ func NewPlaced(cfg config.Config, model *nn.GPT, init Init, withOpt bool, train,
 		return nil, err
 	}
 	return t, nil
+}
+
+// sameLoRA refuses a model built by the caller whose adapters are not the
+// ones the run's lora.* keys describe (a model made from the model.* keys
+// alone has none), before anything is placed or trained.
+func sameLoRA(cfg config.Config, model *nn.GPT) error {
+	if want, got := GPTConfig(cfg).LoRA, model.Config.LoRA; !reflect.DeepEqual(want, got) {
+		return fmt.Errorf("trainer: the run's lora.* keys (lora.rank=%d) are not the model's (%s): build the model from the run's config, as GPT(accelerator.config) does", cfg.LoRA.Rank, loraText(got))
+	}
+	return nil
 }
 
 // start validates cfg, fills in the defaults of opts and returns a trainer
