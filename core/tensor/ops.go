@@ -342,6 +342,7 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		m.Release()
 		r.Release()
 	})
+	outUnread(out)
 	return out
 }
 
@@ -349,6 +350,15 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 func setRefill(out *Tensor, refill func(out *Tensor)) {
 	if out.node != nil {
 		out.node.refill = refill
+	}
+}
+
+// outUnread records that out's backward reads its inputs but not out
+// itself, so a backward that frees as it goes gives out's storage back
+// once its consumers' backwards are done, before its own runs.
+func outUnread(out *Tensor) {
+	if out.node != nil {
+		out.node.outUnread = true
 	}
 }
 
@@ -377,6 +387,7 @@ func Gelu(x *Tensor) *Tensor {
 			cpu.GeluForward(x.f64, out.f64)
 		}
 	})
+	outUnread(out)
 	return out
 }
 

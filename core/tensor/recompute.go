@@ -80,15 +80,6 @@ func refill(t *Tensor) {
 	t.node.refill(t)
 }
 
-// refillFor refills what the backward of t's node may read: t and the
-// node's inputs.
-func refillFor(t *Tensor) {
-	refill(t)
-	for _, in := range t.node.inputs {
-		refill(in)
-	}
-}
-
 // leafUse is a leaf reached from a checkpointed function's output and the
 // number of edges that reach it.
 type leafUse struct {
