@@ -359,6 +359,10 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	})
 }
 
+// forward runs the block. The projections' outputs go as soon as the
+// residual Adds have read them: neither the Add's backward nor a Linear's
+// reads them (tensor.Discard; a strategy's projection that ends in a
+// collective keeps its output).
 func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
 		var drop []*tensor.Tensor // dropped at the end (selective)
@@ -383,6 +387,7 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%s attention: %w", b.Name(), err)
 		}
 		x = tensor.Add(x, h)
+		tensor.Discard(h)
 		h, err = b.Norm2.Forward(x, p)
 		switch {
 		case err == nil && b.MoE != nil:
@@ -400,6 +405,7 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%s mlp: %w", b.Name(), err)
 		}
 		out := tensor.Add(x, h)
+		tensor.Discard(h)
 		for _, t := range drop {
 			tensor.Drop(t)
 		}

@@ -271,5 +271,6 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 		}
 		return grads
 	}, inputs...)
+	outUnread(y)
 	return y
 }

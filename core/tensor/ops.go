@@ -82,6 +82,7 @@ func Add(a, b *Tensor) *Tensor {
 		cpu.Add(a.f64, b.f64, out.f64)
 	}
 	record(out, "add", func(_ *Backprop, g *Tensor) []*Tensor { return []*Tensor{g, g} }, a, b)
+	outUnread(out)
 	return out
 }
 

@@ -49,8 +49,10 @@ type ActLayout struct {
 // sequences of T positions (docs/formulas.md, "Activation recomputation").
 type BlockActs struct {
 	// Saved is what the forward keeps for the backward: (whole + split/n)
-	// per position (GPT-2: 18·C, ActWidths), the attention's log-sum-exp
-	// (H/n per position) and the LayerNorms' statistics (4 per position).
+	// per position (GPT-2: 18·C, ActWidths) less the two projections'
+	// outputs where they are plain Linears (16·C), the attention's
+	// log-sum-exp (H/n per position) and the LayerNorms' statistics (4
+	// per position).
 	Saved int64
 	// Drop is what selective recomputation takes off Saved: 2·C for the
 	// LayerNorms' outputs (norm), the MLP's activation output, FFN/n
@@ -79,6 +81,15 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
 	a := BlockActs{Out: bt * c, Work: (ffn/n + c) * bt}
 	a.Saved = (whole+split/n)*bt + bt*h/n + 4*bt
+	if n == 1 {
+		// The projections' outputs go once the residual Adds read them
+		// (nn.Block.forward); a tensor-parallel projection ends in a
+		// collective and keeps its output, and so does a MoE layer.
+		a.Saved -= c * bt
+		if m.MoE.Experts == 0 {
+			a.Saved -= c * bt
+		}
+	}
 	a.Held = (2*whole+2*split/n)*bt + bt*h/n
 	if r.Norm && !l.SP {
 		a.Drop += 2 * c * bt
