@@ -154,6 +154,48 @@ func TestRecomputeMemoryMatchesEstimate(t *testing.T) {
 	require.Less(t, peaks["selective"], peaks["none"])
 }
 
+// TestRecomputeMemoryLayouts holds each rank's activation peak to the
+// estimate within 5% under every granularity for the layouts that
+// change what a rank keeps: tensor parallel (with and without sequence
+// parallel, whose LayerNorms keep their outputs), pipelines (1f1b, and
+// zb1, whose split backward frees nothing before its W) and context
+// parallel (ring attention keeps its output; the all-gather form keeps
+// each layer's keys and values), on the demo model.
+func TestRecomputeMemoryLayouts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("25 runs of 2 goroutine ranks; skipped with -short")
+	}
+	for _, l := range []struct {
+		name  string
+		apply func(c *config.Config)
+	}{
+		{"tp2", func(c *config.Config) { c.Parallel.TP = 2 }},
+		{"tp2 sp", func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+		{"pp2 1f1b", func(c *config.Config) { c.Parallel.PP, c.Train.GradAccum = 2, 4 }},
+		{"pp2 zb1", func(c *config.Config) { c.Parallel.PP, c.Train.GradAccum, c.PP.Schedule = 2, 4, "zb1" }},
+		{"cp2 ring", func(c *config.Config) { c.Parallel.CP = 2 }},
+	} {
+		for _, row := range append([]struct {
+			name  string
+			apply func(c *config.Config)
+		}{{"none", func(c *config.Config) {}}}, recomputeRows...) {
+			t.Run(l.name+"/"+row.name, func(t *testing.T) {
+				cfg := config.Defaults()
+				cfg.Train.Steps, cfg.Train.EvalEvery, cfg.Data.ValFraction = 2, 0, 0
+				l.apply(&cfg)
+				row.apply(&cfg)
+				est, err := Estimate(cfg, 2)
+				require.NoError(t, err)
+				for r, m := range measure(t, cfg, 2) {
+					want := est[r].ActPeak
+					t.Logf("rank %d: activations %d, estimated %d (%+.1f%%)", r, m.ActPeak, want, pct(want, m.ActPeak))
+					require.LessOrEqual(t, math.Abs(float64(want-m.ActPeak)), 0.05*float64(m.ActPeak), "rank %d: estimated %d, measured %d", r, want, m.ActPeak)
+				}
+			})
+		}
+	}
+}
+
 // TestRecomputeResume: a checkpoint saved by a run under full recompute
 // holds no trace of it; resumed without recomputation (and the other way
 // round), one process and ZeRO-3 at dp 2 continue bitwise as the

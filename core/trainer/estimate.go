@@ -123,14 +123,18 @@ func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
 func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	B := cfg.Train.BatchSize
 	bt, c, v, n := int64(B)*int64(m.BlockSize), int64(m.NEmbd), int64(m.VocabSize), int64(max(1, l.TP))
+	emb := m.EmbedActs() * bt * c
+	if l.SP {
+		emb /= n // sequence parallel's embeddings hold 1/n of the sequence
+	}
 	return PassActs{
 		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),
 		L:         m.NLayer,
 		K:         RecomputedBlocks(cfg, m.NLayer),
 		Selective: cfg.Recompute.Granularity == "selective",
-		Pre:       m.EmbedActs()*bt*c + 2*bt, // the embeddings' outputs, the token ids and targets
-		Head:      bt*c + 2*bt + 2*bt*v/n,    // ln_f's output and statistics, the logits and their softmax
-		Grad:      bt * v / n,                // the logits' gradient
+		Pre:       emb + 2*bt,             // the embeddings' outputs, the token ids and targets
+		Head:      bt*c + 2*bt + 2*bt*v/n, // ln_f's output and statistics, the logits and their softmax
+		Grad:      bt * v / n,             // the logits' gradient
 		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
 		// A whole model's backward defers nothing.
 	}

@@ -63,7 +63,8 @@ type BlockActs struct {
 	Out int64
 	// Work is the most one op backward of the block holds beside the
 	// saved tensors: at the MLP's c_proj, the gradient of its input
-	// (FFN/n) and the residual stream's (C), per position; Bump is what
+	// (FFN/n), and in one process the residual Add's copy of its
+	// gradient (C), per position; Bump is what
 	// selective recomputation adds there, the MLP's activation formed
 	// again (FFN/n under mlp_act).
 	Work, Bump int64
@@ -79,18 +80,29 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	b, t, c, h, n := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(max(1, l.TP))
 	bt, ffn := b*t, int64(m.FFN())
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
-	a := BlockActs{Out: bt * c, Work: (ffn/n + c) * bt}
+	a := BlockActs{Out: bt * c, Work: ffn / n * bt}
 	a.Saved = (whole+split/n)*bt + bt*h/n + 4*bt
+	a.Held = (2*whole+2*split/n)*bt + bt*h/n
+	if n == 1 {
+		a.Work += c * bt // the residual Add's copy of its gradient for the projection
+	}
+	if l.SP {
+		// The residual stream holds 1/n of the sequence: the block's
+		// output, and its input and middle residual among the saved.
+		a.Out /= n
+		a.Saved -= 2 * c * bt * (n - 1) / n
+	}
 	if n == 1 {
 		// The projections' outputs go once the residual Adds read them
 		// (nn.Block.forward); a tensor-parallel projection ends in a
 		// collective and keeps its output, and so does a MoE layer.
 		a.Saved -= c * bt
+		a.Held -= c * bt
 		if m.MoE.Experts == 0 {
 			a.Saved -= c * bt
+			a.Held -= c * bt
 		}
 	}
-	a.Held = (2*whole+2*split/n)*bt + bt*h/n
 	if r.Norm && !l.SP {
 		a.Drop += 2 * c * bt
 	}
@@ -135,16 +147,12 @@ func (p PassActs) Saved() int64 {
 // the saved tensors, the head gone), whichever is larger; a fully
 // recomputed last block rebuilds its saved tensors there beside the
 // output it kept. A deferred backward frees nothing until its W: every
-// block holds Held (a recomputed one its output, and the one rerun
-// first Held), and selective refills stay.
+// block holds Held (a recomputed one's rerun graph stays for W, beside
+// the output it kept), and selective refills stay.
 func (p PassActs) Peak() int64 {
 	a := p.Block
 	if p.DeferredPass {
-		n := p.Pre + p.HeldHead + int64(p.L-p.K)*a.Held
-		if p.K > 0 {
-			n += a.Held + int64(p.K-1)*a.Out
-		}
-		return n
+		return p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out
 	}
 	work := a.Work
 	if p.Selective {
