@@ -105,8 +105,11 @@ type BackwardOptions struct {
 	// Zero-bubble pipeline schedules use this.
 	DeferWeightGrads bool
 	// Release returns every intermediate buffer of the graph (activations,
-	// op scratch, intermediate gradients) to the allocator when the pass is
-	// done. The root is kept. Tensors of the graph must not be read after.
+	// op scratch, intermediate gradients) to the allocator: each as soon
+	// as the last op backward that reads it is done, or, with
+	// DeferWeightGrads, when the deferred weight gradients have run. The
+	// root is kept. Tensors of the graph must not be read after their
+	// op's backward.
 	Release bool
 	// Alloc is the allocator for gradients and scratch; nil means Default.
 	Alloc *Allocator
