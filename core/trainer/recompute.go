@@ -38,7 +38,7 @@ func RecomputedBlocks(cfg config.Config, L int) int {
 // estimates of the layouts change in the one-process count.
 type ActLayout struct {
 	TP   int  // tensor-parallel degree: the head- and MLP-internal buffers divide by it
-	SP   bool // sequence parallel: its LayerNorms keep their outputs (no refill)
+	SP   bool // sequence parallel: the LayerNorms and the residual stream hold 1/TP of the sequence
 	Ring bool // ring attention: the core keeps its output (no refill)
 	// Deferred: weight gradients wait for a W pass (zb1), so the
 	// backward frees nothing until it.
@@ -103,8 +103,11 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 			a.Held -= c * bt
 		}
 	}
-	if r.Norm && !l.SP {
+	if r.Norm {
 		a.Drop += 2 * c * bt
+		if l.SP {
+			a.Drop /= n // sequence parallel's LayerNorms hold 1/n of the sequence
+		}
 	}
 	if r.MlpAct {
 		a.Drop += ffn / n * bt
