@@ -330,8 +330,9 @@ type Recompute struct {
 	// LayerNorms' outputs (from their inputs), GELU's output (from its
 	// input, the MLP's hidden layer, which is kept) and the attention
 	// core's output (from q|k|v). A layer a strategy replaced by one that
-	// cannot form its output again (ring attention, sequence parallel's
-	// LayerNorm) keeps it.
+	// cannot form its output again without communication (ring
+	// attention) keeps it; sequence parallel's LayerNorm forms its part
+	// of the sequence again.
 	Norm, MlpAct, AttnCore bool
 }
 

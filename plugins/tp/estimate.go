@@ -56,11 +56,11 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 // others (q|k|v, the attention output, the MLP's 4C-wide hidden layer
 // before and after GELU: 12·B·T·C) are divided by n, as are the
 // attention's log-sum-exp (H/n heads), the backward's MLP gradient and
-// the logits (V/n columns). Sequence parallel keeps the same buffers: its
-// LayerNorm regions hold 1/n of the sequence, but the column layers'
-// gathered inputs are whole and saved for backward, so the total moves by
-// about 1% (TestEstimateMatchesMeasured); its LayerNorms cannot form
-// their outputs again, so selective recomputation's norm drops nothing.
+// the logits (V/n columns). Under sequence parallel the residual stream
+// (the block's input, output and middle residual) and the embeddings
+// hold 1/n of the sequence; the column layers' gathered inputs are whole
+// and saved for backward. Selective recomputation's norm drops the
+// LayerNorms' outputs, 1/n of the sequence each under sequence parallel.
 func ActivationBytes(cfg config.Config, m nn.GPTConfig, n int) int64 {
 	return trainer.ActivationBytes(cfg, m, trainer.ActLayout{TP: n, SP: cfg.TP.SequenceParallel})
 }
