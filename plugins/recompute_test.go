@@ -219,3 +219,36 @@ func TestRecomputeResume(t *testing.T) {
 		}
 	}
 }
+
+// TestRecomputeLlamaIsBitwise: a Llama's RMSNorm and SwiGLU gate form
+// their outputs again bitwise, so selective (and full) recomputation of a
+// Llama equals the run keeping every activation, in one process and
+// under tensor + sequence parallel; selective keeps less than none.
+func TestRecomputeLlamaIsBitwise(t *testing.T) {
+	for _, l := range []struct {
+		name  string
+		ranks int
+		apply func(c *config.Config)
+	}{
+		{"one process", 1, func(c *config.Config) {}},
+		{"tp2 sp", 2, func(c *config.Config) { shape4{1, 2, 1, 1}.apply(c); c.TP.SequenceParallel = true }},
+	} {
+		t.Run(l.name, func(t *testing.T) {
+			base := llamaMatrixConfig(false)
+			l.apply(&base)
+			want := runLayout(t, base, l.ranks)
+			for _, row := range recomputeRows {
+				cfg := base
+				row.apply(&cfg)
+				assertBitwise(t, want, runLayout(t, cfg, l.ranks), "llama "+l.name+", "+row.name)
+			}
+		})
+	}
+	cfg := llamaMatrixConfig(false)
+	cfg.Train.EvalEvery, cfg.Data.ValFraction = 0, 0
+	none := measure(t, cfg, 1)[0].ActPeak
+	cfg.Recompute.Granularity = "selective"
+	sel := measure(t, cfg, 1)[0].ActPeak
+	t.Logf("llama activations: none %d, selective %d", none, sel)
+	require.Less(t, sel, none, "selective recomputation of a Llama drops nothing")
+}
