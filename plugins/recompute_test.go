@@ -154,6 +154,49 @@ func TestRecomputeMemoryMatchesEstimate(t *testing.T) {
 	require.Less(t, peaks["selective"], peaks["none"])
 }
 
+// TestRecomputeMemoryLayouts holds each rank's activation peak to the
+// estimate within 5% under every granularity for the layouts that
+// change what a rank keeps: tensor parallel (with and without sequence
+// parallel, whose LayerNorms keep their outputs), pipelines (1f1b, and
+// zb1, whose split backward frees nothing before its W) and context
+// parallel (ring attention keeps its output), on the demo model made
+// narrower (64 wide, context 64, batch 4) to keep 25 runs short.
+func TestRecomputeMemoryLayouts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("25 runs of 2 goroutine ranks; skipped with -short")
+	}
+	for _, l := range []struct {
+		name  string
+		apply func(c *config.Config)
+	}{
+		{"tp2", func(c *config.Config) { c.Parallel.TP = 2 }},
+		{"tp2 sp", func(c *config.Config) { c.Parallel.TP, c.TP.SequenceParallel = 2, true }},
+		{"pp2 1f1b", func(c *config.Config) { c.Parallel.PP, c.Train.GradAccum = 2, 4 }},
+		{"pp2 zb1", func(c *config.Config) { c.Parallel.PP, c.Train.GradAccum, c.PP.Schedule = 2, 4, "zb1" }},
+		{"cp2 ring", func(c *config.Config) { c.Parallel.CP = 2 }},
+	} {
+		for _, row := range append([]struct {
+			name  string
+			apply func(c *config.Config)
+		}{{"none", func(c *config.Config) {}}}, recomputeRows...) {
+			t.Run(l.name+"/"+row.name, func(t *testing.T) {
+				cfg := config.Defaults()
+				cfg.Train.Steps, cfg.Train.EvalEvery, cfg.Data.ValFraction = 2, 0, 0
+				cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Train.BatchSize = 64, 64, 4
+				l.apply(&cfg)
+				row.apply(&cfg)
+				est, err := Estimate(cfg, 2)
+				require.NoError(t, err)
+				for r, m := range measure(t, cfg, 2) {
+					want := est[r].ActPeak
+					t.Logf("rank %d: activations %d, estimated %d (%+.1f%%)", r, m.ActPeak, want, pct(want, m.ActPeak))
+					require.LessOrEqual(t, math.Abs(float64(want-m.ActPeak)), 0.05*float64(m.ActPeak), "rank %d: estimated %d, measured %d", r, want, m.ActPeak)
+				}
+			})
+		}
+	}
+}
+
 // TestRecomputeResume: a checkpoint saved by a run under full recompute
 // holds no trace of it; resumed without recomputation (and the other way
 // round), one process and ZeRO-3 at dp 2 continue bitwise as the
@@ -175,4 +218,37 @@ func TestRecomputeResume(t *testing.T) {
 			require.Equal(t, whole.Params, got.Params, what)
 		}
 	}
+}
+
+// TestRecomputeLlamaIsBitwise: a Llama's RMSNorm and SwiGLU gate form
+// their outputs again bitwise, so selective (and full) recomputation of a
+// Llama equals the run keeping every activation, in one process and
+// under tensor + sequence parallel; selective keeps less than none.
+func TestRecomputeLlamaIsBitwise(t *testing.T) {
+	for _, l := range []struct {
+		name  string
+		ranks int
+		apply func(c *config.Config)
+	}{
+		{"one process", 1, func(c *config.Config) {}},
+		{"tp2 sp", 2, func(c *config.Config) { shape4{1, 2, 1, 1}.apply(c); c.TP.SequenceParallel = true }},
+	} {
+		t.Run(l.name, func(t *testing.T) {
+			base := llamaMatrixConfig(false)
+			l.apply(&base)
+			want := runLayout(t, base, l.ranks)
+			for _, row := range recomputeRows {
+				cfg := base
+				row.apply(&cfg)
+				assertBitwise(t, want, runLayout(t, cfg, l.ranks), "llama "+l.name+", "+row.name)
+			}
+		})
+	}
+	cfg := llamaMatrixConfig(false)
+	cfg.Train.EvalEvery, cfg.Data.ValFraction = 0, 0
+	none := measure(t, cfg, 1)[0].ActPeak
+	cfg.Recompute.Granularity = "selective"
+	sel := measure(t, cfg, 1)[0].ActPeak
+	t.Logf("llama activations: none %d, selective %d", none, sel)
+	require.Less(t, sel, none, "selective recomputation of a Llama drops nothing")
 }

@@ -349,8 +349,9 @@ type Recompute struct {
 	// LayerNorms' outputs (from their inputs), GELU's output (from its
 	// input, the MLP's hidden layer, which is kept) and the attention
 	// core's output (from q|k|v). A layer a strategy replaced by one that
-	// cannot form its output again (ring attention, sequence parallel's
-	// LayerNorm) keeps it.
+	// cannot form its output again without communication (ring
+	// attention) keeps it; sequence parallel's LayerNorm forms its part
+	// of the sequence again.
 	Norm, MlpAct, AttnCore bool
 }
 
@@ -378,6 +379,10 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	})
 }
 
+// forward runs the block. The projections' outputs go as soon as the
+// residual Adds have read them: neither the Add's backward nor a Linear's
+// reads them (tensor.Discard; a strategy's projection that ends in a
+// collective keeps its output).
 func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
 		var drop []*tensor.Tensor // dropped at the end (selective)
@@ -402,6 +407,7 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%s attention: %w", b.Name(), err)
 		}
 		x = tensor.Add(x, h)
+		tensor.Discard(h)
 		h, err = b.Norm2.Forward(x, p)
 		switch {
 		case err == nil && b.MoE != nil:
@@ -419,6 +425,7 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%s mlp: %w", b.Name(), err)
 		}
 		out := tensor.Add(x, h)
+		tensor.Discard(h)
 		for _, t := range drop {
 			tensor.Drop(t)
 		}

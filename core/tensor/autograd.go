@@ -30,6 +30,10 @@ type node struct {
 	// backward reaches again (full recomputation): Backward counts them
 	// as if the function's graph were part of this one.
 	leaves []leafUse
+	// outUnread says the backward does not read the output (a norm or
+	// an activation function, which read their inputs): the output can
+	// go before the backward runs.
+	outUnread bool
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
@@ -109,8 +113,11 @@ type BackwardOptions struct {
 	// Zero-bubble pipeline schedules use this.
 	DeferWeightGrads bool
 	// Release returns every intermediate buffer of the graph (activations,
-	// op scratch, intermediate gradients) to the allocator when the pass is
-	// done. The root is kept. Tensors of the graph must not be read after.
+	// op scratch, intermediate gradients) to the allocator: each as soon
+	// as the last op backward that reads it is done, or, with
+	// DeferWeightGrads, when the deferred weight gradients have run. The
+	// root is kept. Tensors of the graph must not be read after their
+	// op's backward.
 	Release bool
 	// Alloc is the allocator for gradients and scratch; nil means Default.
 	Alloc *Allocator
@@ -299,6 +306,24 @@ func Backward(root, gout *Tensor, opts BackwardOptions) (d *Deferred, err error)
 // rest, where a checkpoint's pass leaves gout to the pass around it.
 func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (gsink *Tensor) {
 	release := b.opts.Release
+	// Without deferred weight gradients nothing reads a buffer of the
+	// graph after the op backwards that use it: an activation once its
+	// own op's backward (its consumers' ran before it) is done, a
+	// gradient once its op's backward has consumed it. Both go back to
+	// the allocator then, so the backward holds the forward's saved
+	// tensors minus those already passed, plus one op's gradients; with
+	// deferred weight gradients the W pass reads them later and they go
+	// when it is done.
+	early := release && !b.opts.DeferWeightGrads
+	free := func(ts ...*Tensor) {
+		if early {
+			for _, t := range ts {
+				t.Release()
+			}
+		} else {
+			*b.rel = append(*b.rel, ts...)
+		}
+	}
 	grads := map[*Tensor]*Tensor{root: gout}
 	for i := len(order) - 1; i >= 0; i-- {
 		t := order[i]
@@ -307,9 +332,19 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 		if g == nil {
 			continue // no gradient reached this node
 		}
-		refillFor(t)
+		if early && t.node.outUnread && (t != root || !outer) {
+			// Every reader of t, its consumers, has run; its own backward
+			// reads only its inputs.
+			t.Release()
+			t.dropView()
+		} else {
+			refill(t)
+		}
+		for _, in := range t.node.inputs {
+			refill(in)
+		}
 		ins := t.node.backward(b, g)
-		if t.refilled && release && !b.opts.DeferWeightGrads {
+		if t.refilled && early {
 			// Selective recomputation: every reader of t (its consumers,
 			// then this op) has run; give the storage back again.
 			t.Release()
@@ -341,11 +376,8 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 				continue
 			}
 			// Pass-through backward functions (add, view, hooks) hand on
-			// g itself or a view of it: keep g alive, and give each input
-			// its own buffer since gradients are accumulated in place.
-			if sameStorage(gi, g) {
-				keepG = true
-			}
+			// g itself or a view of it: give each input its own buffer
+			// since gradients are accumulated in place.
 			for k := 0; k < j; k++ {
 				if ins[k] != nil && t.node.inputs[k] != nil && sameStorage(gi, ins[k]) {
 					c := b.alloc.NewUninit(Activations, gi.dtype, gi.shape...)
@@ -365,9 +397,19 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 			if prev != nil {
 				addInto(prev, gi)
 				if release && !sameStorage(gi, g) {
-					*b.rel = append(*b.rel, gi)
+					free(gi)
 				}
-			} else if in == sink {
+				continue
+			}
+			if sameStorage(gi, g) {
+				// g lives on as in's gradient: a view of it takes over
+				// its storage, so releasing the view gives it back.
+				keepG = true
+				if gi != g && gi.alloc == nil && g.alloc != nil {
+					gi.alloc, g.alloc = g.alloc, nil
+				}
+			}
+			if in == sink {
 				gsink = gi
 			} else {
 				grads[in] = gi
@@ -375,13 +417,13 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 		}
 		b.releaseSpent()
 		if release && !keepG && (outer || t != root) {
-			*b.rel = append(*b.rel, g)
+			free(g)
 		}
 		if release {
 			if t != root || !outer {
-				*b.rel = append(*b.rel, t)
+				free(t)
 			}
-			*b.rel = append(*b.rel, t.node.saved...)
+			free(t.node.saved...)
 		}
 	}
 	return gsink

@@ -12,6 +12,18 @@ type Function interface {
 	Backward(ctx *FuncCtx, gout *Tensor) ([]*Tensor, error)
 }
 
+// Refiller is a Function whose output can be formed again from what its
+// backward keeps (its saved tensors and parameters), without
+// communication: selective recomputation may then drop the output after
+// the forward (Drop), and Refill writes it again, bitwise, into out's
+// fresh storage before the first backward that reads it. OutputUnread
+// says whether the Function's own backward leaves the output unread, so
+// the output can go before it runs.
+type Refiller interface {
+	Refill(ctx *FuncCtx, out *Tensor)
+	OutputUnread() bool
+}
+
 // FuncCtx carries state from a Function's forward to its backward.
 type FuncCtx struct {
 	saved []*Tensor
@@ -62,6 +74,12 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 	}, inputs...)
 	if out.node != nil {
 		saveBuf(out, ctx.owned...)
+		if r, ok := f.(Refiller); ok {
+			setRefill(out, func(out *Tensor) { r.Refill(ctx, out) })
+			if r.OutputUnread() {
+				outUnread(out)
+			}
+		}
 	} else {
 		for _, t := range ctx.owned {
 			t.Release()

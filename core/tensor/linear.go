@@ -79,6 +79,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		}
 		return []*Tensor{gx, gw, gb}
 	}, x, w, b)
+	outUnread(y)
 	return y
 }
 

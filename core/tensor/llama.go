@@ -42,6 +42,18 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 	} else {
 		rstd.Release()
 	}
+	setRefill(out, func(out *Tensor) {
+		// The same kernel on the same input: bitwise the dropped output
+		// (the statistics, equal to the kept ones, are left alone).
+		r := like(x, rows)
+		if x.dtype == Float32 {
+			cpu.RMSNormForward(x.f32, w.f32, out.f32, r.f32, rows, C, eps)
+		} else {
+			cpu.RMSNormForward(x.f64, w.f64, out.f64, r.f64, rows, C, eps)
+		}
+		r.Release()
+	})
+	outUnread(out)
 	return out
 }
 
@@ -158,6 +170,14 @@ func SiluMul(gu *Tensor) *Tensor {
 		}
 		return []*Tensor{gx}
 	}, gu)
+	setRefill(out, func(out *Tensor) {
+		if gu.dtype == Float32 {
+			siluMulFwd(gu.f32, out.f32, rows, I)
+		} else {
+			siluMulFwd(gu.f64, out.f64, rows, I)
+		}
+	})
+	outUnread(out)
 	return out
 }
 
@@ -251,5 +271,6 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 		}
 		return grads
 	}, inputs...)
+	outUnread(y)
 	return y
 }

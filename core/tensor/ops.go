@@ -82,6 +82,7 @@ func Add(a, b *Tensor) *Tensor {
 		cpu.Add(a.f64, b.f64, out.f64)
 	}
 	record(out, "add", func(_ *Backprop, g *Tensor) []*Tensor { return []*Tensor{g, g} }, a, b)
+	outUnread(out)
 	return out
 }
 
@@ -378,6 +379,7 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		m.Release()
 		r.Release()
 	})
+	outUnread(out)
 	return out
 }
 
@@ -385,6 +387,15 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 func setRefill(out *Tensor, refill func(out *Tensor)) {
 	if out.node != nil {
 		out.node.refill = refill
+	}
+}
+
+// outUnread records that out's backward reads its inputs but not out
+// itself, so a backward that frees as it goes gives out's storage back
+// once its consumers' backwards are done, before its own runs.
+func outUnread(out *Tensor) {
+	if out.node != nil {
+		out.node.outUnread = true
 	}
 }
 
@@ -413,6 +424,7 @@ func Gelu(x *Tensor) *Tensor {
 			cpu.GeluForward(x.f64, out.f64)
 		}
 	})
+	outUnread(out)
 	return out
 }
 

@@ -39,6 +39,22 @@ func Drop(t *Tensor) bool {
 	return true
 }
 
+// Discard gives t's storage back for good, and reports whether it did:
+// only the output of an op whose backward does not read it (a Linear,
+// an Add), owning its storage, is discarded. The caller vouches for the
+// rest: the forward has no more use for t, and none of t's consumers
+// reads it in its backward (an Add, which reads none of its inputs, is a
+// residual projection's only consumer). A reader of t or a view of it
+// finds no storage instead of a reused buffer.
+func Discard(t *Tensor) bool {
+	if t == nil || t.node == nil || !t.node.outUnread || t.alloc == nil || t.dropped {
+		return false
+	}
+	t.Release()
+	t.dropView()
+	return true
+}
+
 // dropView points t's views at no storage, so a read of a dropped
 // activation through a view fails instead of reading a reused buffer.
 func (t *Tensor) dropView() {
@@ -78,15 +94,6 @@ func refill(t *Tensor) {
 		v.f32, v.f64, v.i32 = t.f32, t.f64, t.i32
 	}
 	t.node.refill(t)
-}
-
-// refillFor refills what the backward of t's node may read: t and the
-// node's inputs.
-func refillFor(t *Tensor) {
-	refill(t)
-	for _, in := range t.node.inputs {
-		refill(in)
-	}
 }
 
 // leafUse is a leaf reached from a checkpointed function's output and the

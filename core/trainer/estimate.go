@@ -109,35 +109,48 @@ func (e MemoryEstimate) ProcessBytes() int64 {
 const RuntimeBytes = 48 << 20
 
 // ActivationBytes is the activation peak of one micro-batch's forward
-// and backward through the whole GPT, as the autograd tape allocates it
-// (fp32, batch B, context T, width C, L blocks of H heads, vocabulary V).
-// Each term is a set of buffers alive at the peak, which is reached in
-// the backward of the first block, when every saved tensor is still held
-// and the gradients of the block's inputs are being formed:
-//
-//   - 36·B·T·C per block: the saved inputs and outputs of both layer
-//     norms, the fused q|k|v, the attention output, the residuals, the
-//     MLP's 4C-wide hidden layer before and after GELU, and the
-//     gradient buffers of those that backward holds at once;
-//   - B·H·T per block: the attention's log-sum-exp kept for backward,
-//     from which it recomputes the probabilities (no T×T buffer is kept);
-//   - 3·B·T·V: the logits, their softmax and the logits' gradient;
-//   - 6·B·T·C + 15·B·T: the embeddings' output, the final layer norm,
-//     the loss's per-token terms and the token ids;
-//
-// plus 1 KiB of scalars, plus the MoE blocks' difference from a dense
-// block (MoEActivationFloats). No term is the size of a weight: the weight
-// gradients accumulate straight into the parameters' gradients (counted
-// as gradients), so the activations depend on the batch, not on the
-// parameters. TestEstimateMatchesMeasured holds the sum to the
-// allocator's count over a grid of shapes, and TestNoWeightSizedTemporaries
-// fails if a weight-sized temporary comes back.
-func ActivationBytes(m nn.GPTConfig, B int) int64 {
-	b, t, c, l, h, v := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize)
-	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
-	emb := m.EmbedActs()          // GPT-2: 2
-	floats := 2*(whole+split)*b*t*l + b*h*t*l + 3*b*t*v + (4+emb)*b*t*c + 15*b*t
-	return 4*(floats+MoEActivationFloats(m, B)) + 1024
+// and backward through the whole model m, as the autograd tape allocates
+// it, under cfg's batch and recomputation in layout l (fp32; batch B,
+// context T, width C, vocabulary V, tensor-parallel degree n). The
+// backward frees each activation once the last op backward reading it is
+// done and each gradient once consumed (core/tensor.Backward), so the
+// peak is what the forward saved (PassActs.Saved: per block BlockActs,
+// GPT-2's 18·B·T·C and the attention's log-sum-exp B·H·T, no T×T buffer)
+// plus either the output stage's first backward (the logits, their
+// softmax and their gradient, 3·B·T·V/n, beside ln_f's output) or one
+// op's working buffers in the last block (PassActs.Peak); the embeddings'
+// 2·B·T·C and the token ids come before the blocks. No term is the size
+// of a weight: the weight gradients accumulate straight into the
+// parameters' gradients (counted as gradients), so the activations depend
+// on the batch, not on the parameters. TestEstimateMatchesMeasured holds
+// the sum to the allocator's count over a grid of shapes, and
+// TestNoWeightSizedTemporaries fails if a weight-sized temporary comes
+// back. MoE blocks add their difference from a dense block
+// (MoEActivationFloats).
+func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
+	return 4*(ModelPass(cfg, m, l).Peak()+MoEActivationFloats(m, cfg.Train.BatchSize)) + 1024
+}
+
+// ModelPass is one micro-batch's pass through the whole model m (its
+// BlockSize the rank's context) under cfg's batch and recomputation.
+func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
+	B := cfg.Train.BatchSize
+	bt, c, v, n := int64(B)*int64(m.BlockSize), int64(m.NEmbd), int64(m.VocabSize), int64(max(1, l.TP))
+	emb := m.EmbedActs() * bt * c
+	if l.SP {
+		emb /= n // sequence parallel's embeddings hold 1/n of the sequence
+	}
+	return PassActs{
+		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),
+		L:         m.NLayer,
+		K:         RecomputedBlocks(cfg, m.NLayer),
+		Selective: cfg.Recompute.Granularity == "selective",
+		Pre:       emb + 2*bt,             // the embeddings' outputs, the token ids and targets
+		Head:      bt*c + 2*bt + 2*bt*v/n, // ln_f's output and statistics, the logits and their softmax
+		Grad:      bt * v / n,             // the logits' gradient
+		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
+		// A whole model's backward defers nothing.
+	}
 }
 
 // EstimateMemory predicts the memory of every rank of a run of cfg on
@@ -175,7 +188,7 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 		// A frozen base (LoRA) has neither gradients nor optimizer state.
 		psi, trained := Numel(in.Params), Numel(TrainedOf(m, in.Params))
 		e.ParamsBytes, e.GradsBytes, e.OptimBytes = 4*psi, GradBytesPerElem(cfg)*trained, perElem*trained
-		e.ActPeak = ActivationBytes(m, cfg.Train.BatchSize) - RecomputeSavedBytes(cfg) // recompute.go
+		e.ActPeak = ActivationBytes(cfg, m, ActLayout{})
 		e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak
 		for _, est := range ests {
 			if err := est.EstimateMemory(in, &e); err != nil {

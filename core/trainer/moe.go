@@ -166,10 +166,10 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 // on one process, in elements. Per MoE block of N = B·T tokens:
 //
 //   - MoERowFloats per row its experts process (MoERows of them): the
-//     gathered input (C), the
-//     4C-wide hidden layer before and after GELU, its output (C), the
-//     gradients of those that backward holds at once, and the row's
-//     routing weight and index;
+//     gathered input (C), the 4C-wide hidden layer before and after
+//     GELU, its output (C), and the row's routing weight and index (the
+//     backward frees each gradient once consumed, so no row's gradients
+//     add to the peak);
 //   - C·N·E + 5·N·E: each expert's input gradient scattered back into a
 //     [N, C] buffer, and the router's logits, probabilities and their
 //     gradients;
@@ -186,7 +186,7 @@ func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
 }
 
 // MoERowFloats is the activation elements of one row an expert processes.
-func MoERowFloats(m nn.GPTConfig) int64 { return 20*int64(m.NEmbd) + 2 }
+func MoERowFloats(m nn.GPTConfig) int64 { return 10*int64(m.NEmbd) + 2 }
 
 // MoEBlocks is the number of MoE blocks of m.
 func MoEBlocks(m nn.GPTConfig) int64 {

@@ -34,48 +34,137 @@ func RecomputedBlocks(cfg config.Config, L int) int {
 	return L
 }
 
-// RecomputeSavedBytes is what recompute.* takes off ActivationBytes's peak
-// for one process (fp32, batch B, context T, width C, H heads, L blocks;
-// docs/formulas.md). The peak stays in the backward of the first block.
-//
-//   - full, k blocks recomputed: the block being recomputed (the first,
-//     at the peak) holds a block's terms, A = 36·B·T·C + B·H·T (GPT-2),
-//     and gives them back when its backward ends; each of the other k-1
-//     holds only B·T·C, the output it passes on (its input's gradient is
-//     the residual stream's gradient buffer, passed through from block
-//     to block): (k-1)·(A - B·T·C) saved.
-//   - selective: the dropped outputs, B·T·C per LayerNorm (norm: 2),
-//     4·B·T·C for GELU's (mlp_act), B·T·C for the attention core's
-//     (attn_core), are formed again for their block's backward and given
-//     back after it, so every block saves them but the first, which
-//     still holds ln_1's output when the peak is reached: L·D less
-//     B·T·C under norm.
-func RecomputeSavedBytes(cfg config.Config) int64 {
-	m := GPTConfig(cfg)
-	b, t, c, h, l := int64(cfg.Train.BatchSize), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.NLayer)
-	btc := b * t * c
-	switch cfg.Recompute.Granularity {
-	case "full":
-		k := int64(RecomputedBlocks(cfg, m.NLayer))
-		whole, split := m.ActWidths() // GPT-2: 6·C and 12·C
-		a := 2*(whole+split)*b*t + b*h*t
-		return 4 * (k - 1) * (a - btc)
-	case "selective":
-		r := RecomputeOf(cfg)
-		var d, first int64
-		if r.Norm {
-			d += 2 * btc
-			first = btc
-		}
-		if r.MlpAct {
-			d += 4 * btc
-		}
-		if r.AttnCore {
-			d += btc
-		}
-		return 4 * (l*d - first)
+// ActLayout is how a rank holds a micro-batch's activations: what the
+// estimates of the layouts change in the one-process count.
+type ActLayout struct {
+	TP   int  // tensor-parallel degree: the head- and MLP-internal buffers divide by it
+	SP   bool // sequence parallel: the LayerNorms and the residual stream hold 1/TP of the sequence
+	Ring bool // ring attention: the core keeps its output (no refill)
+	// Deferred: weight gradients wait for a W pass (zb1), so the
+	// backward frees nothing until it.
+	Deferred bool
+}
+
+// BlockActs are one block's activation floats for one micro-batch of B
+// sequences of T positions (docs/formulas.md, "Activation recomputation").
+type BlockActs struct {
+	// Saved is what the forward keeps for the backward: (whole + split/n)
+	// per position (GPT-2: 18·C, ActWidths) less the two projections'
+	// outputs where they are plain Linears (16·C), the attention's
+	// log-sum-exp (H/n per position) and the LayerNorms' statistics (4
+	// per position).
+	Saved int64
+	// Drop is what selective recomputation takes off Saved: 2·C for the
+	// LayerNorms' outputs (norm), the MLP's activation output, FFN/n
+	// (mlp_act), the attention output, C/n (attn_core), per position.
+	Drop int64
+	// Out is what a fully recomputed block keeps: its output, C per
+	// position.
+	Out int64
+	// Work is the most one op backward of the block holds beside the
+	// saved tensors: at the MLP's c_proj, the gradient of its input
+	// (FFN/n), and in one process the residual Add's copy of its
+	// gradient (C), per position; Bump is what
+	// selective recomputation adds there, the MLP's activation formed
+	// again (FFN/n under mlp_act).
+	Work, Bump int64
+	// Held is what a backward that defers its weight gradients keeps of
+	// the block until its W: the saved tensors and every gradient formed,
+	// 2·(whole + split/n) per position and the log-sum-exp.
+	Held int64
+}
+
+// BlockActsOf counts one block's activations under recomputation r for
+// micro-batch B in layout l.
+func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
+	b, t, c, h, n := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(max(1, l.TP))
+	bt, ffn := b*t, int64(m.FFN())
+	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
+	a := BlockActs{Out: bt * c, Work: ffn / n * bt}
+	a.Saved = (whole+split/n)*bt + bt*h/n + 4*bt
+	a.Held = (2*whole+2*split/n)*bt + bt*h/n
+	if n == 1 {
+		a.Work += c * bt // the residual Add's copy of its gradient for the projection
 	}
-	return 0
+	if l.SP {
+		// The residual stream holds 1/n of the sequence: the block's
+		// output, and its input and middle residual among the saved.
+		a.Out /= n
+		a.Saved -= 2 * c * bt * (n - 1) / n
+	}
+	if n == 1 {
+		// The projections' outputs go once the residual Adds read them
+		// (nn.Block.forward); a tensor-parallel projection ends in a
+		// collective and keeps its output, and so does a MoE layer.
+		a.Saved -= c * bt
+		a.Held -= c * bt
+		if m.MoE.Experts == 0 {
+			a.Saved -= c * bt
+			a.Held -= c * bt
+		}
+	}
+	if r.Norm {
+		a.Drop += 2 * c * bt
+		if l.SP {
+			a.Drop /= n // sequence parallel's LayerNorms hold 1/n of the sequence
+		}
+	}
+	if r.MlpAct {
+		a.Drop += ffn / n * bt
+		a.Bump = ffn / n * bt
+	}
+	if r.AttnCore && !l.Ring && m.Llama == nil { // a Llama's grouped attention forms nothing again
+		a.Drop += c / n * bt
+	}
+	return a
+}
+
+// PassActs is one micro-batch's pass through a run of L blocks, the
+// first K of them fully recomputed (K = 0 otherwise), between what comes
+// before (Pre: the embeddings' outputs, or a received input) and after
+// (Head: what the output stage keeps for its backward; Grad: the
+// gradient its backward starts from, the logits' or a received one).
+type PassActs struct {
+	Block        BlockActs
+	L, K         int
+	Selective    bool
+	Pre          int64
+	Head, Grad   int64
+	HeldHead     int64 // the output stage's terms held until a deferred W
+	DeferredPass bool
+}
+
+// Saved is what the pass keeps from its forward to its backward.
+func (p PassActs) Saved() int64 {
+	a, kept := p.Block, p.Block.Saved
+	if p.Selective {
+		kept -= a.Drop
+	}
+	return p.Pre + int64(p.L-p.K)*kept + int64(p.K)*a.Out + p.Head
+}
+
+// Peak is the most the pass holds at once, in its backward. Freeing as
+// it goes, the backward holds the saved tensors less those already
+// passed, and the peak is either the output stage's first op (Head and
+// Grad beside everything saved) or the last block's MLP (Work beside
+// the saved tensors, the head gone), whichever is larger; a fully
+// recomputed last block rebuilds its saved tensors there beside the
+// output it kept. A deferred backward frees nothing until its W: every
+// block holds Held (a recomputed one's rerun graph stays for W, beside
+// the output it kept), and selective refills stay.
+func (p PassActs) Peak() int64 {
+	a := p.Block
+	if p.DeferredPass {
+		return p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out
+	}
+	work := a.Work
+	if p.Selective {
+		work += a.Bump
+	}
+	if p.K == p.L && p.K > 0 {
+		work += a.Saved
+	}
+	return p.Saved() - p.Head + max(p.Head+p.Grad, work)
 }
 
 // RecomputeFLOPsPerToken is the compute full recomputation adds to a

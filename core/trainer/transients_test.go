@@ -32,7 +32,7 @@ func TestNoWeightSizedTemporaries(t *testing.T) {
 			res, err := tr.Run(context.Background())
 			require.NoError(t, err)
 			m := GPTConfig(cfg)
-			est := ActivationBytes(m, 1)
+			est := ActivationBytes(cfg, m, ActLayout{})
 			layer := int64(4 * 4 * m.NEmbd * m.NEmbd)
 			weights := 4 * m.NumParams()
 			got := res.Memory[0].ActPeak

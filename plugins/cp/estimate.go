@@ -39,9 +39,12 @@ func (e *estimator) EstimateMemory(in trainer.EstimateInput, m *trainer.MemoryEs
 	C := int64(mc.KVHeads() * mc.HeadSize() / max(1, in.Cfg.Parallel.TP)) // the key (or value) width: n_embd for GPT-2
 	local := mc
 	local.BlockSize = mc.BlockSize / e.n
-	act := trainer.ActivationBytes(local, in.Cfg.Train.BatchSize)
+	act := trainer.ActivationBytes(in.Cfg, local, trainer.ActLayout{TP: in.Cfg.Parallel.TP, SP: in.Cfg.TP.SequenceParallel, Ring: e.ring})
 	if !e.ring {
-		act += 4 * L * 2 * B * T * C
+		// A fully recomputed block keeps no keys and values but while
+		// its backward runs.
+		k := int64(trainer.RecomputedBlocks(in.Cfg, mc.NLayer))
+		act += 4 * (L - k + min(k, 1)) * 2 * B * T * C
 	}
 	m.PeakBytes += act - m.ActPeak
 	m.ActPeak = act

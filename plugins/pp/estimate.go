@@ -88,58 +88,63 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 }
 
 // chunkTerms are the activation floats of one micro-batch on chunk c, as
-// the executor and the autograd tape allocate them (B, T, C the local
-// micro-batch and width, L the chunk's blocks):
+// the executor and the autograd tape allocate them: trainer.PassActs for
+// the chunk's blocks (its first K fully recomputed, counting this rank's
+// blocks in model order as recompute.blocks does), with the embeddings'
+// outputs before the first chunk and a received input B·T·C before the
+// others, the output stage's terms after the last and a received output
+// gradient B·T·C after the others (held beside the backward's copy of it):
 //
-//   - saved, from its forward to its backward: per block the 18·B·T·C
-//     its forward keeps for backward (the LayerNorms' outputs, q|k|v, the
-//     attention output and projection, the residuals, the MLP's 4C-wide
-//     hidden layer before and after GELU, its projection) and the
-//     attention's log-sum-exp B·H·T, with 4·B·T of LayerNorm
-//     statistics; the received input B·T·C on every chunk but the first,
-//     the embedding's two B·T·C on the first, the logits and their
-//     softmax (2·B·T·V) and the final LayerNorm on the last;
-//   - full, during its backward: trainer.ActivationBytes's terms for the
-//     chunk's part of the model (36·B·T·C + B·H·T per block, the
-//     embedding's on the first chunk, the head's and the loss's on the
-//     last) plus the received input and output gradient;
-//   - held, after a split backward until its W: full, since the deferred
-//     weight gradients keep the backward's graph and its gradients alive
-//     until then (W adds into the parameters' gradients in place).
+//   - saved, from its forward to its backward: PassActs.Saved;
+//   - full, during its backward: PassActs.Peak, freeing as it goes (a
+//     split backward frees nothing: held);
+//   - held, after a split backward until its W: the deferred pass's
+//     PassActs.Peak, since the deferred weight gradients keep the
+//     backward's graph and its gradients alive until then.
 //
 // Under tensor parallel over n ranks the head- and MLP-internal parts
-// divide by n as in tp.ActivationBytes: 12 of the 18·B·T·C saved per
-// block (q|k|v, the attention output, the MLP's hidden layer before and
-// after GELU) and 24 of the 36, the attention's log-sum-exp and the
-// logits.
-func chunkTerms(m nn.GPTConfig, B, L, n int, first, last bool) (saved, full, held int64) {
-	b, t, c, h, v, l, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(m.VocabSize), int64(L), int64(max(1, n))
-	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
-	emb := m.EmbedActs()
-	saved = l * ((whole+split/k)*b*t + b*h*t/k + 4*b*t)
-	full = l * ((2*whole+2*split/k)*b*t + b*h*t/k)
-	if first {
-		saved += emb * b * t * c
-		full += emb * b * t * c
-	} else {
-		saved += b * t * c
-		full += b * t * c
+// divide by n (trainer.BlockActsOf).
+func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (saved, full, held int64) {
+	first, last := c == 0, c == e.sched.Chunks()-1
+	l := trainer.ActLayout{TP: cfg.Parallel.TP, SP: cfg.TP.SequenceParallel}
+	p := trainer.ModelPass(cfg, m, l)
+	bt := int64(cfg.Train.BatchSize) * int64(m.BlockSize)
+	btc := bt * int64(m.NEmbd)
+	before := 0 // this rank's blocks before chunk c
+	for d := r; d < c; d += e.sched.P {
+		before += e.split[d]
 	}
-	if last {
-		saved += 2*b*t*v/k + b*t*c + 2*b*t
-		full += 3*b*t*v/k + 4*b*t*c + 15*b*t
-	} else {
-		full += b * t * c // the received output gradient
+	p.L = e.split[c]
+	p.K = 0
+	if cfg.Recompute.Granularity == "full" {
+		p.K = p.L
+		if n := cfg.Recompute.Blocks; n > 0 {
+			p.K = min(p.L, max(0, n-before))
+		}
 	}
-	return saved, full, full
+	if !first {
+		p.Pre = btc
+	}
+	if !last {
+		p.Head, p.Grad, p.HeldHead = 0, btc, btc
+	}
+	saved, full = p.Saved(), p.Peak()
+	if !last {
+		full += btc // the received gradient, beside the backward's copy
+	}
+	p.DeferredPass = true
+	held = p.Peak()
+	if e.sched.Split {
+		full = held // a split backward frees nothing before its W
+	}
+	return saved, full, held
 }
 
 // play runs rank r's list as RunStep does and returns the activation
 // peak in floats and the most input gradients (B·T·C each, counted as
 // gradients: they are the received leaves' gradients) alive at once.
-func (e *Estimator) play(m nn.GPTConfig, B, tp, r int) (peak int64, inGrads int) {
+func (e *Estimator) play(cfg config.Config, m nn.GPTConfig, r int) (peak int64, inGrads int) {
 	s := e.sched
-	last := s.Chunks() - 1
 	alive := map[[2]int]int64{} // what each live (chunk, micro) holds
 	sum := func(except [2]int) int64 {
 		var n int64
@@ -153,7 +158,7 @@ func (e *Estimator) play(m nn.GPTConfig, B, tp, r int) (peak int64, inGrads int)
 	grads := 0
 	for _, a := range s.Ranks[r] {
 		key := [2]int{a.Chunk, a.Micro}
-		saved, full, held := chunkTerms(m, B, e.split[a.Chunk], tp, a.Chunk == 0, a.Chunk == last)
+		saved, full, held := e.chunkTerms(cfg, m, a.Chunk, r)
 		switch a.Kind {
 		case Forward:
 			alive[key] = saved
@@ -197,7 +202,7 @@ func (e *Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.Memory
 	if cp := in.Cfg.Parallel.CP; cp > 1 {
 		m.BlockSize /= cp
 	}
-	peak, inGrads := e.play(m, B, in.Cfg.Parallel.TP, r)
+	peak, inGrads := e.play(in.Cfg, m, r)
 	est.ActPeak = 4*peak + 1024
 	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(m.BlockSize) * int64(m.NEmbd)
 	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes

@@ -32,9 +32,11 @@ func actPeaks(t *testing.T, schedule string, p, m int) []int64 {
 // micro-batch's graph until its W, on every stage up to p micro-batches
 // (1F1B's most, that of stage 0; see TestMicroBatchesAlive for the counts
 // of every generated schedule): each stage stays within p times its own
-// micro-batch. Stages are not equal here, though: the last one also holds
+// micro-batch under zb1 (m = 1), which weighs more than under AFAB or
+// 1F1B, whose backward frees as it goes while a split backward frees
+// nothing before its W. Stages are not equal here, though: the last one also holds
 // the logits, so its p micro-batches weigh more than stage 0's p and the
-// peak over stages is above 1F1B's (about 1.6 times at p = 2 here).
+// peak over stages is above 1F1B's.
 // The paper's "same peak as 1F1B" assumes equal stages.
 func TestActivationMemoryFollowsTheSchedule(t *testing.T) {
 	for _, p := range []int{2, 4} {
@@ -44,7 +46,7 @@ func TestActivationMemoryFollowsTheSchedule(t *testing.T) {
 		for _, m := range []int{p, 2 * p, 4 * p} {
 			f[m] = actPeaks(t, "1f1b", p, m)
 		}
-		zb := actPeaks(t, "zb1", p, 2*p)
+		zb, zbOne := actPeaks(t, "zb1", p, 2*p), actPeaks(t, "zb1", p, 1)
 		for r := 0; r < p; r++ {
 			what := fmt.Sprintf("p=%d stage %d", p, r)
 			require.Positive(t, one[r], what)
@@ -53,7 +55,7 @@ func TestActivationMemoryFollowsTheSchedule(t *testing.T) {
 			require.Equal(t, f[p][r], f[2*p][r], "%s: 1f1b does not grow past m = p", what)
 			require.Equal(t, f[p][r], f[4*p][r], "%s: 1f1b does not grow past m = p", what)
 			require.LessOrEqual(t, f[4*p][r], int64(p-r)*one[r], "%s: 1f1b holds at most p-r micro-batches", what)
-			require.LessOrEqual(t, zb[r], int64(p)*one[r], "%s: zb1 holds at most p micro-batches", what)
+			require.LessOrEqual(t, zb[r], int64(p)*zbOne[r], "%s: zb1 holds at most p micro-batches", what)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package tp
 import (
 	"strings"
 
+	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -58,29 +59,26 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 }
 
 // ActivationBytes is trainer.ActivationBytes under tensor parallel over n
-// ranks. Of a block's 36·B·T·C, the buffers as wide as the model (the
-// LayerNorms' inputs and outputs, the residual stream, the row-parallel
-// outputs after their all-reduce, and their gradients: 12·B·T·C) stay
-// whole; the others (q|k|v, the attention output, the MLP's 4C-wide
-// hidden layer before and after GELU, and their gradients: 24·B·T·C) are
-// divided by n, as are the attention's log-sum-exp (H/n heads) and the
-// logits (V/n columns). Sequence parallel
-// keeps the same buffers: its LayerNorm regions hold 1/n of the sequence,
-// but the column layers' gathered inputs are whole and saved for
-// backward, so the total moves by about 1% (TestEstimateMatchesMeasured).
-func ActivationBytes(m nn.GPTConfig, B, n int) int64 {
-	b, t, c, l, h, v, k := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NLayer), int64(m.NHead), int64(m.VocabSize), int64(n)
-	whole, split := m.ActWidths() // GPT-2: 6·C whole, 12·C split; a Llama's in nn
-	emb := m.EmbedActs()
-	floats := (2*whole+2*split/k)*b*t*l + b*h*t*l/k + 3*b*t*v/k + (4+emb)*b*t*c + 15*b*t
-	return 4*floats + 1024
+// ranks. Of a block's saved 18·B·T·C, the buffers as wide as the model
+// (the LayerNorms' inputs and outputs, the residual stream, the
+// row-parallel outputs after their all-reduce: 6·B·T·C) stay whole; the
+// others (q|k|v, the attention output, the MLP's 4C-wide hidden layer
+// before and after GELU: 12·B·T·C) are divided by n, as are the
+// attention's log-sum-exp (H/n heads), the backward's MLP gradient and
+// the logits (V/n columns). Under sequence parallel the residual stream
+// (the block's input, output and middle residual) and the embeddings
+// hold 1/n of the sequence; the column layers' gathered inputs are whole
+// and saved for backward. Selective recomputation's norm drops the
+// LayerNorms' outputs, 1/n of the sequence each under sequence parallel.
+func ActivationBytes(cfg config.Config, m nn.GPTConfig, n int) int64 {
+	return trainer.ActivationBytes(cfg, m, trainer.ActLayout{TP: n, SP: cfg.TP.SequenceParallel})
 }
 
 // EstimateMemory implements trainer.MemoryEstimator: the core has
 // counted this rank's parts of the parameters (LocalParams); the
 // activations follow ActivationBytes.
 func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
-	est.ActPeak = ActivationBytes(in.Model, in.Cfg.Train.BatchSize, e.N)
+	est.ActPeak = ActivationBytes(in.Cfg, in.Model, e.N)
 	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes
 	return nil
 }

@@ -204,6 +204,29 @@ func (f *layerNormFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tenso
 	return y, nil
 }
 
+// Refill implements tensor.Refiller: the same kernel on the kept input
+// forms the output again, bitwise, with no communication (the statistics,
+// equal to the kept ones, are left alone), so selective recomputation's
+// norm drops this rank's part of the sequence under sequence parallel.
+func (f *layerNormFn) Refill(ctx *tensor.FuncCtx, y *tensor.Tensor) {
+	x, w, b := ctx.Saved()[0], f.l.W, f.l.B
+	C := x.Dim(-1)
+	rows := x.Numel() / C
+	a := f.l.C.alloc()
+	mean, rstd := a.NewUninit(tensor.Activations, x.DType(), rows), a.NewUninit(tensor.Activations, x.DType(), rows)
+	if x.DType() == tensor.Float32 {
+		cpu.LayerNormForward(x.F32(), w.F32(), b.F32(), y.F32(), mean.F32(), rstd.F32(), rows, C, float32(nn.LayerNormEps))
+	} else {
+		cpu.LayerNormForward(x.F64(), w.F64(), b.F64(), y.F64(), mean.F64(), rstd.F64(), rows, C, nn.LayerNormEps)
+	}
+	mean.Release()
+	rstd.Release()
+}
+
+// OutputUnread implements tensor.Refiller: the backward reads x and the
+// statistics.
+func (f *layerNormFn) OutputUnread() bool { return true }
+
 func (f *layerNormFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.Tensor, error) {
 	s := ctx.Saved()
 	x, mean, rstd := s[0], s[1], s[2]

@@ -138,6 +138,20 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		e.CommBytes = 2 * 4 * largest
 	}
 	e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak + e.CommBytes
+	if k := len(sizes); z.stage >= 2 && k >= 3 {
+		// The activations peak as the backward starts (the backward
+		// frees them as it goes): the gradients then being formed, and
+		// under stage 3 the units gathered, are the embed unit's, the
+		// head's and the last block's, not the largest pair's.
+		end := 4 * (embed + sizes[k-2] + sizes[k-1])
+		e.PeakBytes += end - transient
+		if z.stage == 3 {
+			e.PeakBytes += end - 4*gathered
+		}
+		// Reduce-scatters in flight begin with the head's gradients,
+		// after the activations' peak.
+		e.PeakBytes -= e.CommBytes
+	}
 	if z.stage == 1 {
 		// Stage 1's comm buffers are borrowed at the step's end, when the
 		// activations are gone.
