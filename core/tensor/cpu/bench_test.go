@@ -203,3 +203,39 @@ func BenchmarkBiasGrad(b *testing.B) {
 		BiasGrad(dy, db, benchN, 4*benchC)
 	}
 }
+
+// BenchmarkAttentionStep times one attention layer's forward and backward
+// in the two forms side by side: "saved" keeps the [T, T] probabilities
+// from the forward for the backward (AttentionForward/Backward, the naive
+// form), "lse" keeps only the output and the log-sum-exp and recomputes
+// the probabilities in the backward (AttentionPosForward/LSEBackward, the
+// form the models use). Their ratio is the time the memory saving costs.
+func BenchmarkAttentionStep(b *testing.B) {
+	rng := newRNG(4)
+	qkv := randSlice[float32](rng, benchN*3*benchC, 1)
+	dout := randSlice[float32](rng, benchN*benchC, 1)
+	out, dqkv := make([]float32, benchN*benchC), make([]float32, len(qkv))
+	b.Run("saved", func(b *testing.B) {
+		att := make([]float32, benchB*benchNH*benchT*benchT)
+		for range b.N {
+			AttentionForward(qkv, out, att, benchB, benchT, benchC, benchNH)
+			clear(dqkv)
+			AttentionBackward(dout, qkv, att, dqkv, benchB, benchT, benchC, benchNH)
+		}
+	})
+	b.Run("lse", func(b *testing.B) {
+		C := benchC
+		d := AttnDims{B: benchB, NH: benchNH, HS: C / benchNH, Tq: benchT, Tk: benchT, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C}
+		pos := make([]int, benchT)
+		for i := range pos {
+			pos[i] = i
+		}
+		lse, delta := make([]float32, benchB*benchNH*benchT), make([]float32, benchB*benchNH*benchT)
+		for range b.N {
+			AttentionPosForward(d, qkv, qkv[C:], qkv[2*C:], pos, pos, out, nil, lse)
+			clear(dqkv)
+			AttentionDelta(d, dout, out, delta)
+			AttentionLSEBackward(d, dout, qkv, qkv[C:], qkv[2*C:], delta, lse, pos, pos, dqkv, dqkv[C:], dqkv[2*C:])
+		}
+	})
+}
