@@ -21,6 +21,21 @@ import (
 
 // moeMetrics reads the train lines of a metrics file: aux_loss, z_loss
 // and expert_load per step.
+// checkMoEMetrics holds the train lines of the metrics file at path to
+// one process's (want): the aux and z losses to 1e-9, the tokens per
+// expert exactly, step by step.
+func checkMoEMetrics(t *testing.T, want []map[string]any, path, what string) {
+	t.Helper()
+	got := moeMetrics(t, path)
+	require.Len(t, got, len(want))
+	for i := range want {
+		for _, k := range []string{"aux_loss", "z_loss"} {
+			assert.InEpsilon(t, want[i][k], got[i][k], 1e-9, "%s step %d %s", what, i+1, k)
+		}
+		assert.Equal(t, want[i]["expert_load"], got[i]["expert_load"], "%s step %d", what, i+1)
+	}
+}
+
 func moeMetrics(t *testing.T, path string) []map[string]any {
 	f, err := os.Open(path)
 	require.NoError(t, err)
@@ -69,14 +84,7 @@ func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
 			require.NoError(t, cfg.CheckWorld(row.dp*row.cp))
 			got := ptest.Parallel(t, cfg, row.dp*row.cp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.Check(t, want, got, what)
-			gotM := moeMetrics(t, cfg.MetricsFile)
-			require.Len(t, gotM, len(wantM))
-			for i := range wantM {
-				for _, k := range []string{"aux_loss", "z_loss"} {
-					assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
-				}
-				assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
-			}
+			checkMoEMetrics(t, wantM, cfg.MetricsFile, what)
 		})
 	}
 }
@@ -199,14 +207,7 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 			require.NoError(t, cfg.CheckWorld(row.dp*row.cp))
 			got := ptest.Parallel(t, cfg, row.dp*row.cp, backend, func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.Check(t, want, got, what)
-			gotM := moeMetrics(t, cfg.MetricsFile)
-			require.Len(t, gotM, len(wantM))
-			for i := range wantM {
-				for _, k := range []string{"aux_loss", "z_loss"} {
-					assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
-				}
-				assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
-			}
+			checkMoEMetrics(t, wantM, cfg.MetricsFile, what)
 		})
 	}
 }
@@ -344,13 +345,6 @@ func TestExpertParallelWithPipeline(t *testing.T) {
 		require.NoError(t, cfg.CheckWorld(2*row.dp))
 		got := ptest.Parallel(t, cfg, 2*row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 		ptest.Check(t, want, got, what)
-		gotM := moeMetrics(t, cfg.MetricsFile)
-		require.Len(t, gotM, len(wantM))
-		for i := range wantM {
-			for _, k := range []string{"aux_loss", "z_loss"} {
-				assert.InEpsilon(t, wantM[i][k], gotM[i][k], 1e-9, "%s step %d %s", what, i+1, k)
-			}
-			assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
-		}
+		checkMoEMetrics(t, wantM, cfg.MetricsFile, what)
 	}
 }

@@ -43,23 +43,8 @@ func runLlamaRef(t *testing.T, cfg config.Config) {
 	for _, p := range tr.Model.Params() {
 		ts[p.Name] = p
 	}
-	B, T := cfg.Train.BatchSize, cfg.Model.BlockSize
-	var bx, by []int32
-	for s := 0; s < refSteps; s++ {
-		x, y := tr.Train.Batch(s, 0, 0, 1, B, 1)
-		bx, by = append(bx, x.I32()...), append(by, y.I32()...)
-	}
-	ts["batch.x"], ts["batch.y"] = tensor.FromI32(bx, refSteps, B, T), tensor.FromI32(by, refSteps, B, T)
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	m := cfg.Model
-	meta := map[string]string{
-		"n_layer": strconv.Itoa(m.NLayer), "n_head": strconv.Itoa(m.NHead), "n_kv_head": strconv.Itoa(m.NKVHead),
-		"n_embd": strconv.Itoa(m.NEmbd), "intermediate_size": strconv.Itoa(m.IntermediateSize),
-		"block_size": strconv.Itoa(T), "vocab_size": strconv.Itoa(m.VocabSize), "rope_theta": f(m.RopeTheta),
-		"norm_eps": f(m.NormEps), "tie_embeddings": strconv.FormatBool(m.TieEmbeddings),
-		"lr": f(cfg.Train.LR), "beta1": f(cfg.Train.Beta1), "beta2": f(cfg.Train.Beta2), "eps": f(cfg.Train.Eps),
-		"weight_decay": f(cfg.Train.WeightDecay), "grad_clip": f(cfg.Train.GradClip),
-	}
+	ts["batch.x"], ts["batch.y"] = refBatches(tr, cfg)
+	meta := llamaRefMeta(cfg)
 	require.NoError(t, ckpt.Save(in, ts, meta))
 	runScript(t, "../../tools/torchref/llama_ref.py", in, out)
 	ref, _, err := ckpt.Load(out)
@@ -101,5 +86,32 @@ func TestLlamaPyTorchEquivalence(t *testing.T) {
 		for _, tied := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s tied=%v", dtype, tied), func(t *testing.T) { runLlamaRef(t, llamaRefConfig(dtype, tied)) })
 		}
+	}
+}
+
+// refBatches is the trainer's first refSteps batches, [refSteps, B, T]
+// inputs and targets, as the PyTorch reference reads them.
+func refBatches(tr *Trainer, cfg config.Config) (x, y *tensor.Tensor) {
+	B, T := cfg.Train.BatchSize, cfg.Model.BlockSize
+	var bx, by []int32
+	for s := 0; s < refSteps; s++ {
+		x, y := tr.Train.Batch(s, 0, 0, 1, B, 1)
+		bx, by = append(bx, x.I32()...), append(by, y.I32()...)
+	}
+	return tensor.FromI32(bx, refSteps, B, T), tensor.FromI32(by, refSteps, B, T)
+}
+
+// llamaRefMeta is the Llama reference's metadata: cfg's model shape and
+// optimizer settings, numbers written exactly.
+func llamaRefMeta(cfg config.Config) map[string]string {
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	m := cfg.Model
+	return map[string]string{
+		"n_layer": strconv.Itoa(m.NLayer), "n_head": strconv.Itoa(m.NHead), "n_kv_head": strconv.Itoa(m.NKVHead),
+		"n_embd": strconv.Itoa(m.NEmbd), "intermediate_size": strconv.Itoa(m.IntermediateSize),
+		"block_size": strconv.Itoa(m.BlockSize), "vocab_size": strconv.Itoa(m.VocabSize), "rope_theta": f(m.RopeTheta),
+		"norm_eps": f(m.NormEps), "tie_embeddings": strconv.FormatBool(m.TieEmbeddings),
+		"lr": f(cfg.Train.LR), "beta1": f(cfg.Train.Beta1), "beta2": f(cfg.Train.Beta2), "eps": f(cfg.Train.Eps),
+		"weight_decay": f(cfg.Train.WeightDecay), "grad_clip": f(cfg.Train.GradClip),
 	}
 }

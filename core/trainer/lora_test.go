@@ -342,24 +342,11 @@ func TestLoRALlamaAgainstPyTorch(t *testing.T) {
 		ts[p.Name] = p.Clone(tensor.Params)
 		start[p.Name] = p.Float64s()
 	}
-	B, T := cfg.Train.BatchSize, cfg.Model.BlockSize
-	var bx, by []int32
-	for s := 0; s < refSteps; s++ {
-		x, y := tr.Train.Batch(s, 0, 0, 1, B, 1)
-		bx, by = append(bx, x.I32()...), append(by, y.I32()...)
-	}
-	ts["batch.x"], ts["batch.y"] = tensor.FromI32(bx, refSteps, B, T), tensor.FromI32(by, refSteps, B, T)
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	m := cfg.Model
-	meta := map[string]string{
-		"n_layer": strconv.Itoa(m.NLayer), "n_head": strconv.Itoa(m.NHead), "n_kv_head": strconv.Itoa(m.NKVHead),
-		"n_embd": strconv.Itoa(m.NEmbd), "intermediate_size": strconv.Itoa(m.IntermediateSize),
-		"block_size": strconv.Itoa(T), "vocab_size": strconv.Itoa(m.VocabSize), "rope_theta": f(m.RopeTheta),
-		"norm_eps": f(m.NormEps), "tie_embeddings": "false",
-		"lr": f(cfg.Train.LR), "beta1": f(cfg.Train.Beta1), "beta2": f(cfg.Train.Beta2), "eps": f(cfg.Train.Eps),
-		"weight_decay": f(cfg.Train.WeightDecay), "grad_clip": f(cfg.Train.GradClip),
-		"lora_rank": "4", "lora_alpha": "8", "lora_targets": "q_proj,v_proj,o_proj,down_proj", "grad_step": strconv.Itoa(refSteps - 1),
-	}
+	ts["batch.x"], ts["batch.y"] = refBatches(tr, cfg)
+	meta := llamaRefMeta(cfg)
+	meta["tie_embeddings"] = "false"
+	meta["lora_rank"], meta["lora_alpha"], meta["lora_targets"] = "4", "8", "q_proj,v_proj,o_proj,down_proj"
+	meta["grad_step"] = strconv.Itoa(refSteps - 1)
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "in.safetensors"), filepath.Join(dir, "out.safetensors")
 	require.NoError(t, ckpt.Save(in, ts, meta))
