@@ -73,7 +73,6 @@ func constructThroughABI(t *testing.T, cfg config.Config, n int, load string) []
 		}
 		r := abiRank{usage: m.alloc.Usage(), initial: ptest.Result{Initial: map[string][]float64{},
 			InitialSpecs: map[string]*place.Spec{}, Coord: tr.Coord()}}
-		es := int64(tr.DType().Size())
 		for _, p := range tr.Model.Params() {
 			h, err := tr.Holding(p)
 			if err != nil {
@@ -82,10 +81,10 @@ func constructThroughABI(t *testing.T, cfg config.Config, n int, load string) []
 			if h.Value.Data == nil {
 				continue
 			}
-			b := es * int64(h.Value.Spec.HeldElements(tr.Coord()))
-			r.held += b
-			r.largest = max(r.largest, b)
 			r.initial.Initial[p.Name], r.initial.InitialSpecs[p.Name] = h.Value.Data.Float64s(), h.Value.Spec.Clone()
+		}
+		if r.held, r.largest, err = ptest.HeldParts(tr); err != nil {
+			return err
 		}
 		mu.Lock()
 		out[g.Rank()] = r
@@ -141,15 +140,7 @@ func TestABIConstructsOnlyLocalParts(t *testing.T) {
 			got := make([]ptest.Result, len(rs))
 			for r, c := range rs {
 				got[r] = c.initial
-				params := c.usage.Current[tensor.Params]
-				require.GreaterOrEqual(t, params, c.held, "%s, rank %d: parameter bytes against its parts", what, r)
-				require.Less(t, c.held, whole*60/100, "%s, rank %d: holds %d of the model's %d parameter bytes", what, r, c.held, whole)
-				require.LessOrEqual(t, c.usage.TotalPeak, c.usage.Total+c.largest,
-					"%s, rank %d: construction peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.TotalPeak, c.usage.Total, c.largest)
-				require.LessOrEqual(t, c.usage.Peak[tensor.Params], params+c.largest,
-					"%s, rank %d: parameters peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.Peak[tensor.Params], params, c.largest)
-				t.Logf("%s rank %d: construction peak %d B, holds %d B (parameters %d of the model's %d), largest part %d B",
-					what, r, c.usage.TotalPeak, c.usage.Total, c.held, whole, c.largest)
+				ptest.AssertConstructionPeak(t, c.usage, c.held, c.largest, whole, 0.60, what, r)
 			}
 			ptest.AssertInitial(t, from.want, got, what)
 		}

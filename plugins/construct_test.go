@@ -60,18 +60,8 @@ func construct(t *testing.T, cfg config.Config, n int, resume string) []construc
 			}
 		}
 		c := constructed{usage: alloc.Usage(), units: len(tr.Model.Modules()), dataRanks: tr.DataSize}
-		es := int64(tr.DType().Size())
-		for _, p := range tr.Model.Params() {
-			h, err := tr.Holding(p)
-			if err != nil {
-				return err
-			}
-			b := es * int64(h.Value.Spec.HeldElements(tr.Coord()))
-			if h.Value.Data == nil {
-				b = 0
-			}
-			c.held += b
-			c.largest = max(c.largest, b)
+		if c.held, c.largest, err = ptest.HeldParts(tr); err != nil {
+			return err
 		}
 		mu.Lock()
 		out[g.Rank()] = c
@@ -93,18 +83,8 @@ func assertConstructionBounded(t *testing.T, cfg config.Config, rs []constructed
 	whole := es * trainer.GPTConfig(cfg).NumParams()
 	for r, c := range rs {
 		params := c.usage.Current[tensor.Params]
-		require.GreaterOrEqual(t, params, c.held, "%s, rank %d: parameter bytes against its parts", what, r)
 		require.LessOrEqual(t, params, c.held+es*int64(c.units*c.dataRanks), "%s, rank %d: parameter bytes beyond its parts and their padding", what, r)
-		require.Less(t, c.held, whole*45/100, "%s, rank %d: holds %d of the model's %d parameter bytes", what, r, c.held, whole)
-		require.LessOrEqual(t, c.usage.TotalPeak, c.usage.Total+c.largest,
-			"%s, rank %d: construction peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.TotalPeak, c.usage.Total, c.largest)
-		// The optimizer state comes last and is larger than any part, so
-		// the bound on the total alone would let the parameters be built
-		// whole one at a time before it: their own peak is held too.
-		require.LessOrEqual(t, c.usage.Peak[tensor.Params], params+c.largest,
-			"%s, rank %d: parameters peaked at %d bytes; it holds %d, its largest part is %d", what, r, c.usage.Peak[tensor.Params], params, c.largest)
-		t.Logf("%s rank %d: construction peak %d B, holds %d B (parameters %d of the model's %d), largest part %d B",
-			what, r, c.usage.TotalPeak, c.usage.Total, c.held, whole, c.largest)
+		ptest.AssertConstructionPeak(t, c.usage, c.held, c.largest, whole, 0.45, what, r)
 	}
 }
 
