@@ -17,20 +17,7 @@ import (
 // run, the peer the resident peak of one process on the same global
 // batch, and every ratio the quotient of the printed columns.
 func TestBenchMemory(t *testing.T) {
-	bin := tinyaccBinary(t)
-	shape := []string{"--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--vocab_size", "256"}
-	cmd := exec.Command(bin, append([]string{"bench", "memory", "--nproc", "2", "--json"}, shape...)...)
-	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "%s", stderr.String())
-	var rows []memoryResult
-	dec := json.NewDecoder(&stdout)
-	for dec.More() {
-		var r memoryResult
-		require.NoError(t, dec.Decode(&r))
-		rows = append(rows, r)
-	}
+	rows := benchMemoryRows(t)
 	// Ψ of the 2-layer, 32-wide model: wte 256·32, wpe 16·32, per block
 	// 12·32² + 13·32, ln_f 2·32; the LayerNorms are 4·32 per block + 2·32.
 	psi := 256*32 + 16*32 + 2*(12*32*32+13*32) + 2*32
@@ -49,7 +36,7 @@ func TestBenchMemory(t *testing.T) {
 	}
 	i := 0
 	for _, w := range want {
-		est := estimateProcessBytes(t, bin, w.flags)
+		est := estimateProcessBytes(t, tinyaccBinary(t), w.flags)
 		require.Len(t, est, w.ranks, w.layout)
 		for r := 0; r < w.ranks; r++ {
 			require.Less(t, i, len(rows), "rows end before %s rank %d", w.layout, r)
@@ -108,20 +95,7 @@ func estimateProcessBytes(t *testing.T, bin string, flags []string) []int64 {
 // in bf16 the parameters are the 2-byte copies, fewer than fp32's, and
 // the optimizer state holds the masters besides the moments.
 func TestBenchMemoryPrecision(t *testing.T) {
-	bin := tinyaccBinary(t)
-	shape := []string{"--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--vocab_size", "256"}
-	cmd := exec.Command(bin, append([]string{"bench", "memory", "--nproc", "2", "--json", "--layouts", "4,2", "--precision", "no,bf16"}, shape...)...)
-	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "%s", stderr.String())
-	var rows []memoryResult
-	dec := json.NewDecoder(&stdout)
-	for dec.More() {
-		var r memoryResult
-		require.NoError(t, dec.Decode(&r))
-		rows = append(rows, r)
-	}
+	rows := benchMemoryRows(t, "--layouts", "4,2", "--precision", "no,bf16")
 	psi := int64(256*32 + 16*32 + 2*(12*32*32+13*32) + 2*32)
 	want := []struct{ layout, mp string }{
 		{"zero-1 dp 2", "no"}, {"zero-1 dp 2", "no"}, {"zero-1 dp 2", "bf16"}, {"zero-1 dp 2", "bf16"},
@@ -143,4 +117,24 @@ func TestBenchMemoryPrecision(t *testing.T) {
 		require.Less(t, rows[i+2].ParamsBytes, rows[i].ParamsBytes/2+1, "%s: the bf16 copies take at most half fp32's parameters", rows[i].Layout)
 		require.Greater(t, rows[i+2].OptimBytes, rows[i].OptimBytes, "%s: the masters join the optimizer state", rows[i].Layout)
 	}
+}
+
+// benchMemoryRows runs `tinyacc bench memory --nproc 2 --json` with args on
+// a 2-layer, 32-wide model and returns its rows.
+func benchMemoryRows(t *testing.T, args ...string) []memoryResult {
+	t.Helper()
+	shape := []string{"--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--block_size", "16", "--vocab_size", "256"}
+	cmd := exec.Command(tinyaccBinary(t), append(append([]string{"bench", "memory", "--nproc", "2", "--json"}, args...), shape...)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s", stderr.String())
+	var rows []memoryResult
+	dec := json.NewDecoder(&stdout)
+	for dec.More() {
+		var r memoryResult
+		require.NoError(t, dec.Decode(&r))
+		rows = append(rows, r)
+	}
+	return rows
 }
