@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
@@ -122,6 +123,25 @@ func newMoE(cfg MoEConfig, newP func(local string, shape ...int) *tensor.Tensor,
 		m.Experts = append(m.Experts, ex)
 	}
 	return m
+}
+
+// expertsPart is what names an expert's parameters: block prefix, this,
+// the expert's index, a dot, the MLP's own name.
+const expertsPart = ".mlp.experts."
+
+// ExpertOf returns the expert index of a parameter name
+// ("h.3.mlp.experts.5.c_fc.weight" is 5) and false for a parameter of no
+// expert.
+func ExpertOf(name string) (int, bool) {
+	i := strings.Index(name, expertsPart)
+	if i < 0 {
+		return 0, false
+	}
+	var e int
+	if _, err := fmt.Sscanf(name[i+len(expertsPart):], "%d.", &e); err != nil {
+		return 0, false
+	}
+	return e, true
 }
 
 // moeParamShapes lists the parameters of block prefix p's MoE layer.

@@ -1,9 +1,6 @@
 package ep
 
 import (
-	"fmt"
-	"strings"
-
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/trainer"
 )
@@ -14,20 +11,6 @@ import (
 // buffers (EstimateMemory).
 type Estimator struct{ N int }
 
-// expertOf returns the expert index of a parameter name
-// ("h.3.mlp.experts.5.c_fc.weight" is 5) and false for a non-expert.
-func expertOf(name string) (int, bool) {
-	i := strings.Index(name, ".mlp.experts.")
-	if i < 0 {
-		return 0, false
-	}
-	var e int
-	if _, err := fmt.Sscanf(name[i+len(".mlp.experts."):], "%d.", &e); err != nil {
-		return 0, false
-	}
-	return e, true
-}
-
 // LocalParams implements trainer.ParamLocalizer: the rank at position
 // j = i mod N of its group (i = dp·cp_size + cp) keeps experts
 // [j·E/N, (j+1)·E/N).
@@ -37,7 +20,7 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 	j := (in.Rank / max(1, p.TP)) % (in.DPSize * max(1, p.CP)) % e.N
 	var out []nn.ParamShape
 	for _, p := range ps {
-		if x, ok := expertOf(p.Name); ok && x/L != j {
+		if x, ok := nn.ExpertOf(p.Name); ok && x/L != j {
 			continue
 		}
 		out = append(out, p)

@@ -71,7 +71,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	if in.Cfg.Parallel.EP > 1 {
 		params = nil
 		for _, p := range trained {
-			if strings.Contains(p.Name, ".mlp.experts.") {
+			if _, expert := nn.ExpertOf(p.Name); expert {
 				whole += trainer.Numel([]nn.ParamShape{p})
 			} else {
 				params = append(params, p)
