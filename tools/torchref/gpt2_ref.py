@@ -376,6 +376,17 @@ def run_reference(tensors, metadata, autocast=None):
             raise ValueError("%s is %s but wte.weight is %s; use one dtype for all parameters"
                              % (name, tensors[name].dtype, np_dtype))
     load_params_(model, tensors)
+    return train_and_record(model, tensors, metadata, cfg, train, autocast)
+
+
+def train_and_record(model, tensors, metadata, cfg, train, autocast=None):
+    """Train `model` with AdamW on the batches in `tensors`; return (out, meta).
+
+    out holds loss and grad_norm per step, grad.<name> of every trainable
+    parameter at step grad_step (metadata, default 0) before clipping, and
+    param.<name> after the last step; meta is the input metadata with the
+    torch version. Shared by every reference model, so all are trained and
+    recorded by one loop."""
     xs, ys = _batches(tensors, cfg)
     opt = make_optimizer(model, train["lr"], train["beta1"], train["beta2"], train["eps"], train["weight_decay"])
 

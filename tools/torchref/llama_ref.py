@@ -219,29 +219,7 @@ def run_reference(tensors, metadata):
         gpt2_ref.apply_lora_(model, int(metadata["lora_rank"]), float(metadata["lora_alpha"]),
                              [t.strip() for t in metadata["lora_targets"].split(",") if t.strip()], layer=Linear)
     gpt2_ref.load_params_(model, tensors)
-    xs, ys = gpt2_ref._batches(tensors, cfg)
-    opt = gpt2_ref.make_optimizer(model, train["lr"], train["beta1"], train["beta2"], train["eps"], train["weight_decay"])
-    out = {}
-
-    def record_grads(m):
-        for n, p in m.named_parameters():
-            if p.requires_grad:
-                out["grad." + n] = p.grad.detach().numpy().copy()
-
-    grad_step = int(metadata.get("grad_step", "0"))
-    losses, norms = [], []
-    for s in range(xs.shape[0]):
-        loss, norm = gpt2_ref.train_step(model, opt, xs[s], ys[s], train["grad_clip"],
-                                         record_grads if s == grad_step else None)
-        losses.append(loss)
-        norms.append(norm)
-    for n, p in model.named_parameters():
-        out["param." + n] = p.detach().numpy().copy()
-    out["loss"] = np.array(losses, dtype=np.float64)
-    out["grad_norm"] = np.array(norms, dtype=np.float64)
-    meta = dict(metadata)
-    meta["torch_version"] = torch.__version__
-    return out, meta
+    return gpt2_ref.train_and_record(model, tensors, metadata, cfg, train)
 
 
 def main(argv=None):
