@@ -27,17 +27,25 @@ type memoryRow struct {
 
 var memoryRows = []memoryRow{
 	{"1 process", "", func(m nn.GPTConfig, _ int, p float64) float64 { return (p + 12) * float64(m.NumParams()) }},
+	// ZeRO-3 shards everything; under bf16/fp16 the 2-byte copies exist
+	// only while their unit is gathered (working set), so the float32
+	// masters' 4 bytes are the parameter's sharded share in either
+	// precision.
 	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", func(m nn.GPTConfig, n int, p float64) float64 {
-		return (p + 12) * float64(m.NumParams()) / float64(n)
+		return 16 * float64(m.NumParams()) / float64(n)
 	}},
 	{"tp %d", "--parallel.tp=%d", tpFormulaBytes},
 	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b --train.grad_accum=%d", func(m nn.GPTConfig, n int, p float64) float64 {
 		return (p + 12) * float64(m.NumParams()) / float64(n)
 	}},
-	// ZeRO-1 shards the moments only: parameters (masters included) and
-	// gradients stay whole.
+	// ZeRO-1 shards the optimizer state: in fp32 the moments, under
+	// bf16/fp16 the float32 masters with them (p - 4 = 2 bytes of copy
+	// stay whole); the gradients stay whole.
 	{"zero-1 dp %d", "--parallel.dp=%d --zero.stage=1", func(m nn.GPTConfig, n int, p float64) float64 {
-		return (p + 4 + 8/float64(n)) * float64(m.NumParams())
+		if p == 4 {
+			return (4 + 4 + 8/float64(n)) * float64(m.NumParams())
+		}
+		return (p - 4 + 4 + 12/float64(n)) * float64(m.NumParams())
 	}},
 }
 
