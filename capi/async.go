@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // Started collectives: a collective of the world group that runs on a
@@ -62,6 +63,18 @@ func apiReduceScatterStart(in, out []float32, op int) (int64, error) {
 		return 0, fail(errInvalidArg, "reduce_scatter_start: the output needs at least one element")
 	}
 	return start(func(g comm.Group) error { return reduceScatter(g, in, out, op) }), nil
+}
+
+// apiReduceScatterStartAs is apiReduceScatterStart with the wire in dtype
+// dt (reduceScatterAs).
+func apiReduceScatterStartAs(in, out []float32, op int, dt tensor.DType) (int64, error) {
+	if _, err := reduceOp(op); err != nil {
+		return 0, err
+	}
+	if len(out) == 0 {
+		return 0, fail(errInvalidArg, "reduce_scatter_start_as: the output needs at least one element")
+	}
+	return start(func(g comm.Group) error { return reduceScatterAs(g, in, out, op, dt) }), nil
 }
 
 // apiCollectiveWait blocks until the started collective h has finished,

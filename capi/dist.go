@@ -6,6 +6,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // world is this process's world group, created from the launcher's
@@ -212,6 +213,44 @@ func reduceScatter(g comm.Group, in, out []float32, op int) error {
 		return failed(g, err)
 	}
 	copy(out, dst.F32())
+	return nil
+}
+
+// reduceDTypeOf maps a reduce dtype name (ddp.reduce_dtype's values) to
+// the dtype the wire carries.
+func reduceDTypeOf(name string) (tensor.DType, error) {
+	switch name {
+	case "fp32":
+		return tensor.Float32, nil
+	case "bf16":
+		return tensor.BFloat16, nil
+	}
+	return 0, fail(errInvalidArg, "reduce_scatter_as: %q is not a reduce dtype: use fp32 or bf16 (ddp.reduce_dtype)", name)
+}
+
+// reduceScatterAs is reduceScatter with the wire in dtype dt: under
+// BFloat16 in is rounded to bf16, the ranks' blocks are summed in float32
+// and rounded once (comm's half-precision rule), and out receives this
+// rank's bf16 block widened to float32: half the bytes of a float32
+// reduce-scatter, as ZeRO's own bf16 reductions send.
+func reduceScatterAs(g comm.Group, in, out []float32, op int, dt tensor.DType) error {
+	if dt == tensor.Float32 {
+		return reduceScatter(g, in, out, op)
+	}
+	rop, err := reduceOp(op)
+	if err != nil {
+		return err
+	}
+	if len(in) != g.Size()*len(out) {
+		return fail(errSize, "reduce_scatter: input holds %d elements but world size %d x output %d = %d", len(in), g.Size(), len(out), g.Size()*len(out))
+	}
+	wire := make([]uint16, len(in)+len(out))
+	src, dst := wire[:len(in)], wire[len(in):]
+	cpu.BF16FromF32s(src, in)
+	if err := g.ReduceScatter(tensor.FromBF16(src, len(src)), tensor.FromBF16(dst, len(dst)), rop); err != nil {
+		return wrap(errComm, err)
+	}
+	cpu.BF16ToF32s(out, dst)
 	return nil
 }
 

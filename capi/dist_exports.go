@@ -5,7 +5,10 @@ package main
 */
 import "C"
 
-import "github.com/tinyacc/tinyacc/core/comm"
+import (
+	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
+)
 
 //export tinyacc_dist_init
 func tinyacc_dist_init(rank, size *C.int64_t) C.int {
@@ -79,6 +82,50 @@ func tinyacc_reduce_scatter(in *C.float, inN C.int64_t, out *C.float, outN C.int
 		}
 		return withWorld(func(g comm.Group) error { return reduceScatter(g, src, dst, int(op)) })
 	})
+}
+
+//export tinyacc_reduce_scatter_as
+func tinyacc_reduce_scatter_as(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, op C.int32_t, dtype *C.char) C.int {
+	return call(func() error {
+		src, dst, dt, err := reduceScatterArgs(in, inN, out, outN, dtype)
+		if err != nil {
+			return err
+		}
+		return withWorld(func(g comm.Group) error { return reduceScatterAs(g, src, dst, int(op), dt) })
+	})
+}
+
+//export tinyacc_reduce_scatter_start_as
+func tinyacc_reduce_scatter_start_as(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, op C.int32_t, dtype *C.char, pending *C.int64_t) C.int {
+	return call(func() error {
+		if err := outPtr("handle", pending); err != nil {
+			return err
+		}
+		src, dst, dt, err := reduceScatterArgs(in, inN, out, outN, dtype)
+		if err != nil {
+			return err
+		}
+		h, err := apiReduceScatterStartAs(src, dst, int(op), dt)
+		*pending = C.int64_t(h)
+		return err
+	})
+}
+
+// reduceScatterArgs reads the arguments of the reduce_scatter_as pair.
+func reduceScatterArgs(in *C.float, inN C.int64_t, out *C.float, outN C.int64_t, dtype *C.char) (src, dst []float32, dt tensor.DType, err error) {
+	if dtype == nil {
+		return nil, nil, 0, fail(errInvalidArg, "reduce_scatter_as: dtype is NULL: pass \"fp32\" or \"bf16\"")
+	}
+	if dt, err = reduceDTypeOf(C.GoString(dtype)); err != nil {
+		return nil, nil, 0, err
+	}
+	if src, err = f32s("input", in, inN); err != nil {
+		return nil, nil, 0, err
+	}
+	if dst, err = f32s("output", out, outN); err != nil {
+		return nil, nil, 0, err
+	}
+	return src, dst, dt, nil
 }
 
 //export tinyacc_broadcast

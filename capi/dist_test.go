@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/comm"
+	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
 // rankData is rank r's input: distinct small integers, so float32 sums are
@@ -161,4 +162,43 @@ func TestCallRecoversPanicsIntoThreadLocalErrors(t *testing.T) {
 	assert.Equal(t, "other thread", <-done)
 	assert.Equal(t, "too small", lastError())
 	assert.Equal(t, errRuntime, codeOf(errors.New("plain")))
+}
+
+// TestReduceScatterAsBF16RoundsOnce: reduce_scatter_as with "bf16" sums the
+// ranks' bf16-rounded blocks in float32 and rounds the average once, and
+// sends half the bytes of the float32 form. 256 + 0.75 + 0.75 averaged over
+// 3 ranks is 85.83, 86 in bf16; rounding each partial sum would give 256,
+// 256, then 85.33, 85.5 in bf16. Inputs that are not bf16 values are
+// rounded first (1 + 2^-10 → 1).
+func TestReduceScatterAsBF16RoundsOnce(t *testing.T) {
+	const world = 3
+	err := comm.RunLocal(world, comm.Options{}, func(g comm.Group) error {
+		in := make([]float32, world*2)
+		for blk := 0; blk < world; blk++ {
+			in[blk*2] = []float32{256, 0.75, 0.75}[g.Rank()]
+			in[blk*2+1] = 1 + 1.0/1024
+		}
+		bc := g.(comm.ByteCounter)
+		before := bc.SentBytes()
+		out := make([]float32, 2)
+		if err := reduceScatterAs(g, in, out, 1, tensor.BFloat16); err != nil {
+			return err
+		}
+		half := bc.SentBytes() - before
+		if out[0] != 86 || out[1] != 1 {
+			return fmt.Errorf("rank %d: bf16 reduce-scatter gave %v, want [86 1]", g.Rank(), out)
+		}
+		before = bc.SentBytes()
+		if err := reduceScatterAs(g, in, out, 1, tensor.Float32); err != nil {
+			return err
+		}
+		if full := bc.SentBytes() - before; half*2 != full {
+			return fmt.Errorf("rank %d: bf16 sent %d bytes, fp32 %d: want half", g.Rank(), half, full)
+		}
+		if _, err := reduceDTypeOf("fp16"); err == nil || err.Error() != `reduce_scatter_as: "fp16" is not a reduce dtype: use fp32 or bf16 (ddp.reduce_dtype)` {
+			return fmt.Errorf("bad dtype: got %v", err)
+		}
+		return nil
+	})
+	require.NoError(t, err)
 }

@@ -307,6 +307,15 @@ int tinyacc_reduce_scatter(const float *in, int64_t in_n, float *out, int64_t ou
  * order). */
 int tinyacc_reduce_scatter_start(const float *in, int64_t in_n, float *out, int64_t out_n, int32_t op, tinyacc_handle *pending);
 
+/* tinyacc_reduce_scatter and tinyacc_reduce_scatter_start with the wire in
+ * dtype ("fp32" or "bf16", the values of ddp.reduce_dtype). Under "bf16"
+ * in is rounded to bfloat16, the ranks' blocks are summed in float32 and
+ * rounded once, and out receives this rank's bfloat16 block widened to
+ * float32: half the bytes sent. (Added in ABI version 5 without a bump:
+ * nothing existing changed.) */
+int tinyacc_reduce_scatter_as(const float *in, int64_t in_n, float *out, int64_t out_n, int32_t op, const char *dtype);
+int tinyacc_reduce_scatter_start_as(const float *in, int64_t in_n, float *out, int64_t out_n, int32_t op, const char *dtype, tinyacc_handle *pending);
+
 /* Blocks until the started collective `pending` has finished (each is
  * bounded by the world group's deadline), frees the handle and returns the
  * collective's status. */

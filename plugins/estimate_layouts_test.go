@@ -102,6 +102,8 @@ func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
 		{"ddp dp 2", 2, func(c *config.Config) {}},
 		{"zero-1 dp 2", 2, func(c *config.Config) { c.Zero.Stage = 1 }},
 		{"zero-2 dp 2 grad_accum 2", 2, func(c *config.Config) { c.Zero.Stage = 2; c.Train.GradAccum = 2 }},
+		{"zero-3 dp 2", 2, func(c *config.Config) { c.Zero.Stage = 3 }},
+		{"zero-3 dp 2 grad_accum 2", 2, func(c *config.Config) { c.Zero.Stage = 3; c.Train.GradAccum = 2 }},
 		{"cp 2", 2, func(c *config.Config) { c.Parallel.CP = 2 }},
 		{"tp 2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
 		{"tp 2 × dp 2 zero-1", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Zero.Stage = 1 }},

@@ -329,5 +329,23 @@ func TestLoRAMixedPrecision(t *testing.T) {
 			what := fmt.Sprintf("lora tp 2 sp=%v mixed_precision=%s", sp, mp)
 			t.Logf("%s: %s", what, ptest.CheckWithin(t, want, got, what, b))
 		}
+		// ZeRO shards the adapters' masters and reads their 2-byte copies
+		// in every operation (TestEquivalenceMixedPrecision's ZeRO rows);
+		// the frozen base stays whole, as in one process. The adapters
+		// are read by products only, which round them in one process
+		// too, so these rows keep float32's bounds (measured in bf16:
+		// losses 4.3e-8, weights 6.3e-8).
+		for _, stage := range []int{2, 3} {
+			c := cfg
+			c.Zero.Stage, c.Train.BatchSize = stage, cfg.Train.BatchSize/2
+			got := ptest.Parallel(t, c, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(c, g) })
+			what := fmt.Sprintf("lora zero %d dp 2 mixed_precision=%s", stage, mp)
+			t.Logf("%s: %s", what, ptest.CheckWithin(t, want, got, what, ptest.Float32Bounds))
+			for name, v := range got[0].Params {
+				if !nn.IsAdapter(name) {
+					require.Equal(t, want.Initial[name], v, "%s: frozen %s unchanged", what, name)
+				}
+			}
+		}
 	}
 }

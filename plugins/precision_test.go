@@ -2,9 +2,13 @@ package plugins
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/ckpt"
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
@@ -24,15 +28,25 @@ type mpLayout struct {
 // TestEquivalenceMixedPrecision runs the layouts of the matrix in bf16 and
 // fp16 against one process in the same precision on the same global batch.
 //
-// Data parallel and ZeRO run each product on the same kind of operands as
-// one process and reduce float32 gradients, so in bf16 they keep the
-// float32 bounds (losses and gradient norms 1e-5, weights
-// 1e-4, the attention key bias 1e-3 as in TestEquivalenceProcesses). In
-// fp16 the float32 noise of the gradient sums (~1e-7) moves some master
-// weights across one of fp16's finer rounding boundaries, so the weight
-// copies the next step reads differ by an fp16 ulp in a few elements:
-// measured 1.5e-4 on the weights after 4 steps; fp16 rows are held to
-// 1e-3 on weights (losses and norms stay at 1e-5).
+// Data parallel runs each product on the same kind of operands as one
+// process and reduces float32 gradients, so in bf16 it keeps the float32
+// bounds (losses and gradient norms 1e-5, weights 1e-4, the attention key
+// bias 1e-3 as in TestEquivalenceProcesses). In fp16 the float32 noise of
+// the gradient sums (~1e-7) moves some master weights across one of
+// fp16's finer rounding boundaries, so the weight copies the next step
+// reads differ by an fp16 ulp in a few elements: measured 1.5e-4 on the
+// weights after 4 steps; fp16 rows are held to 1e-3 on weights (losses
+// and norms stay at 1e-5).
+//
+// ZeRO (stages 1, 2 and 3 alike, bitwise) keeps only its shard of the
+// float32 masters: a rank knows the others' parameters through their
+// 2-byte copies only, so every operation reads the rounded masters (the
+// embedding lookups, LayerNorm and the biases too, not only the products
+// as one process does; zero/mixed.go). Measured over 4 steps, bf16:
+// losses 7.7e-5, gradient norms 1.4e-3, weights 1.1e-2 (h.0.ln_2.bias);
+// fp16: losses 9.3e-6, norms 2.7e-4, weights 9.4e-4. They are held to
+// 3e-3 on losses and gradient norms and 3e-2 on weights, and the three
+// stages to one another bitwise.
 //
 // Pipeline, tensor parallel (with and without sequence parallel) and
 // context parallel (ring and all-gather) carry activations and activation
@@ -54,12 +68,14 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 	f32 := ptest.Float32Bounds
 	f32.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
 	wire := ptest.Bounds{Loss: 1e-3, Weights: 3e-2}
+	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2}
 	cpWire := wire
 	cpWire.Wider = map[string]float64{".attn.c_attn.bias": 0.6}
 	layouts := []mpLayout{
 		{"ddp bucketed", 2, 2, func(c *config.Config) { c.DDP.BucketMB, c.DDP.FirstBucketMB = 0.02, 0.01 }, f32},
-		{"zero 1", 2, 2, func(c *config.Config) { c.Zero.Stage = 1 }, f32},
-		{"zero 3", 2, 2, func(c *config.Config) { c.Zero.Stage = 3 }, f32},
+		{"zero 1", 2, 2, func(c *config.Config) { c.Zero.Stage = 1 }, zero},
+		{"zero 2", 2, 2, func(c *config.Config) { c.Zero.Stage = 2 }, zero},
+		{"zero 3", 2, 2, func(c *config.Config) { c.Zero.Stage = 3 }, zero},
 		{"pp 2 1f1b", 2, 1, func(c *config.Config) { c.Parallel.PP = 2; c.Train.GradAccum = 2 }, wire},
 		{"cp 2 ring", 2, 1, func(c *config.Config) { c.Parallel.CP = 2 }, cpWire},
 		{"cp 2 allgather", 2, 1, func(c *config.Config) { c.Parallel.CP = 2; c.CP.Attention = "allgather" }, cpWire},
@@ -67,6 +83,7 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 		{"tp 2 sp", 2, 1, func(c *config.Config) { c.Parallel.TP = 2; c.TP.SequenceParallel = true }, wire},
 	}
 	for _, mp := range []string{"bf16", "fp16"} {
+		var zeroRun *ptest.Result // the first ZeRO row's rank 0
 		for _, l := range layouts {
 			if mp == "fp16" && l.b.Weights < 1e-3 {
 				l.b = ptest.Bounds{Loss: l.b.Loss, Weights: 1e-3}
@@ -83,6 +100,16 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 			cfg.Train.BatchSize = single.Train.BatchSize / l.dp
 			got := ptest.Parallel(t, cfg, l.n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.CheckWithin(t, want, got, fmt.Sprintf("%s %s", mp, l.name), l.b)
+			if strings.HasPrefix(l.name, "zero") {
+				// Every stage reads the same 2-byte copies of the same
+				// masters: stage 1 and 2's refreshed whole copy, stage 3's
+				// gathered units.
+				if zeroRun == nil {
+					zeroRun = &got[0]
+				}
+				require.Equal(t, zeroRun.Losses, got[0].Losses, "%s %s: the ZeRO stages agree bitwise", mp, l.name)
+				require.Equal(t, zeroRun.Params, got[0].Params, "%s %s: the ZeRO stages agree bitwise", mp, l.name)
+			}
 		}
 	}
 }
@@ -99,10 +126,15 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 // key bias, whose gradient is zero in theory, so AdamW turns its rounding
 // noise into full steps (1e-3 at float32 already). bf16 rows are held to
 // 1e-3 on losses and gradient norms, 1e-2 on weights, 5e-2 on the key bias.
+// ZeRO's rows also read the rounded masters in every operation
+// (TestEquivalenceMixedPrecision): measured losses 7.5e-5, norms 1.5e-3,
+// the key bias 2.6e-2, held to ZeRO's bounds there (3e-3, 3e-2) and 5e-2
+// on the key bias.
 func TestEquivalenceReduceDType(t *testing.T) {
 	f32 := ptest.Float32Bounds
 	f32.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
 	bf16 := ptest.Bounds{Loss: 1e-3, Weights: 1e-2, Wider: map[string]float64{".attn.c_attn.bias": 5e-2}}
+	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2, Wider: bf16.Wider}
 	for _, l := range []struct {
 		name, reduce, mode string
 		b                  ptest.Bounds
@@ -110,8 +142,8 @@ func TestEquivalenceReduceDType(t *testing.T) {
 		{"fp32 bucketed", "fp32", "bucketed", f32},
 		{"bf16 bucketed", "bf16", "bucketed", bf16},
 		{"bf16 naive", "bf16", "naive", bf16},
-		{"bf16 zero 1", "bf16", "zero1", bf16},
-		{"bf16 zero 3", "bf16", "zero3", bf16},
+		{"bf16 zero 1", "bf16", "zero1", zero},
+		{"bf16 zero 3", "bf16", "zero3", zero},
 	} {
 		single := ptest.Config()
 		single.Train.Steps, single.Train.MixedPrecision = 4, "bf16"
@@ -125,5 +157,45 @@ func TestEquivalenceReduceDType(t *testing.T) {
 		cfg.Train.BatchSize = single.Train.BatchSize / 2
 		got := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 		ptest.CheckWithin(t, want, got, "dp 2 reduce "+l.name, l.b)
+	}
+}
+
+// TestMixedPrecisionZeroResume: a ZeRO checkpoint under mixed precision
+// holds the float32 masters (the shards of every rank, as float32
+// tensors); resuming it under the layout that saved continues bitwise,
+// and it resumes under one process, whose checkpoint ZeRO resumes in turn,
+// within ZeRO's bounds of TestEquivalenceMixedPrecision against one
+// process's uninterrupted run.
+func TestMixedPrecisionZeroResume(t *testing.T) {
+	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2}
+	for _, mp := range []string{"bf16", "fp16"} {
+		single := layouts[0]
+		run := func(l layout, steps int, resume string) (ptest.Result, string) {
+			cfg := l.config(steps)
+			cfg.Train.MixedPrecision = mp
+			cfg.Checkpoint.Dir, cfg.Resume = filepath.Join(t.TempDir(), "ckpt"), resume
+			return l.run(t, cfg, "local"), filepath.Join(cfg.Checkpoint.Dir, ckpt.StepDir(steps))
+		}
+		whole, _ := run(single, resumeSteps, "")
+		want := whole
+		want.Losses, want.GradNorms = whole.Losses[resumeSave:], whole.GradNorms[resumeSave:]
+		_, singleDir := run(single, resumeSave, "")
+		for _, l := range layouts[3:6] { // zero1, zero2, zero3 at dp 2
+			what := fmt.Sprintf("%s %s", mp, l.name)
+			_, dir := run(l, resumeSave, "")
+			ix, err := ckpt.ReadIndex(dir)
+			require.NoError(t, err)
+			for name, ti := range ix.Tensors {
+				require.Equal(t, "float32", ti.DType, "%s: %s is kept as a float32 master", what, name)
+			}
+			uninterrupted, _ := run(l, resumeSteps, "")
+			same, _ := run(l, resumeSteps, dir)
+			require.Equal(t, uninterrupted.Losses[resumeSave:], same.Losses, "%s resumed by itself", what)
+			require.Equal(t, uninterrupted.Params, same.Params, "%s resumed by itself", what)
+			onOne, _ := run(single, resumeSteps, dir)
+			ptest.AssertWithin(t, want, onOne, what+" checkpoint resumed by one process", zero)
+			fromOne, _ := run(l, resumeSteps, singleDir)
+			ptest.AssertWithin(t, want, fromOne, "one process's checkpoint resumed by "+what, zero)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/plugins/tp"
+	"github.com/tinyacc/tinyacc/plugins/zero"
 )
 
 // layoutRow is one row of `bench layouts`: a way of training the same
@@ -29,6 +30,8 @@ type layoutRow struct {
 var layoutRows = []layoutRow{
 	{"1 process", "", func(layoutBench, int) float64 { return 0 }, nil},
 	{"dp %d", "--parallel.dp=%d", dpCommBytes, nil},
+	{"zero-1 dp %d", "--parallel.dp=%d --zero.stage=1", zeroCommBytes(1), nil},
+	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", zeroCommBytes(3), nil},
 	{"tp %d", "--parallel.tp=%d", tpCommBytes(false), nil},
 	{"tp %d + SP", "--parallel.tp=%d --tp.sequence_parallel=true", tpCommBytes(true), nil},
 	{"pp %d afab", "--parallel.pp=%d --pp.schedule=afab" + ppMicroFlag, ppCommBytes(1), nil},
@@ -127,6 +130,16 @@ func dpCommBytes(b layoutBench, n int) float64 {
 	return ar*4*float64(b.model.NumParams()) + ar*8 + b.normBytes(n)
 }
 
+// zeroCommBytes is zero.StepBytes for one micro-batch a step, the
+// parameters gathered in e bytes (the 2-byte copies under mixed
+// precision), the gradients reduced in 4, plus the loss's mean and the
+// norm.
+func zeroCommBytes(stage int) func(b layoutBench, n int) float64 {
+	return func(b layoutBench, n int) float64 {
+		return zero.StepBytes(b.model, stage, 1, n, 4, b.act()) + 2*float64(n-1)/float64(n)*8 + b.normBytes(n)
+	}
+}
+
 // tpCommBytes is tp.StepBytes for the whole global batch (tensor parallel
 // ranks share their micro-batch) plus the norm.
 func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
@@ -156,6 +169,11 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 // 4-byte:
 //
 //	dp N       2(N-1)/N · (4Ψ + 8)                      gradients and the loss
+//	zero-1 N   (N-1)/N · (4 + e)·P + 2(N-1)/N · 8        the gradients reduce-scattered, the parameters
+//	                                                     gathered (2-byte copies under bf16/fp16), the loss
+//	zero-3 N   (N-1)/N · (4P + e·(P + E + B)) + ...      the parameters gathered for the forward, the embed
+//	                                                     unit E for the tied head, the blocks B for the
+//	                                                     backward (zero.StepBytes: P, E, B padded units)
 //	tp N       2(N-1)/N · (e·(4L + 2)·V + 4·3·b·s)       per layer V all-reduced twice forward and twice
 //	                                                     backward; the embedding, the head's input gradient
 //	                                                     and three b·s cross-entropy reductions

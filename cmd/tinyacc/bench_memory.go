@@ -27,17 +27,25 @@ type memoryRow struct {
 
 var memoryRows = []memoryRow{
 	{"1 process", "", func(m nn.GPTConfig, _ int, p float64) float64 { return (p + 12) * float64(m.NumParams()) }},
+	// ZeRO-3 shards everything; under bf16/fp16 the 2-byte copies exist
+	// only while their unit is gathered (working set), so the float32
+	// masters' 4 bytes are the parameter's sharded share in either
+	// precision.
 	{"zero-3 dp %d", "--parallel.dp=%d --zero.stage=3", func(m nn.GPTConfig, n int, p float64) float64 {
-		return (p + 12) * float64(m.NumParams()) / float64(n)
+		return 16 * float64(m.NumParams()) / float64(n)
 	}},
 	{"tp %d", "--parallel.tp=%d", tpFormulaBytes},
 	{"pp %d 1f1b", "--parallel.pp=%d --pp.schedule=1f1b --train.grad_accum=%d", func(m nn.GPTConfig, n int, p float64) float64 {
 		return (p + 12) * float64(m.NumParams()) / float64(n)
 	}},
-	// ZeRO-1 shards the moments only: parameters (masters included) and
-	// gradients stay whole.
+	// ZeRO-1 shards the optimizer state: in fp32 the moments, under
+	// bf16/fp16 the float32 masters with them (p - 4 = 2 bytes of copy
+	// stay whole); the gradients stay whole.
 	{"zero-1 dp %d", "--parallel.dp=%d --zero.stage=1", func(m nn.GPTConfig, n int, p float64) float64 {
-		return (p + 4 + 8/float64(n)) * float64(m.NumParams())
+		if p == 4 {
+			return (4 + 4 + 8/float64(n)) * float64(m.NumParams())
+		}
+		return (p - 4 + 4 + 12/float64(n)) * float64(m.NumParams())
 	}},
 }
 
@@ -276,7 +284,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
 	}
 	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
-	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, moments only /N for ZeRO-1), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
+	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
 	fmt.Fprintln(stdout, "params/est, optim/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies and optim holds the float32 masters with the moments")
 	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
 	return nil

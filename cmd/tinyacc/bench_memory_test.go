@@ -90,10 +90,12 @@ func estimateProcessBytes(t *testing.T, bin string, flags []string) []int64 {
 
 // `tinyacc bench memory --precision no,bf16` on ZeRO-1 and tp: each
 // layout in both precisions side by side, the formula counting 2 + 4
-// bytes (copy and master) per parameter in bf16, and the allocator's
-// parameters and optimizer state equal, to the byte, to the estimate's:
-// in bf16 the parameters are the 2-byte copies, fewer than fp32's, and
-// the optimizer state holds the masters besides the moments.
+// bytes (copy and master) per parameter in bf16, ZeRO-1 sharding the
+// master with the moments, and the allocator's parameters and optimizer
+// state equal, to the byte, to the estimate's: in bf16 the parameters are
+// the 2-byte copies, fewer than fp32's, and the optimizer state holds the
+// masters besides the moments: under ZeRO-1 their shards, (4 + 8)/2 bytes
+// per parameter at 2 ranks against fp32's 8/2.
 func TestBenchMemoryPrecision(t *testing.T) {
 	rows := benchMemoryRows(t, "--layouts", "4,2", "--precision", "no,bf16")
 	psi := int64(256*32 + 16*32 + 2*(12*32*32+13*32) + 2*32)
@@ -112,7 +114,11 @@ func TestBenchMemoryPrecision(t *testing.T) {
 		require.Positive(t, x.EstAllocPeak)
 	}
 	require.Equal(t, (4+4+8/2)*psi, rows[0].Formula)
-	require.Equal(t, (2+4+4+8/2)*psi, rows[2].Formula)
+	require.Equal(t, (2+4+(4+8)/2)*psi, rows[2].Formula)
+	for _, x := range rows[2:4] {
+		// The masters' padding: at most one element per unit (4 units).
+		require.InDelta(t, float64((4+8)/2*psi), float64(x.OptimBytes), 4*4, "zero-1 bf16 rank %d: masters and moments sharded", x.Rank)
+	}
 	for _, i := range []int{0, 4} {
 		require.Less(t, rows[i+2].ParamsBytes, rows[i].ParamsBytes/2+1, "%s: the bf16 copies take at most half fp32's parameters", rows[i].Layout)
 		require.Greater(t, rows[i+2].OptimBytes, rows[i].OptimBytes, "%s: the masters join the optimizer state", rows[i].Layout)

@@ -53,6 +53,14 @@ type ParamLocalizer interface {
 	LocalParams(in EstimateInput, ps []nn.ParamShape) []nn.ParamShape
 }
 
+// MastersLayer is a MemoryEstimator that places the float32 masters and
+// the 2-byte copies of mixed precision itself (ZeRO shards the masters),
+// so the estimate keeps its columns instead of rewriting them
+// (halfCopies).
+type MastersLayer interface {
+	LaysOutMasters()
+}
+
 // Numel is the number of elements of parameters ps.
 func Numel(ps []nn.ParamShape) int64 {
 	var n int64
@@ -195,7 +203,9 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 				return nil, err
 			}
 		}
-		halfCopies(in, &e)
+		if !laysOutMasters(ests) {
+			halfCopies(in, &e)
+		}
 		e.SetupPeakBytes = max(0, e.ParamsBytes+e.GradsBytes+e.OptimBytes-e.PeakBytes)
 		out[r] = e
 	}
@@ -209,9 +219,8 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 // column holds the 2-byte copies the matrix products read (HalfCopyElems),
 // which the peak gains. Per parameter a rank holding the whole model then
 // needs 2 (copy) + 4 (gradient, GradBytesPerElem) + 4 + 8 (master and
-// AdamW's moments). Under ZeRO-3, whose gathered parameters have copies
-// only while gathered, the copies are counted as half the parameters'
-// bytes: the gathered units' and, an overestimate, the shard's.
+// AdamW's moments). ZeRO, which shards the masters, counts its own
+// (MastersLayer).
 func halfCopies(in EstimateInput, e *MemoryEstimate) {
 	if mp := in.Cfg.Train.MixedPrecision; mp == "" || mp == "no" {
 		return
@@ -219,10 +228,17 @@ func halfCopies(in EstimateInput, e *MemoryEstimate) {
 	masters := e.ParamsBytes
 	e.OptimBytes += masters
 	e.ParamsBytes = 2 * HalfCopyElems(in.Model, in.Params)
-	if in.Cfg.Zero.Stage == 3 {
-		e.ParamsBytes = masters / 2
-	}
 	e.PeakBytes += e.ParamsBytes
+}
+
+// laysOutMasters reports whether one of ests is a MastersLayer.
+func laysOutMasters(ests []MemoryEstimator) bool {
+	for _, est := range ests {
+		if _, ok := est.(MastersLayer); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // HalfCopyElems is the number of elements of parameters ps that matrix

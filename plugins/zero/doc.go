@@ -78,6 +78,9 @@
 // and the one prefetched, or, during the head's backward, the tied wte
 // and the last block prefetched. Micro-batches after the first of a step also
 // borrow one shard-sized comm buffer while their reduce-scatter runs.
+// Under mixed precision (bf16, fp16) every stage keeps only its shard of
+// the float32 masters, and the parameters are 2-byte copies gathered in
+// 2 bytes per element (mixed.go, which has the table).
 // Nothing unsharded exists at set-up: Prepare runs on the described
 // model (trainer.New) and allocates stage 3's shards only, so the peaks
 // the report shows cover construction too. TestMemory holds all of this

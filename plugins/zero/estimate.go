@@ -19,6 +19,27 @@ func Estimator(stage int) (trainer.MemoryEstimator, error) {
 	return &Zero{stage: stage}, nil
 }
 
+// LaysOutMasters implements trainer.MastersLayer: under mixed precision
+// ZeRO shards the float32 masters (mixed.go), and EstimateMemory counts
+// them and the 2-byte copies.
+func (z *Zero) LaysOutMasters() {}
+
+// frozenOf is the parameters of all that are not in trained (a frozen
+// base), in order.
+func frozenOf(all, trained []nn.ParamShape) []nn.ParamShape {
+	in := map[string]bool{}
+	for _, p := range trained {
+		in[p.Name] = true
+	}
+	var out []nn.ParamShape
+	for _, p := range all {
+		if !in[p.Name] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // unitNumels are the parameter elements of the units NewLayout makes for
 // the parameters ps a rank holds (the whole model's, or a tensor-parallel
 // rank's parts), in forward order: the embed unit (wte, wpe),
@@ -68,11 +89,16 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	// and ZeRO keeps them whole (Layout.Whole): parameter, gradient and
 	// optimizer bytes of one process.
 	params, whole := trained, int64(0)
+	// The float32 tensors ZeRO leaves whole (experts, a frozen base):
+	// under mixed precision masters with a 2-byte copy each, as one
+	// process keeps them.
+	kept := frozenOf(in.Params, trained)
 	if in.Cfg.Parallel.EP > 1 {
 		params = nil
 		for _, p := range trained {
 			if _, expert := nn.ExpertOf(p.Name); expert {
 				whole += trainer.Numel([]nn.ParamShape{p})
+				kept = append(kept, p)
 			} else {
 				params = append(params, p)
 			}
@@ -132,12 +158,27 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	e.GradsBytes += otherGrads
 	e.ParamsBytes += 4 * whole
 	e.GradsBytes += 4 * whole
+	// Under mixed precision (mixed.go) the masters are this rank's shards
+	// (4P/N) and the whole tensors kept beside the units, counted with the
+	// optimizer state; the parameters' column is the 2-byte copies: the
+	// whole copy of stages 1 and 2, stage 3's gathered units, and the
+	// kept tensors' product weights. Units in use are widened to float32
+	// (communication): 4G, as stage 3 gathers.
+	var widened int64
+	if mp := in.Cfg.Train.MixedPrecision; mp != "" && mp != "no" {
+		e.OptimBytes += 4*padded/int64(n) + 4*(frozen+whole)
+		e.ParamsBytes = 2*padded + 2*trainer.HalfCopyElems(in.Model, kept)
+		if z.stage == 3 {
+			e.ParamsBytes = 2*gathered + 2*trainer.HalfCopyElems(in.Model, kept)
+		}
+		widened = 4 * gathered
+	}
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
 		// buffer while backward goes on: two shards in flight.
 		e.CommBytes = 2 * 4 * largest
 	}
-	e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak + e.CommBytes
+	e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak + e.CommBytes + widened
 	if k := len(sizes); z.stage >= 2 && k >= 3 {
 		// The activations peak as the backward starts (the backward
 		// frees them as it goes): the gradients then being formed, and
@@ -145,7 +186,12 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		// head's and the last block's, not the largest pair's.
 		end := 4 * (embed + sizes[k-2] + sizes[k-1])
 		e.PeakBytes += end - transient
-		if z.stage == 3 {
+		switch {
+		case widened > 0 && z.stage == 3:
+			e.PeakBytes += (end - 4*gathered) * 6 / 4 // 2-byte copy and float32
+		case widened > 0:
+			e.PeakBytes += end - 4*gathered
+		case z.stage == 3:
 			e.PeakBytes += end - 4*gathered
 		}
 		// Reduce-scatters in flight begin with the head's gradients,

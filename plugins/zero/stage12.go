@@ -110,7 +110,7 @@ func (z *Zero) reduceUnit(u *unitState, info tensor.PassInfo) error {
 	u.grad = nil
 	z.reduced++
 	z.reduces = append(z.reduces, o)
-	if z.stage == 3 {
+	if z.transient() {
 		z.release(u) // its backward is done: the gathered parameters can go
 	}
 	if err := z.waitReduces(1); err != nil {

@@ -39,11 +39,16 @@ func (z *Zero) addHooks() {
 	for _, u := range z.units {
 		h := &u.Module.Hooks
 		h.PreBackward = append(h.PreBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.preBackward(u)) })
-		if z.stage == 3 {
+		if z.transient() {
 			h.PreForward = append(h.PreForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.preForward(u, info)) })
 			h.PostForward = append(h.PostForward, func(_ *nn.Module, info tensor.PassInfo) { z.keep(z.postForward(u, info)) })
 			if len(u.Uses) > 0 {
 				h.PostBackward = append(h.PostBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.releaseUses(u)) })
+			}
+			if z.stage == 1 {
+				// Stage 1 reduces nothing during backward, so the unit's
+				// widened parameters go when its backward is done.
+				h.PostBackward = append(h.PostBackward, func(*nn.Module, tensor.PassInfo) { z.keep(z.release(u)) })
 			}
 		}
 	}
@@ -95,7 +100,7 @@ func (z *Zero) preBackward(u *unitState) error {
 	for _, v := range u.Uses {
 		z.ensureGrads(z.units[v])
 	}
-	if z.stage != 3 {
+	if !z.transient() {
 		return nil
 	}
 	if !u.Lookup {
@@ -115,8 +120,12 @@ func (z *Zero) preBackward(u *unitState) error {
 }
 
 // startGather gives u a full parameter buffer, aliases its parameters into
-// it and starts the all-gather of the shards that fills it.
+// it and starts the all-gather of the shards that fills it (under mixed
+// precision, startMixed: nil when the buffer is filled already).
 func (z *Zero) startGather(u *unitState) *op {
+	if z.half != 0 {
+		return z.startMixed(u)
+	}
 	u.flat = z.t.Alloc.NewUninit(tensor.Params, u.shard.DType(), u.Size)
 	for _, r := range u.Ranges {
 		r.Param.Alias(u.flat, r.Offset)
@@ -134,7 +143,12 @@ func (z *Zero) gather(u *unitState) error {
 		if u.flat != nil {
 			return nil // still gathered
 		}
-		o = z.startGather(u)
+		if err := z.refresh(); err != nil {
+			return err
+		}
+		if o = z.startGather(u); o == nil {
+			return nil
+		}
 	}
 	if err := o.wait(); err != nil {
 		return fmt.Errorf("all-gather of the parameters of unit %s: %w", u.Name, err)
@@ -145,14 +159,14 @@ func (z *Zero) gather(u *unitState) error {
 // prefetch starts gathering u unless it is gathered or on its way, so the
 // transfer overlaps the compute of the unit running now.
 func (z *Zero) prefetch(u *unitState) {
-	if z.Prefetch && u.flat == nil {
+	if z.Prefetch && u.flat == nil && z.stage == 3 {
 		z.gathers[u.Index] = z.startGather(u)
 	}
 }
 
 // release drops u's full parameters (the shard stays).
 func (z *Zero) release(u *unitState) error {
-	if u.flat == nil || z.stage != 3 {
+	if u.flat == nil || !z.transient() {
 		return nil
 	}
 	var err error
@@ -165,6 +179,10 @@ func (z *Zero) release(u *unitState) error {
 	}
 	u.flat.Release()
 	u.flat = nil
+	if u.wire != nil {
+		u.wire.Release()
+		u.wire = nil
+	}
 	if err != nil {
 		return fmt.Errorf("all-gather of the parameters of unit %s: %w", u.Name, err)
 	}

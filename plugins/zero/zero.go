@@ -23,6 +23,14 @@ type Zero struct {
 
 	g     comm.Group
 	stage int
+	// half is the compute dtype under train.mixed_precision (BFloat16 or
+	// Float16) on float32 masters, 0 otherwise: then every stage keeps
+	// only its shard of the masters (mixed.go).
+	half tensor.DType
+	// stale says the 2-byte copies of stages 1 and 2 under mixed precision
+	// may predate the masters (an optimizer step, a load through Hold):
+	// the next unit gathered refreshes them first.
+	stale bool
 
 	t     *trainer.Trainer
 	lay   *Layout
@@ -43,11 +51,18 @@ type unitState struct {
 	*Unit
 	// flat holds the unit's full parameters: permanently in stages 1 and
 	// 2 (the model's parameters are aliased into it), only while the unit
-	// is gathered in stage 3 (nil otherwise).
+	// is gathered in stage 3 and under mixed precision (nil otherwise).
 	flat *tensor.Tensor
 	// shard is this rank's slice of the parameters: a view of flat in
-	// stages 1 and 2, the only permanent copy in stage 3.
+	// stages 1 and 2, the only permanent copy in stage 3 and under mixed
+	// precision (the float32 masters).
 	shard *tensor.Tensor
+	// copy is the unit's whole 2-byte copy under mixed precision, stages
+	// 1 and 2: what its forward and backward read (mixed.go).
+	copy *tensor.Tensor
+	// wire is stage 3's gathered 2-byte copy under mixed precision, while
+	// the unit is gathered.
+	wire *tensor.Tensor
 	// grad is the unit's full gradient: permanent in stage 1, allocated
 	// for the unit's backward only in stages 2 and 3 (nil otherwise).
 	grad *tensor.Tensor
@@ -100,6 +115,9 @@ func (z *Zero) Layout() *Layout { return z.lay }
 func (z *Zero) Prepare(t *trainer.Trainer) error {
 	z.t = t
 	t.DataRank, t.DataSize = z.g.Rank(), z.g.Size()
+	if c := t.Alloc.Compute(); c != tensor.Float32 && t.DType() == tensor.Float32 {
+		z.half = c
+	}
 	lay, err := NewLayout(t.Model, z.g.Size(), z.g.Rank())
 	if err != nil {
 		return err
@@ -132,11 +150,17 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 	}
 	z.opt = newShardOptimizer(t.Cfg, lay, z.units, t.Alloc)
 	t.Opt = z.opt
-	if z.stage >= 2 {
+	if z.stage >= 2 || z.half != 0 {
 		z.addHooks()
 	}
 	return nil
 }
+
+// transient reports whether the model's parameters exist only around
+// their unit's forward and backward: in stage 3, and in every stage under
+// mixed precision, whose float32 values outside the masters' shard are
+// widened from the 2-byte copy for the unit's use only.
+func (z *Zero) transient() bool { return z.stage == 3 || z.half != 0 }
 
 // layOut gives u its flat buffers: stages 1 and 2 alias the parameters
 // into a full flat buffer, stage 3 keeps only this rank's shard. Values a
@@ -149,6 +173,9 @@ func (z *Zero) layOut(u *unitState) error {
 	described := false
 	for _, r := range u.Ranges {
 		described = described || !r.Param.HasStorage()
+	}
+	if z.half != 0 {
+		return z.layOutMixed(u, described)
 	}
 	if described {
 		if z.stage <= 2 {
@@ -253,11 +280,14 @@ func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool
 		h.Opt, _ = z.opt.inner.(optim.PerParam)
 		h.OptParam = z.opt.viewOf[p]
 	}
-	if z.stage == 3 {
+	if z.transient() {
 		h.Value = trainer.Part{Spec: flat}
 		if a < b {
 			h.Value.Data = u.shard.Span(a-lo, b-lo)
 		}
+		// The caller may write the masters (a load): the copies follow
+		// them before the next use.
+		z.stale = z.half != 0
 	}
 	return h, true
 }
@@ -266,7 +296,10 @@ func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool
 // updated shards into every rank's full parameters; stage 3 keeps only the
 // shards, which the optimizer updated in place.
 func (z *Zero) PostStep(t *trainer.Trainer, m *trainer.StepMetrics) error {
-	if z.stage == 3 {
+	if z.transient() {
+		// Under mixed precision stages 1 and 2 gather the updated masters'
+		// 2-byte copies before the next unit is used (mixed.go).
+		z.stale = z.half != 0
 		return z.releaseAll()
 	}
 	ops := make([]*op, len(z.units))

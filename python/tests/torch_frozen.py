@@ -56,8 +56,9 @@ def optimizer(params):
     return torch.optim.AdamW(params, lr=3e-2, weight_decay=0.1)
 
 
-def reference(steps, global_batch):
-    """One process, plain PyTorch: step s on samples [s·gb, (s+1)·gb)."""
+def reference(steps, global_batch, autocast=False):
+    """One process, plain PyTorch: step s on samples [s·gb, (s+1)·gb), the
+    forward under torch.autocast("cpu", torch.bfloat16) when autocast."""
     torch.set_num_threads(1)
     model = new_model()
     opt = optimizer(model.parameters())
@@ -65,7 +66,9 @@ def reference(steps, global_batch):
     losses = []
     for s in range(steps):
         x, y = ds[s * global_batch:(s + 1) * global_batch]
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -75,7 +78,8 @@ def reference(steps, global_batch):
 
 def train(case, steps, batch):
     from tinyacc import Accelerator, distributed
-    acc = Accelerator(case)
+    case = dict(case)
+    acc = Accelerator(case, mixed_precision=case.pop("mixed_precision", None))
     world = distributed.world_size()
     model = new_model()
     opt = optimizer(model.parameters())
@@ -84,7 +88,7 @@ def train(case, steps, batch):
     res = {"losses": [], "sent": []}
     for x, y in loader:
         before = distributed.sent_bytes()
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x).float(), y)  # the prepared forward runs under autocast when bf16
         acc.backward(loss)
         opt.step()
         opt.zero_grad()

@@ -125,6 +125,8 @@ _SIGNATURES = {
     "tinyacc_all_gather": (_c, [_f32p, i64, _f32p, i64]),
     "tinyacc_reduce_scatter": (_c, [_f32p, i64, _f32p, i64, i32]),
     "tinyacc_reduce_scatter_start": (_c, [_f32p, i64, _f32p, i64, i32, P(i64)]),
+    "tinyacc_reduce_scatter_as": (_c, [_f32p, i64, _f32p, i64, i32, _s]),
+    "tinyacc_reduce_scatter_start_as": (_c, [_f32p, i64, _f32p, i64, i32, _s, P(i64)]),
     "tinyacc_collective_wait": (_c, [i64]),
     "tinyacc_broadcast": (_c, [_f32p, i64, i32]),
     "tinyacc_barrier": (_c, []),

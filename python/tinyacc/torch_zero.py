@@ -36,6 +36,12 @@ parameters.
            parameters are gathered before its forward and its backward and
            freed after.
 
+ddp.reduce_dtype=bf16 makes every gradient reduce-scatter of any stage
+carry bfloat16 (Buckets; each rank's float32 gradients rounded, summed in
+float32 and rounded once by the library): half their bytes, with every
+averaged gradient a bfloat16 value. The gradients accumulate, and the
+parameters travel, in float32 as before.
+
 Why this equals one process with the global batch: with the loss of each
 micro-batch divided by the accumulation steps A, the gradient one process
 computes on the global batch of N·A equal micro-batches is
@@ -139,7 +145,10 @@ class ZeroEngine(TorchEngine):
                     raise ValueError("tinyacc: the optimizer holds a tensor of shape %s that is not a parameter of the "
                                      "model; create the optimizer from model.parameters()" % (tuple(p.shape),))
         bucket_mb = float(config_value(accelerator, "ddp", "bucket_mb", 25))
-        self.buckets = Buckets(bucket_mb * (1 << 20) / 4, self.world)
+        reduce_dtype = str(config_value(accelerator, "ddp", "reduce_dtype", "fp32"))
+        if reduce_dtype not in ("fp32", "bf16"):
+            raise ValueError("tinyacc: ddp.reduce_dtype=%r is not one of fp32, bf16" % reduce_dtype)
+        self.buckets = Buckets(bucket_mb * (1 << 20) / 4, self.world, reduce_dtype)
         self._sync = True
         self._backwards = 0
         self._used_local = [False] * n

@@ -48,17 +48,27 @@ def _ptr(t):
     return ctypes.cast(t.data_ptr(), _F32P)
 
 
-def reduce_scatter_(inp, out, op=AVG):
-    """out = this rank's block of the reduction of inp (N × len(out))."""
-    check(lib.tinyacc_reduce_scatter(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op))
+def reduce_scatter_(inp, out, op=AVG, dtype="fp32"):
+    """out = this rank's block of the reduction of inp (N × len(out)).
+    dtype is what the wire carries (ddp.reduce_dtype): "bf16" rounds inp to
+    bfloat16, sums in float32 and rounds once, so out holds bfloat16
+    values, for half the bytes."""
+    if dtype == "fp32":
+        check(lib.tinyacc_reduce_scatter(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op))
+    else:
+        check(lib.tinyacc_reduce_scatter_as(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op, dtype.encode()))
 
 
-def reduce_scatter_start_(inp, out, op=AVG):
-    """Starts reduce_scatter_(inp, out, op) on the library's thread and
-    returns its handle for wait_; inp and out must stay alive and unchanged
-    until then."""
+def reduce_scatter_start_(inp, out, op=AVG, dtype="fp32"):
+    """Starts reduce_scatter_(inp, out, op, dtype) on the library's thread
+    and returns its handle for wait_; inp and out must stay alive and
+    unchanged until then."""
     h = ctypes.c_int64()
-    check(lib.tinyacc_reduce_scatter_start(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op, ctypes.byref(h)))
+    if dtype == "fp32":
+        check(lib.tinyacc_reduce_scatter_start(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op, ctypes.byref(h)))
+    else:
+        check(lib.tinyacc_reduce_scatter_start_as(_ptr(inp), inp.numel(), _ptr(out), out.numel(), op,
+                                                  dtype.encode(), ctypes.byref(h)))
     return h.value
 
 
@@ -148,8 +158,12 @@ class Buckets:
 
     INFLIGHT = 4  # started windows travelling at once, at most
 
-    def __init__(self, bucket_elems, world):
+    def __init__(self, bucket_elems, world, reduce_dtype="fp32"):
+        """reduce_dtype (ddp.reduce_dtype): the dtype the gradients'
+        reduce-scatters carry, "fp32" or "bf16" (half the bytes; every
+        averaged gradient is then a bfloat16 value)."""
         self.world = world
+        self.reduce_dtype = reduce_dtype
         # N windows received plus one sent: one bucket in all.
         self.width = max(1, int(bucket_elems) // (world + 1))
         self.buf = None
@@ -179,7 +193,7 @@ class Buckets:
             w = b - a
             buf, out = self.get(w)
             self._fill(group, grad_of, a, b, buf)
-            reduce_scatter_(buf, out, AVG)
+            reduce_scatter_(buf, out, AVG, self.reduce_dtype)
             if into is None:
                 for i, off, lo, hi in group.pieces(group.rank, a, b):
                     g = grad_of(i)
@@ -205,7 +219,7 @@ class Buckets:
             pair = self.spare.pop() if self.spare else (torch.empty(self.world * self.width), torch.empty(self.width))
             buf, out = pair[0][:self.world * w], pair[1][:w]
             self._fill(group, grad_of, a, b, buf)
-            handle = reduce_scatter_start_(buf, out, AVG)
+            handle = reduce_scatter_start_(buf, out, AVG, self.reduce_dtype)
             self.pending.append((handle, pair, into, a, min(b, into.numel())))
 
     def finish(self):
