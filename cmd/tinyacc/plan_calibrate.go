@@ -25,7 +25,7 @@ import (
 
 // calibOps are the collectives the cost model reads; broadcast over two
 // ranks stands for a point-to-point message.
-var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
 
 // calibSizes are the two buffer sizes a collective's latency and
 // bandwidth are fitted through.
