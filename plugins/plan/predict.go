@@ -57,11 +57,22 @@ type Prediction struct {
 // all-gather variant hides nothing. Pipeline messages (one activation
 // per micro-batch and chunk) are the latency of the pipeline's play.
 //
+// Expert parallel's exchanges (expertExchange) add to the forward and
+// backward of every mixture-of-experts block: all-to-alls of the rank's
+// routed rows priced at the profile's all-to-all over ep ranks.
+//
 // Bubble. The schedule (pp.Generate) is played by the pipeline
-// simulator with these per-chunk costs (pp.SimulateChunks); its makespan
-// is the pipelined part of the step, and the bubble is the makespan less
-// the busiest rank's work. Without a pipeline the same play is one rank
-// running its micro-batches one after the other.
+// simulator with these per-chunk costs, the stages sharing the cores
+// (pp.SimulateShared): while k of the pp stages compute, the costs are
+// those of k·(world/pp) ranks computing at once, with cores/(k·world/pp)
+// cores each, so a stage waiting in the bubble lends its cores to those
+// that compute. The rates keep the efficiency of the whole world (the
+// waiting ranks' processes, threads and memory stay on the machine; a
+// measured pipeline of one micro-batch, where half the ranks wait at any
+// time, is not faster than data parallel). The play's makespan is the
+// pipelined part of the step, and the bubble is the makespan less the
+// busiest rank's time on its actions. Without a pipeline the same play
+// is one rank running its micro-batches one after the other.
 //
 // After the micro-batches. The gradients of the rank's parameters
 // (Ψ/(tp·pp)) are averaged over the dp × cp group: an all-reduce (ZeRO
@@ -74,8 +85,8 @@ type Prediction struct {
 // sums the tied embedding's gradient over its first and last stage.
 //
 // Step = makespan + exposed gradient communication + optimizer + the
-// small all-reduces. What it leaves out: the cores that ranks idle in a
-// bubble lend to the others, and memory bandwidth shared between ranks.
+// small all-reduces. What it leaves out: memory bandwidth shared between
+// ranks, and the load of other programs.
 func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	var out Prediction
 	m := trainer.GPTConfig(cfg)
