@@ -48,6 +48,11 @@ type Prediction struct {
 // measured step of a reference model achieved of them with that many
 // processes at once).
 //
+// Every collective of a group inside the world takes at least the busy
+// latency measured with world ranks (Profile.collectiveIn): a member
+// waits for the scheduler to give it a core back, and that depends on
+// how many ranks compete for the cores, not on the group.
+//
 // Communication inside a micro-batch. Tensor parallel's all-reduces (or,
 // with sequence parallel, all-gathers and reduce-scatters) of one
 // activation, two per block forward and two backward, cannot overlap:
@@ -115,6 +120,7 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		}
 	}
 	backend := cfg.Comm.Backend
+	coll := func(op string, n int, bytes float64) float64 { return p.collectiveIn(backend, op, n, world, bytes) }
 	rows := float64(cfg.Train.BatchSize*m.BlockSize) / float64(cp) // tokens of one micro-batch on one rank
 	C, V := float64(m.NEmbd), float64(m.VocabSize)
 	whole, splitW := m.ActWidths()
@@ -128,24 +134,24 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	if tp > 1 {
 		one := 4 * rows * C
 		if cfg.TP.SequenceParallel {
-			c := p.collective(backend, "all_gather", tp, one) + p.collective(backend, "reduce_scatter", tp, one)
+			c := coll("all_gather", tp, one) + coll("reduce_scatter", tp, one)
 			tpF, tpB = 2*c, 2*c
 		} else {
-			c := p.collective(backend, "all_reduce", tp, one)
+			c := coll("all_reduce", tp, one)
 			tpF, tpB = 2*c, 2*c
 		}
 	}
 	if cp > 1 {
 		blk := 2 * 4 * rows * C // one rank's keys and values
 		if cfg.CP.Attention == "allgather" {
-			c := p.collective(backend, "all_gather", cp, blk*float64(cp)) + p.collective(backend, "reduce_scatter", cp, blk*float64(cp))
+			c := coll("all_gather", cp, blk*float64(cp)) + coll("reduce_scatter", cp, blk*float64(cp))
 			cpF, cpB = c, c
 		} else {
-			msg := p.collective(backend, "broadcast", 2, blk)
+			msg := coll("broadcast", 2, blk)
 			cpF, cpB = (1-ov)*float64(cp-1)*msg, (1-ov)*float64(2*cp-1)*msg
 		}
 	}
-	epF, epB := expertExchange(cfg, p, rows)
+	epF, epB := expertExchange(cfg, coll, rows)
 	last := len(split) - 1
 	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward
 	// costsWith are the chunks' costs while n ranks compute at once and
@@ -193,7 +199,7 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 				costs[c].B, costs[c].W = back/2, back/2
 			}
 			if ppN > 1 {
-				costs[c].L = p.collective(backend, "broadcast", 2, 4*rows*C)
+				costs[c].L = coll("broadcast", 2, 4*rows*C)
 			}
 		}
 		return costs
@@ -242,19 +248,19 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	var gradComm float64
 	switch cfg.Zero.Stage {
 	case 0:
-		t := p.collective(backend, "all_reduce", g, grads)
+		t := coll("all_reduce", g, grads)
 		if cfg.DDP.Mode == "bucketed" {
 			t -= min(ov*t, lastBackward)
 		}
 		gradComm = t
 	case 1:
-		gradComm = p.collective(backend, "reduce_scatter", g, grads) + p.collective(backend, "all_gather", g, grads)
+		gradComm = coll("reduce_scatter", g, grads) + coll("all_gather", g, grads)
 	case 2:
-		rs := p.collective(backend, "reduce_scatter", g, grads)
-		gradComm = rs - min(ov*rs, lastBackward) + p.collective(backend, "all_gather", g, grads)
+		rs := coll("reduce_scatter", g, grads)
+		gradComm = rs - min(ov*rs, lastBackward) + coll("all_gather", g, grads)
 	default:
-		rs := p.collective(backend, "reduce_scatter", g, grads)
-		ag := float64(2*M) * p.collective(backend, "all_gather", g, grads)
+		rs := coll("reduce_scatter", g, grads)
+		ag := float64(2*M) * coll("all_gather", g, grads)
 		gradComm = (1 - ov) * (rs + ag)
 	}
 	if g < 2 {
@@ -265,9 +271,9 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		updated /= float64(g)
 	}
 	optim := 32 * updated / elRate
-	small := 2 * p.collective(backend, "all_reduce", world, 16)
+	small := 2 * coll("all_reduce", world, 16)
 	if ppN > 1 {
-		small += p.collective(backend, "all_reduce", 2, 4*V*C)
+		small += coll("all_reduce", 2, 4*V*C)
 	}
 
 	out.Step = sim.Makespan + gradComm + optim + small
@@ -311,21 +317,20 @@ func moeBlocks(m nn.GPTConfig, split []int, c int) int {
 // choices (float64) and a reduce-scatter of the outputs; backward, a
 // reduce-scatter of the rows' and weights' gradients and an all-gather
 // of the outputs'.
-func expertExchange(cfg config.Config, p *Profile, rows float64) (fwd, bwd float64) {
+func expertExchange(cfg config.Config, coll func(op string, n int, bytes float64) float64, rows float64) (fwd, bwd float64) {
 	ep, mc := cfg.Parallel.EP, cfg.Model.MoE
 	if ep < 2 || mc.Experts == 0 {
 		return 0, 0
 	}
-	b := cfg.Comm.Backend
 	C, k, n := float64(cfg.Model.NEmbd), float64(mc.TopK), float64(ep)
 	if cfg.EP.Dispatch == "allgather" {
 		h, w, ch := 4*n*rows*C, 4*n*rows*k, 8*n*rows*k
-		fwd = p.collective(b, "all_gather", ep, h) + p.collective(b, "all_gather", ep, w) +
-			p.collective(b, "all_gather", ep, ch) + p.collective(b, "reduce_scatter", ep, h)
-		bwd = p.collective(b, "reduce_scatter", ep, h) + p.collective(b, "reduce_scatter", ep, w) +
-			p.collective(b, "all_gather", ep, h)
+		fwd = coll("all_gather", ep, h) + coll("all_gather", ep, w) +
+			coll("all_gather", ep, ch) + coll("reduce_scatter", ep, h)
+		bwd = coll("reduce_scatter", ep, h) + coll("reduce_scatter", ep, w) +
+			coll("all_gather", ep, h)
 		return fwd, bwd
 	}
-	x := p.collective(b, "all_to_all", ep, 4*rows*k*C)
-	return p.collective(b, "all_to_all", ep, 8*float64(mc.Experts)) + 2*x, 2 * x
+	x := coll("all_to_all", ep, 4*rows*k*C)
+	return coll("all_to_all", ep, 8*float64(mc.Experts)) + 2*x, 2 * x
 }

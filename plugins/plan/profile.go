@@ -239,6 +239,15 @@ func scaled(one, all, share float64) float64 {
 // backend (tcp when the backend was not measured); a model of 50 µs and 1
 // GB/s when nothing was.
 func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
+	return p.collectiveIn(backend, op, n, n, bytes)
+}
+
+// collectiveIn is collective on a group of n of the world ranks that
+// share the machine and compute between collectives: a member that waits
+// is woken when the scheduler gives it a core back, which depends on how
+// many ranks compete for the cores (the busy latency measured with world
+// ranks), not on how many are in the group.
+func (p *Profile) collectiveIn(backend, op string, n, world int, bytes float64) float64 {
 	if n < 2 {
 		return 0
 	}
@@ -253,18 +262,34 @@ func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
 		}
 	}
 	if best == nil && backend != "tcp" {
-		return p.collective("tcp", op, n, bytes)
+		return p.collectiveIn("tcp", op, n, world, bytes)
 	}
 	if best == nil && op == "all_to_all" && p.measured("all_gather") {
 		// A profile from before calibrate measured all-to-all: an
 		// all-gather moves the same bytes between the same ranks.
-		return p.collective(backend, "all_gather", n, bytes)
+		return p.collectiveIn(backend, "all_gather", n, world, bytes)
 	}
 	lat, bw := 50e-6, 1e9
 	if best != nil {
-		lat, bw = max(best.Latency, best.Busy), best.BusBW
+		lat, bw = max(best.Latency, p.busyLatency(best.Backend, op, world)), best.BusBW
 	}
 	return lat + bytes*busFactor(op, n)/bw
+}
+
+// busyLatency is the busy latency of op measured with the number of ranks
+// nearest world on the machine (0 when none was).
+func (p *Profile) busyLatency(backend, op string, world int) float64 {
+	var best *CollectiveCost
+	for i := range p.Collectives {
+		c := &p.Collectives[i]
+		if c.Op == op && c.Backend == backend && (best == nil || abs(c.N-world) < abs(best.N-world)) {
+			best = c
+		}
+	}
+	if best == nil {
+		return 0
+	}
+	return best.Busy
 }
 
 // measured says whether the profile holds op on some group.
