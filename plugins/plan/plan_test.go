@@ -178,3 +178,21 @@ func TestPredictExpertParallelAllToAll(t *testing.T) {
 	want = 4 * (7e-4 + (4*h+2*w+ch)/2/1e9)
 	require.InDelta(t, want, gather.Step-one.Step, 1e-9*want)
 }
+
+// A collective of 2 ranks inside a world of 4 waits at least what a small
+// one adds between compute with 4 ranks on the machine (their busy
+// latency), not the 2 ranks' own: waking a waiting member depends on how
+// many ranks compete for the cores. Alone (a world of 2) it keeps the 2
+// ranks' figures.
+func TestCollectiveWaitsTheWorldsBusyLatency(t *testing.T) {
+	p := golden(t)
+	for i := range p.Collectives {
+		if p.Collectives[i].N == 4 {
+			p.Collectives[i].Busy = 1e-3
+		}
+	}
+	bytes := 1e6
+	require.InDelta(t, 1e-4+bytes/1e9, p.collectiveIn("tcp", "all_reduce", 2, 2, bytes), 1e-15)
+	require.InDelta(t, 1e-3+bytes/1e9, p.collectiveIn("tcp", "all_reduce", 2, 4, bytes), 1e-15)
+	require.InDelta(t, 1e-3+bytes*1.5/1e9, p.collectiveIn("tcp", "all_reduce", 4, 4, bytes), 1e-15)
+}
