@@ -143,17 +143,21 @@ func TestPredictPipelineWaitingStagesLendCores(t *testing.T) {
 	require.InDelta(t, pred.Step, pred.Compute+pred.Comm+pred.Bubble, 1e-12)
 }
 
-// Expert parallel's exchanges on the golden machine, worked out by hand:
-// dp 4 with 2 sequences a rank, 4 mixture-of-experts blocks of 4 experts,
-// top 2. Under ep 2 each block's forward sends the expert counts (4
+// Expert parallel on the golden machine, worked out by hand: dp 4 with 2
+// sequences a rank, 4 mixture-of-experts blocks of 4 experts (each an MLP
+// of 8C²+5C parameters, X in all), top 2, DDP's naive all-reduce (no
+// overlap). Under ep 2 each block's forward sends the expert counts (4
 // float64) and twice the rank's routed rows (64 tokens × 2 × 64 floats),
-// its backward the rows twice more, each an all-to-all on 2 ranks (300 µs
-// + (1/2)·bytes at 0.5 GB/s). Nothing else differs from ep 1, whose
-// experts are all on every rank.
+// its backward the rows twice more, each an all-to-all on 2 ranks (300
+// µs + (1/2)·bytes at 0.5 GB/s). The rank holds half the experts: DDP
+// all-reduces the Ψ-X others over the 4 ranks (200 µs + 1.5·4 bytes at 1
+// GB/s) and the experts' X/2 go over the 2 ranks holding the same ones
+// (100 µs + 4 bytes at 1 GB/s), where ep 1 all-reduces all Ψ over 4; the
+// optimizer (32 bytes per parameter at 1 GB/s) updates X/2 fewer.
 func TestPredictExpertParallelAllToAll(t *testing.T) {
 	cfg := tinyConfig()
 	cfg.Model.MoE.Experts, cfg.Model.MoE.TopK, cfg.Model.MoE.Every = 4, 2, 1
-	cfg.Train.BatchSize = 2
+	cfg.Train.BatchSize, cfg.DDP.Mode = 2, "naive"
 	one, err := Predict(cfg, 4, golden(t))
 	require.NoError(t, err)
 	cfg.Parallel.EP = 2
@@ -161,9 +165,14 @@ func TestPredictExpertParallelAllToAll(t *testing.T) {
 	require.NoError(t, err)
 	a2a := func(bytes float64) float64 { return 3e-4 + bytes/2/0.5e9 }
 	rows := 4.0 * 64 * 2 * 64
-	want := 4 * (a2a(8*4) + 4*a2a(rows))
-	require.InDelta(t, want, two.Step-one.Step, 1e-9*want)
-	require.InDelta(t, want, two.Comm-one.Comm, 1e-9*want)
+	exchange := 4 * (a2a(8*4) + 4*a2a(rows))
+	C := 64.0
+	X := 4 * 4 * (8*C*C + 5*C)
+	psi := float64(trainer.GPTConfig(cfg).NumParams())
+	grads := (2e-4 + 1.5*4*(psi-X)/1e9) + (1e-4 + 4*X/2/1e9) - (2e-4 + 1.5*4*psi/1e9)
+	require.InDelta(t, exchange+grads, two.Comm-one.Comm, 1e-9*exchange)
+	optim := -32 * X / 2 / 1e9
+	require.InDelta(t, exchange+grads+optim, two.Step-one.Step, 1e-9*exchange)
 
 	// The naive form (ep.dispatch allgather): forward all-gathers both
 	// ranks' rows (2 × 64 tokens × 64 floats), routing weights (× 2
@@ -175,8 +184,8 @@ func TestPredictExpertParallelAllToAll(t *testing.T) {
 	gather, err := Predict(cfg, 4, golden(t))
 	require.NoError(t, err)
 	h, w, ch := 4*2*64*64.0, 4*2*64*2.0, 8*2*64*2.0
-	want = 4 * (7e-4 + (4*h+2*w+ch)/2/1e9)
-	require.InDelta(t, want, gather.Step-one.Step, 1e-9*want)
+	want := 4 * (7e-4 + (4*h+2*w+ch)/2/1e9)
+	require.InDelta(t, want+grads+optim, gather.Step-one.Step, 1e-9*want)
 }
 
 // A collective of 2 ranks inside a world of 4 waits at least what a small

@@ -88,6 +88,10 @@ type Prediction struct {
 // forward and backward (hidden by the overlap share). The loss and the
 // gradient norm are two small all-reduces over the world; a pipeline
 // sums the tied embedding's gradient over its first and last stage.
+// Under expert parallel the experts are not among those parameters: a
+// rank holds experts/ep of each block's experts and all-reduces their
+// gradients over the dp·cp/ep ranks that hold the same ones (hidden as
+// DDP's buckets are), and updates them itself.
 //
 // Step = makespan + exposed gradient communication + optimizer + the
 // small all-reduces. What it leaves out: memory bandwidth shared between
@@ -240,8 +244,17 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	eff := p.efficiency(world)
 	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, float64(p.Host.Cores)/float64(world))
 
-	// After the micro-batches.
-	psi := float64(m.ActiveParams()) / float64(tp*ppN)
+	// After the micro-batches. A rank holds its share of the parameters,
+	// Ψ/(tp·pp); under expert parallel the experts are not among them:
+	// it holds experts/ep of each mixture-of-experts block's experts
+	// (psiExp) and reduces their gradients itself (below).
+	psi := float64(m.NumParams()) / float64(tp*ppN)
+	var psiExp float64
+	if par.EP > 1 {
+		x := float64(m.ExpertParams())
+		psi -= x / float64(tp*ppN)
+		psiExp = x / float64(par.EP*ppN)
+	}
 	grads := 4 * psi
 	g := dp * cp
 	lastBackward := played / float64(M) * 2 / 3
@@ -266,10 +279,21 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	if g < 2 {
 		gradComm = 0
 	}
+	// An expert's gradient is all-reduced over the g/ep ranks that hold
+	// it as soon as it is final (under every ZeRO stage, which leaves
+	// experts whole), hidden behind backward as DDP's buckets are.
+	if r := g / max(1, par.EP); psiExp > 0 && r > 1 {
+		t := coll("all_reduce", r, 4*psiExp)
+		if cfg.DDP.Mode == "bucketed" {
+			t -= min(ov*t, lastBackward)
+		}
+		gradComm += t
+	}
 	updated := psi
 	if cfg.Zero.Stage > 0 && g > 1 {
 		updated /= float64(g)
 	}
+	updated += psiExp
 	optim := 32 * updated / elRate
 	small := 2 * coll("all_reduce", world, 16)
 	if ppN > 1 {
