@@ -205,3 +205,20 @@ func TestCollectiveWaitsTheWorldsBusyLatency(t *testing.T) {
 	require.InDelta(t, 1e-3+bytes/1e9, p.collectiveIn("tcp", "all_reduce", 2, 4, bytes), 1e-15)
 	require.InDelta(t, 1e-3+bytes*1.5/1e9, p.collectiveIn("tcp", "all_reduce", 4, 4, bytes), 1e-15)
 }
+
+// A profile measured on a busy machine says so: the golden one is
+// consistent; an efficiency above 1, every thread slower than one on the
+// largest products, or a block with no fixed cost is each named.
+func TestProfileMeasuredBusy(t *testing.T) {
+	p := golden(t)
+	p.BlockOverhead = 1e-4
+	require.Empty(t, p.Busy())
+	p.Efficiency = []Efficiency{{Ranks: 1, Share: 0.8}, {Ranks: 4, Share: 2.39}}
+	p.MatMul[len(p.MatMul)-1].FLOPS.All = 0.5e9
+	p.BlockOverhead = 0
+	require.Equal(t, []string{
+		"4 ranks at once ran at 2.39 of the kernel rates (above 1)",
+		"1024³ products ran slower on 4 threads than on one (0.5 against 1.0 GFLOP/s)",
+		"a block's fixed cost came out 0",
+	}, p.Busy())
+}

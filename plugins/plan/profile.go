@@ -177,6 +177,31 @@ func (p *Profile) check() error {
 	return nil
 }
 
+// Busy lists what in p could not have been measured on an idle machine,
+// or nil: an efficiency above 1 (a reference step faster than its
+// kernels' measured rates allow), every core's threads slower than one
+// thread on the largest products (the other threads did not get their
+// cores), a block with no fixed cost (the step of 8 sequences measured
+// slower than 8 of 1 allow). Other programs' load during calibrate does
+// this; the profile then describes that moment, not the machine.
+func (p *Profile) Busy() []string {
+	var why []string
+	for _, e := range p.Efficiency {
+		if e.Share > 1 {
+			why = append(why, fmt.Sprintf("%d ranks at once ran at %.2f of the kernel rates (above 1)", e.Ranks, e.Share))
+		}
+	}
+	if n := len(p.MatMul); n > 0 && p.Host.Cores > 1 {
+		if m := p.MatMul[n-1]; m.FLOPS.All < m.FLOPS.One {
+			why = append(why, fmt.Sprintf("%g³ products ran slower on %d threads than on one (%.1f against %.1f GFLOP/s)", m.Class, p.Host.Cores, m.FLOPS.All/1e9, m.FLOPS.One/1e9))
+		}
+	}
+	if p.BlockOverhead == 0 {
+		why = append(why, "a block's fixed cost came out 0")
+	}
+	return why
+}
+
 // Elsewhere says how host differs from the one p was made on, or "".
 func (p *Profile) Elsewhere(h Host) string {
 	var d []string
