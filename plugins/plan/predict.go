@@ -157,12 +157,13 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	}
 	epF, epB := expertExchange(cfg, coll, rows)
 	last := len(split) - 1
-	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward
+	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward (the same for every n below)
+	// The efficiency of the world, whichever ranks compute (see Bubble).
+	eff := p.efficiency(world)
 	// costsWith are the chunks' costs while n ranks compute at once and
 	// share the machine's cores (cores/n each).
 	costsWith := func(n int) []pp.Costs {
 		share := float64(p.Host.Cores) / float64(n)
-		eff := p.efficiency(world)
 		mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
 		elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
 		// The fixed cost of a block on a micro-batch runs on one core;
@@ -241,7 +242,6 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	for _, sp := range sim.Spans[busiest] {
 		played += sp.End - sp.Start
 	}
-	eff := p.efficiency(world)
 	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, float64(p.Host.Cores)/float64(world))
 
 	// After the micro-batches. A rank holds its share of the parameters,
