@@ -259,15 +259,10 @@ func scaled(one, all, share float64) float64 {
 	return min(one*share, max(all, one))
 }
 
-// collective is the seconds of op over n ranks moving bytes (commbench's
-// size: the whole buffer), from the nearest measured group size of the
-// backend (tcp when the backend was not measured); a model of 50 µs and 1
-// GB/s when nothing was.
-func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
-	return p.collectiveIn(backend, op, n, n, bytes)
-}
-
-// collectiveIn is collective on a group of n of the world ranks that
+// collectiveIn is the seconds of op over a group of n of the world ranks
+// moving bytes (commbench's size: the whole buffer), from the nearest
+// measured group size of the backend (tcp when the backend was not
+// measured); a model of 50 µs and 1 GB/s when nothing was. The ranks
 // share the machine and compute between collectives: a member that waits
 // is woken when the scheduler gives it a core back, which depends on how
 // many ranks compete for the cores (the busy latency measured with world
