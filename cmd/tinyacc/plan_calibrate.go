@@ -25,7 +25,7 @@ import (
 
 // calibOps are the collectives the cost model reads; broadcast over two
 // ranks stands for a point-to-point message.
-var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
 
 // calibSizes are the two buffer sizes a collective's latency and
 // bandwidth are fitted through.
@@ -145,6 +145,9 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("plan calibrate: %w", err)
 	}
 	fmt.Fprintf(stdout, "tinyacc: wrote the profile of %s (%d cores) to %s in %.1f s\n", prof.Host.Name, prof.Host.Cores, path, time.Since(start).Seconds())
+	if why := prof.Busy(); len(why) > 0 {
+		fmt.Fprintf(stderr, "tinyacc: plan calibrate: the machine was busy while measuring (%s): plan's predictions from this profile describe that moment; calibrate again when it is quiet\n", strings.Join(why, "; "))
+	}
 	return nil
 }
 

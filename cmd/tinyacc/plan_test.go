@@ -163,6 +163,7 @@ func TestPlanCalibrateWritesWhatPlanReads(t *testing.T) {
 		ops[c.Op] = true
 	}
 	require.Len(t, ops, len(calibOps))
+	require.True(t, ops["all_to_all"], "expert parallel's exchange is priced from it: %v", ops)
 
 	tiny := []string{"--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--memory.limit=0"}
 	code, stdout, stderr := runCLI(append([]string{"plan", "--nproc", "2", "--profile", prof}, tiny...)...)

@@ -341,6 +341,13 @@ func (c GPTConfig) moeExtraParams(experts int) int64 {
 	return blocks * (C*int64(c.MoE.Experts) + int64(experts-1)*(8*C*C+5*C))
 }
 
+// ExpertParams is the parameters of every MoE block's experts, all of
+// them (the routers not counted): what expert parallel spreads over its
+// ranks, E/ep experts of each block on each.
+func (c GPTConfig) ExpertParams() int64 {
+	return c.moeExtraParams(c.MoE.Experts) - c.moeExtraParams(0)
+}
+
 // ActiveParams is the parameters one token's forward uses: NumParams with
 // top_k of each MoE block's experts instead of all of them (the router
 // counted); equal to NumParams for a dense model.

@@ -12,7 +12,8 @@ import (
 
 // golden is the fixed profile of testdata: every product at 1 GFLOP/s per
 // thread (4 on all 4 cores), kernels at 1 GB/s per thread, collectives
-// of 100 µs (2 ranks) or 200 µs (4 ranks) and 1 GB/s, overlap 0.5.
+// of 100 µs (2 ranks) or 200 µs (4 ranks) and 1 GB/s, all-to-all of 300
+// µs (2 ranks) or 400 µs (4 ranks) and 0.5 GB/s, overlap 0.5.
 func golden(t *testing.T) *Profile {
 	t.Helper()
 	p, err := Load("testdata/profile.json")
@@ -113,4 +114,111 @@ func TestSimulatorOrdersUnlikeNaiveSum(t *testing.T) {
 		require.InDelta(t, p.Step, p.Compute+p.Comm+p.Bubble, 1e-12)
 		require.Positive(t, p.Bubble)
 	}
+}
+
+// A pipeline of one micro-batch on the golden machine: one stage computes
+// at a time, and the three that wait leave it all 4 cores (pp.SimulateShared),
+// so the four chunks run at 4 GFLOP/s and 4 GB/s, one after the other,
+// as one process does; the step is one process's forward and backward,
+// the six messages along the way (3 activations, 3 gradients), each stage's
+// optimizer on its quarter of the parameters at the rate a rank has when
+// all four compute (1 GB/s), the loss's and gradient norm's all-reduces
+// over 4 ranks and the tied embedding's over the first and last stage.
+// Worked out by hand from the model's doc.
+func TestPredictPipelineWaitingStagesLendCores(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Parallel.PP, cfg.PP.Schedule = 4, "afab"
+	pred, err := Predict(cfg, 4, golden(t))
+	require.NoError(t, err)
+	C, T, V, L, rows := 64.0, 32.0, 4096.0, 4.0, 8.0*32
+	flops := rows * (L*(24*C*C+4*T*C) + 2*V*C)
+	bytes := rows * (L*4*(6*C+12*C) + 4*3*V)
+	fwd := flops/4e9 + bytes/4e9
+	msg := 1e-4 + 4*rows*C/1e9 // broadcast on 2 ranks: one activation
+	psi := V*C + T*C + L*(12*C*C+13*C) + 2*C
+	optim := 32 * psi / 4 / 1e9
+	small := 2*(2e-4+16*1.5/1e9) + (1e-4 + 4*V*C/1e9)
+	want := 3*fwd + 6*msg + optim + small
+	require.InDelta(t, want, pred.Step, 1e-9*want)
+	require.InDelta(t, pred.Step, pred.Compute+pred.Comm+pred.Bubble, 1e-12)
+}
+
+// Expert parallel on the golden machine, worked out by hand: dp 4 with 2
+// sequences a rank, 4 mixture-of-experts blocks of 4 experts (each an MLP
+// of 8C²+5C parameters, X in all), top 2, DDP's naive all-reduce (no
+// overlap). Under ep 2 each block's forward sends the expert counts (4
+// float64) and twice the rank's routed rows (64 tokens × 2 × 64 floats),
+// its backward the rows twice more, each an all-to-all on 2 ranks (300
+// µs + (1/2)·bytes at 0.5 GB/s). The rank holds half the experts: DDP
+// all-reduces the Ψ-X others over the 4 ranks (200 µs + 1.5·4 bytes at 1
+// GB/s) and the experts' X/2 go over the 2 ranks holding the same ones
+// (100 µs + 4 bytes at 1 GB/s), where ep 1 all-reduces all Ψ over 4; the
+// optimizer (32 bytes per parameter at 1 GB/s) updates X/2 fewer.
+func TestPredictExpertParallelAllToAll(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Model.MoE.Experts, cfg.Model.MoE.TopK, cfg.Model.MoE.Every = 4, 2, 1
+	cfg.Train.BatchSize, cfg.DDP.Mode = 2, "naive"
+	one, err := Predict(cfg, 4, golden(t))
+	require.NoError(t, err)
+	cfg.Parallel.EP = 2
+	two, err := Predict(cfg, 4, golden(t))
+	require.NoError(t, err)
+	a2a := func(bytes float64) float64 { return 3e-4 + bytes/2/0.5e9 }
+	rows := 4.0 * 64 * 2 * 64
+	exchange := 4 * (a2a(8*4) + 4*a2a(rows))
+	C := 64.0
+	X := 4 * 4 * (8*C*C + 5*C)
+	psi := float64(trainer.GPTConfig(cfg).NumParams())
+	grads := (2e-4 + 1.5*4*(psi-X)/1e9) + (1e-4 + 4*X/2/1e9) - (2e-4 + 1.5*4*psi/1e9)
+	require.InDelta(t, exchange+grads, two.Comm-one.Comm, 1e-9*exchange)
+	optim := -32 * X / 2 / 1e9
+	require.InDelta(t, exchange+grads+optim, two.Step-one.Step, 1e-9*exchange)
+
+	// The naive form (ep.dispatch allgather): forward all-gathers both
+	// ranks' rows (2 × 64 tokens × 64 floats), routing weights (× 2
+	// float32) and choices (× 2 float64) and reduce-scatters the outputs;
+	// backward reduce-scatters the rows' and weights' gradients and
+	// all-gathers the outputs': 7 collectives on 2 ranks of 100 µs +
+	// (1/2)·bytes at 1 GB/s.
+	cfg.EP.Dispatch = "allgather"
+	gather, err := Predict(cfg, 4, golden(t))
+	require.NoError(t, err)
+	h, w, ch := 4*2*64*64.0, 4*2*64*2.0, 8*2*64*2.0
+	want := 4 * (7e-4 + (4*h+2*w+ch)/2/1e9)
+	require.InDelta(t, want+grads+optim, gather.Step-one.Step, 1e-9*want)
+}
+
+// A collective of 2 ranks inside a world of 4 waits at least what a small
+// one adds between compute with 4 ranks on the machine (their busy
+// latency), not the 2 ranks' own: waking a waiting member depends on how
+// many ranks compete for the cores. Alone (a world of 2) it keeps the 2
+// ranks' figures.
+func TestCollectiveWaitsTheWorldsBusyLatency(t *testing.T) {
+	p := golden(t)
+	for i := range p.Collectives {
+		if p.Collectives[i].N == 4 {
+			p.Collectives[i].Busy = 1e-3
+		}
+	}
+	bytes := 1e6
+	require.InDelta(t, 1e-4+bytes/1e9, p.collectiveIn("tcp", "all_reduce", 2, 2, bytes), 1e-15)
+	require.InDelta(t, 1e-3+bytes/1e9, p.collectiveIn("tcp", "all_reduce", 2, 4, bytes), 1e-15)
+	require.InDelta(t, 1e-3+bytes*1.5/1e9, p.collectiveIn("tcp", "all_reduce", 4, 4, bytes), 1e-15)
+}
+
+// A profile measured on a busy machine says so: the golden one is
+// consistent; an efficiency above 1, every thread slower than one on the
+// largest products, or a block with no fixed cost is each named.
+func TestProfileMeasuredBusy(t *testing.T) {
+	p := golden(t)
+	p.BlockOverhead = 1e-4
+	require.Empty(t, p.Busy())
+	p.Efficiency = []Efficiency{{Ranks: 1, Share: 0.8}, {Ranks: 4, Share: 2.39}}
+	p.MatMul[len(p.MatMul)-1].FLOPS.All = 0.5e9
+	p.BlockOverhead = 0
+	require.Equal(t, []string{
+		"4 ranks at once ran at 2.39 of the kernel rates (above 1)",
+		"1024³ products ran slower on 4 threads than on one (0.5 against 1.0 GFLOP/s)",
+		"a block's fixed cost came out 0",
+	}, p.Busy())
 }

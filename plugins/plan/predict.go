@@ -9,6 +9,7 @@ import (
 	"math"
 
 	"github.com/tinyacc/tinyacc/core/config"
+	"github.com/tinyacc/tinyacc/core/nn"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/pp"
 )
@@ -47,6 +48,11 @@ type Prediction struct {
 // measured step of a reference model achieved of them with that many
 // processes at once).
 //
+// Every collective of a group inside the world takes at least the busy
+// latency measured with world ranks (Profile.collectiveIn): a member
+// waits for the scheduler to give it a core back, and that depends on
+// how many ranks compete for the cores, not on the group.
+//
 // Communication inside a micro-batch. Tensor parallel's all-reduces (or,
 // with sequence parallel, all-gathers and reduce-scatters) of one
 // activation, two per block forward and two backward, cannot overlap:
@@ -56,11 +62,22 @@ type Prediction struct {
 // all-gather variant hides nothing. Pipeline messages (one activation
 // per micro-batch and chunk) are the latency of the pipeline's play.
 //
+// Expert parallel's exchanges (expertExchange) add to the forward and
+// backward of every mixture-of-experts block: all-to-alls of the rank's
+// routed rows priced at the profile's all-to-all over ep ranks.
+//
 // Bubble. The schedule (pp.Generate) is played by the pipeline
-// simulator with these per-chunk costs (pp.SimulateChunks); its makespan
-// is the pipelined part of the step, and the bubble is the makespan less
-// the busiest rank's work. Without a pipeline the same play is one rank
-// running its micro-batches one after the other.
+// simulator with these per-chunk costs, the stages sharing the cores
+// (pp.SimulateShared): while k of the pp stages compute, the costs are
+// those of k·(world/pp) ranks computing at once, with cores/(k·world/pp)
+// cores each, so a stage waiting in the bubble lends its cores to those
+// that compute. The rates keep the efficiency of the whole world (the
+// waiting ranks' processes, threads and memory stay on the machine; a
+// measured pipeline of one micro-batch, where half the ranks wait at any
+// time, is not faster than data parallel). The play's makespan is the
+// pipelined part of the step, and the bubble is the makespan less the
+// busiest rank's time on its actions. Without a pipeline the same play
+// is one rank running its micro-batches one after the other.
 //
 // After the micro-batches. The gradients of the rank's parameters
 // (Ψ/(tp·pp)) are averaged over the dp × cp group: an all-reduce (ZeRO
@@ -71,10 +88,14 @@ type Prediction struct {
 // forward and backward (hidden by the overlap share). The loss and the
 // gradient norm are two small all-reduces over the world; a pipeline
 // sums the tied embedding's gradient over its first and last stage.
+// Under expert parallel the experts are not among those parameters: a
+// rank holds experts/ep of each block's experts and all-reduces their
+// gradients over the dp·cp/ep ranks that hold the same ones (hidden as
+// DDP's buckets are), and updates them itself.
 //
 // Step = makespan + exposed gradient communication + optimizer + the
-// small all-reduces. What it leaves out: the cores that ranks idle in a
-// bubble lend to the others, and memory bandwidth shared between ranks.
+// small all-reduces. What it leaves out: memory bandwidth shared between
+// ranks, and the load of other programs.
 func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	var out Prediction
 	m := trainer.GPTConfig(cfg)
@@ -103,19 +124,13 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		}
 	}
 	backend := cfg.Comm.Backend
-	share := float64(p.Host.Cores) / float64(world)
+	coll := func(op string, n int, bytes float64) float64 { return p.collectiveIn(backend, op, n, world, bytes) }
 	rows := float64(cfg.Train.BatchSize*m.BlockSize) / float64(cp) // tokens of one micro-batch on one rank
 	C, V := float64(m.NEmbd), float64(m.VocabSize)
-	eff := p.efficiency(world)
-	mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
-	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
 	whole, splitW := m.ActWidths()
 	actBytes := 4 * rows * (float64(whole) + float64(splitW)/float64(tp)) // one block's activations
 	logitBytes := 4 * rows * 3 * V / float64(tp)
 	bf, hf := pp.BlockFLOPs(m), pp.HeadFLOPs(m)
-	// The fixed cost of a block on a micro-batch runs on one core; ranks
-	// beyond the cores share them.
-	over := p.BlockOverhead * max(1, float64(world)/float64(p.Host.Cores))
 	ov := min(1, max(0, p.Overlap))
 
 	// Per block and micro-batch: the communication inside it.
@@ -123,120 +138,223 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	if tp > 1 {
 		one := 4 * rows * C
 		if cfg.TP.SequenceParallel {
-			c := p.collective(backend, "all_gather", tp, one) + p.collective(backend, "reduce_scatter", tp, one)
+			c := coll("all_gather", tp, one) + coll("reduce_scatter", tp, one)
 			tpF, tpB = 2*c, 2*c
 		} else {
-			c := p.collective(backend, "all_reduce", tp, one)
+			c := coll("all_reduce", tp, one)
 			tpF, tpB = 2*c, 2*c
 		}
 	}
 	if cp > 1 {
 		blk := 2 * 4 * rows * C // one rank's keys and values
 		if cfg.CP.Attention == "allgather" {
-			c := p.collective(backend, "all_gather", cp, blk*float64(cp)) + p.collective(backend, "reduce_scatter", cp, blk*float64(cp))
+			c := coll("all_gather", cp, blk*float64(cp)) + coll("reduce_scatter", cp, blk*float64(cp))
 			cpF, cpB = c, c
 		} else {
-			msg := p.collective(backend, "broadcast", 2, blk)
+			msg := coll("broadcast", 2, blk)
 			cpF, cpB = (1-ov)*float64(cp-1)*msg, (1-ov)*float64(2*cp-1)*msg
 		}
 	}
+	epF, epB := expertExchange(cfg, coll, rows)
 	last := len(split) - 1
-	costs := make([]pp.Costs, len(split))
-	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward
-	for c, nb := range split {
-		L := float64(nb)
-		fl := rows * L * bf / float64(tp)
-		el := L * actBytes
-		if c == last {
-			fl += rows * hf / float64(tp)
-			el += logitBytes
+	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward (the same for every n below)
+	// The efficiency of the world, whichever ranks compute (see Bubble).
+	eff := p.efficiency(world)
+	// costsWith are the chunks' costs while n ranks compute at once and
+	// share the machine's cores (cores/n each).
+	costsWith := func(n int) []pp.Costs {
+		share := float64(p.Host.Cores) / float64(n)
+		mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
+		elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
+		// The fixed cost of a block on a micro-batch runs on one core;
+		// ranks beyond the cores share them.
+		over := p.BlockOverhead * max(1, float64(n)/float64(p.Host.Cores))
+		costs := make([]pp.Costs, len(split))
+		for c, nb := range split {
+			L := float64(nb)
+			moe := float64(moeBlocks(m, split, c))
+			fl := rows * L * bf / float64(tp)
+			el := L * actBytes
+			if c == last {
+				fl += rows * hf / float64(tp)
+				el += logitBytes
+			}
+			blocks := L
+			if c == last {
+				blocks++ // the head and the loss
+			}
+			inF := L*(tpF+cpF) + moe*epF // communication inside a forward
+			f := fl/mmRate + el/elRate + blocks*over/3
+			back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB) + moe*epB + 2*blocks*over/3
+			if cfg.Recompute.Granularity == "selective" {
+				back += L * actBytes / 3 / elRate
+			}
+			comm := inF + L*(tpB+cpB) + moe*epB
+			if k := trainer.RecomputedBlocks(cfg, nb); k > 0 {
+				back += float64(k) * (rows*bf/float64(tp)/mmRate + actBytes/elRate + tpF + cpF)
+				comm += float64(k) * (tpF + cpF)
+				if moe > 0 { // the recomputed blocks' share of the exchanges
+					back += moe * float64(k) / L * epF
+					comm += moe * float64(k) / L * epF
+				}
+			}
+			commOf[c] = comm
+			costs[c] = pp.Costs{F: f + inF, B: back, W: 0}
+			if s.Split {
+				costs[c].B, costs[c].W = back/2, back/2
+			}
+			if ppN > 1 {
+				costs[c].L = coll("broadcast", 2, 4*rows*C)
+			}
 		}
-		blocks := L
-		if c == last {
-			blocks++ // the head and the loss
-		}
-		f := fl/mmRate + el/elRate + blocks*over/3
-		comm := L * (tpF + cpF)
-		back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB) + 2*blocks*over/3
-		if cfg.Recompute.Granularity == "selective" {
-			back += L * actBytes / 3 / elRate
-		}
-		if k := trainer.RecomputedBlocks(cfg, nb); k > 0 {
-			back += float64(k) * (rows*bf/float64(tp)/mmRate + actBytes/elRate + tpF + cpF)
-			comm += float64(k) * (tpF + cpF)
-		}
-		commOf[c] = comm + L*(tpB+cpB)
-		costs[c] = pp.Costs{F: f + L*(tpF+cpF), B: back, W: 0}
-		if s.Split {
-			costs[c].B, costs[c].W = back/2, back/2
-		}
-		if ppN > 1 {
-			costs[c].L = p.collective(backend, "broadcast", 2, 4*rows*C)
-		}
+		return costs
 	}
-	sim, err := s.SimulateChunks(func(c int) pp.Costs { return costs[c] })
+	// A pipeline's stages compute at once only where the schedule says:
+	// the stages that wait in the bubble leave their cores to the others
+	// (pp.SimulateShared). Every one of the world/pp ranks of a stage
+	// (its dp, tp and cp peers) computes when the stage does.
+	per := world / ppN
+	byBusy := make([][]pp.Costs, ppN+1)
+	for k := 1; k <= ppN; k++ {
+		byBusy[k] = costsWith(k * per)
+	}
+	all := byBusy[ppN]
+	sim, err := s.SimulateShared(func(c, busy int) pp.Costs { return byBusy[busy][c] })
 	if err != nil {
 		return out, err
 	}
-	busy, busyComm := 0.0, 0.0
-	for r, spans := range sim.Spans {
-		b := 0.0
-		for _, sp := range spans {
-			b += sp.End - sp.Start
+	// The busiest rank's work with every rank computing: the naive sum's
+	// and the exposed-communication shares' measure.
+	busy, busyComm, busiest := 0.0, 0.0, 0
+	for r := range ppN {
+		b, bc := 0.0, 0.0
+		for c := r; c < len(split); c += ppN {
+			b += float64(M) * (all[c].F + all[c].B + all[c].W)
+			bc += float64(M) * commOf[c]
 		}
 		if b > busy {
-			busy = b
-			busyComm = 0
-			for c := r; c < len(split); c += ppN {
-				busyComm += float64(M) * commOf[c]
-			}
+			busy, busyComm, busiest = b, bc, r
 		}
 	}
+	// What that rank spends on its actions in the shared play (faster
+	// where other stages waited; its communication takes as long).
+	played := 0.0
+	for _, sp := range sim.Spans[busiest] {
+		played += sp.End - sp.Start
+	}
+	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, float64(p.Host.Cores)/float64(world))
 
-	// After the micro-batches.
-	psi := float64(m.ActiveParams()) / float64(tp*ppN)
+	// After the micro-batches. A rank holds its share of the parameters,
+	// Ψ/(tp·pp); under expert parallel the experts are not among them:
+	// it holds experts/ep of each mixture-of-experts block's experts
+	// (psiExp) and reduces their gradients itself (below).
+	psi := float64(m.NumParams()) / float64(tp*ppN)
+	var psiExp float64
+	if par.EP > 1 {
+		x := float64(m.ExpertParams())
+		psi -= x / float64(tp*ppN)
+		psiExp = x / float64(par.EP*ppN)
+	}
 	grads := 4 * psi
 	g := dp * cp
-	lastBackward := busy / float64(M) * 2 / 3
+	lastBackward := played / float64(M) * 2 / 3
 	var gradComm float64
 	switch cfg.Zero.Stage {
 	case 0:
-		t := p.collective(backend, "all_reduce", g, grads)
+		t := coll("all_reduce", g, grads)
 		if cfg.DDP.Mode == "bucketed" {
 			t -= min(ov*t, lastBackward)
 		}
 		gradComm = t
 	case 1:
-		gradComm = p.collective(backend, "reduce_scatter", g, grads) + p.collective(backend, "all_gather", g, grads)
+		gradComm = coll("reduce_scatter", g, grads) + coll("all_gather", g, grads)
 	case 2:
-		rs := p.collective(backend, "reduce_scatter", g, grads)
-		gradComm = rs - min(ov*rs, lastBackward) + p.collective(backend, "all_gather", g, grads)
+		rs := coll("reduce_scatter", g, grads)
+		gradComm = rs - min(ov*rs, lastBackward) + coll("all_gather", g, grads)
 	default:
-		rs := p.collective(backend, "reduce_scatter", g, grads)
-		ag := float64(2*M) * p.collective(backend, "all_gather", g, grads)
+		rs := coll("reduce_scatter", g, grads)
+		ag := float64(2*M) * coll("all_gather", g, grads)
 		gradComm = (1 - ov) * (rs + ag)
 	}
 	if g < 2 {
 		gradComm = 0
 	}
+	// An expert's gradient is all-reduced over the g/ep ranks that hold
+	// it as soon as it is final (under every ZeRO stage, which leaves
+	// experts whole), hidden behind backward as DDP's buckets are.
+	if r := g / max(1, par.EP); psiExp > 0 && r > 1 {
+		t := coll("all_reduce", r, 4*psiExp)
+		if cfg.DDP.Mode == "bucketed" {
+			t -= min(ov*t, lastBackward)
+		}
+		gradComm += t
+	}
 	updated := psi
 	if cfg.Zero.Stage > 0 && g > 1 {
 		updated /= float64(g)
 	}
+	updated += psiExp
 	optim := 32 * updated / elRate
-	small := 2 * p.collective(backend, "all_reduce", world, 16)
+	small := 2 * coll("all_reduce", world, 16)
 	if ppN > 1 {
-		small += p.collective(backend, "all_reduce", 2, 4*V*C)
+		small += coll("all_reduce", 2, 4*V*C)
 	}
 
 	out.Step = sim.Makespan + gradComm + optim + small
-	out.Compute = busy - busyComm + optim
+	out.Compute = played - busyComm + optim
 	out.Comm = busyComm + gradComm + small
-	out.Bubble = sim.Makespan - busy
+	out.Bubble = sim.Makespan - played
 	formula, _ := pp.Formula(sched, ppN, v, M)
 	if ppN == 1 {
 		formula = 0
 	}
 	out.Naive = busy*(1+formula) + gradComm + optim + small
 	return out, nil
+}
+
+// moeBlocks is how many of chunk c's blocks (split: blocks per chunk, in
+// order) are mixtures of experts.
+func moeBlocks(m nn.GPTConfig, split []int, c int) int {
+	first := 0
+	for _, nb := range split[:c] {
+		first += nb
+	}
+	n := 0
+	for i := first; i < first+split[c]; i++ {
+		if m.MoE.IsMoE(i) {
+			n++
+		}
+	}
+	return n
+}
+
+// expertExchange is what expert parallel's exchanges cost one rank per
+// mixture-of-experts block and micro-batch of rows tokens, forward and
+// backward (seconds; they cannot overlap: the experts wait for their
+// rows, the next layer for the outputs). Every token goes to top_k
+// experts, spread evenly over the ep ranks (the aux loss's aim), so each
+// rank sends rows·top_k·n_embd floats in one all-to-all, (ep-1)/ep of
+// them away. ep.dispatch alltoall: forward, the experts' counts (float64
+// per expert) then the rows out and the outputs back; backward, the two
+// row exchanges reversed. ep.dispatch allgather (the naive form):
+// forward, all-gathers of every rank's rows, routing weights and expert
+// choices (float64) and a reduce-scatter of the outputs; backward, a
+// reduce-scatter of the rows' and weights' gradients and an all-gather
+// of the outputs'.
+func expertExchange(cfg config.Config, coll func(op string, n int, bytes float64) float64, rows float64) (fwd, bwd float64) {
+	ep, mc := cfg.Parallel.EP, cfg.Model.MoE
+	if ep < 2 || mc.Experts == 0 {
+		return 0, 0
+	}
+	C, k, n := float64(cfg.Model.NEmbd), float64(mc.TopK), float64(ep)
+	if cfg.EP.Dispatch == "allgather" {
+		h, w, ch := 4*n*rows*C, 4*n*rows*k, 8*n*rows*k
+		fwd = coll("all_gather", ep, h) + coll("all_gather", ep, w) +
+			coll("all_gather", ep, ch) + coll("reduce_scatter", ep, h)
+		bwd = coll("reduce_scatter", ep, h) + coll("reduce_scatter", ep, w) +
+			coll("all_gather", ep, h)
+		return fwd, bwd
+	}
+	x := coll("all_to_all", ep, 4*rows*k*C)
+	return coll("all_to_all", ep, 8*float64(mc.Experts)) + 2*x, 2 * x
 }

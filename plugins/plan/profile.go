@@ -177,6 +177,31 @@ func (p *Profile) check() error {
 	return nil
 }
 
+// Busy lists what in p could not have been measured on an idle machine,
+// or nil: an efficiency above 1 (a reference step faster than its
+// kernels' measured rates allow), every core's threads slower than one
+// thread on the largest products (the other threads did not get their
+// cores), a block with no fixed cost (the step of 8 sequences measured
+// slower than 8 of 1 allow). Other programs' load during calibrate does
+// this; the profile then describes that moment, not the machine.
+func (p *Profile) Busy() []string {
+	var why []string
+	for _, e := range p.Efficiency {
+		if e.Share > 1 {
+			why = append(why, fmt.Sprintf("%d ranks at once ran at %.2f of the kernel rates (above 1)", e.Ranks, e.Share))
+		}
+	}
+	if n := len(p.MatMul); n > 0 && p.Host.Cores > 1 {
+		if m := p.MatMul[n-1]; m.FLOPS.All < m.FLOPS.One {
+			why = append(why, fmt.Sprintf("%g³ products ran slower on %d threads than on one (%.1f against %.1f GFLOP/s)", m.Class, p.Host.Cores, m.FLOPS.All/1e9, m.FLOPS.One/1e9))
+		}
+	}
+	if p.BlockOverhead == 0 {
+		why = append(why, "a block's fixed cost came out 0")
+	}
+	return why
+}
+
 // Elsewhere says how host differs from the one p was made on, or "".
 func (p *Profile) Elsewhere(h Host) string {
 	var d []string
@@ -234,11 +259,15 @@ func scaled(one, all, share float64) float64 {
 	return min(one*share, max(all, one))
 }
 
-// collective is the seconds of op over n ranks moving bytes (commbench's
-// size: the whole buffer), from the nearest measured group size of the
-// backend (tcp when the backend was not measured); a model of 50 µs and 1
-// GB/s when nothing was.
-func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
+// collectiveIn is the seconds of op over a group of n of the world ranks
+// moving bytes (commbench's size: the whole buffer), from the nearest
+// measured group size of the backend (tcp when the backend was not
+// measured); a model of 50 µs and 1 GB/s when nothing was. The ranks
+// share the machine and compute between collectives: a member that waits
+// is woken when the scheduler gives it a core back, which depends on how
+// many ranks compete for the cores (the busy latency measured with world
+// ranks), not on how many are in the group.
+func (p *Profile) collectiveIn(backend, op string, n, world int, bytes float64) float64 {
 	if n < 2 {
 		return 0
 	}
@@ -253,13 +282,44 @@ func (p *Profile) collective(backend, op string, n int, bytes float64) float64 {
 		}
 	}
 	if best == nil && backend != "tcp" {
-		return p.collective("tcp", op, n, bytes)
+		return p.collectiveIn("tcp", op, n, world, bytes)
+	}
+	if best == nil && op == "all_to_all" && p.measured("all_gather") {
+		// A profile from before calibrate measured all-to-all: an
+		// all-gather moves the same bytes between the same ranks.
+		return p.collectiveIn(backend, "all_gather", n, world, bytes)
 	}
 	lat, bw := 50e-6, 1e9
 	if best != nil {
-		lat, bw = max(best.Latency, best.Busy), best.BusBW
+		lat, bw = max(best.Latency, p.busyLatency(best.Backend, op, world)), best.BusBW
 	}
 	return lat + bytes*busFactor(op, n)/bw
+}
+
+// busyLatency is the busy latency of op measured with the number of ranks
+// nearest world on the machine (0 when none was).
+func (p *Profile) busyLatency(backend, op string, world int) float64 {
+	var best *CollectiveCost
+	for i := range p.Collectives {
+		c := &p.Collectives[i]
+		if c.Op == op && c.Backend == backend && (best == nil || abs(c.N-world) < abs(best.N-world)) {
+			best = c
+		}
+	}
+	if best == nil {
+		return 0
+	}
+	return best.Busy
+}
+
+// measured says whether the profile holds op on some group.
+func (p *Profile) measured(op string) bool {
+	for _, c := range p.Collectives {
+		if c.Op == op {
+			return true
+		}
+	}
+	return false
 }
 
 func abs(x int) int {
