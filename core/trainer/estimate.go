@@ -153,6 +153,19 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	}
 }
 
+// RankPass is ModelPass on a rank of cfg's tensor- and context-parallel
+// layout (T/cp positions, the tp degree, sequence parallel, ring
+// attention), whose activations the tp and cp estimators count: for a
+// strategy that places its own buffers at the moments of the backward
+// (PassActs.HeadMoment, BlockMoment) beside them.
+func RankPass(cfg config.Config, m nn.GPTConfig) PassActs {
+	p := cfg.Parallel
+	if p.CP > 1 {
+		m.BlockSize /= p.CP
+	}
+	return ModelPass(cfg, m, ActLayout{TP: p.TP, SP: p.TP > 1 && cfg.TP.SequenceParallel, Ring: p.CP > 1 && cfg.CP.Attention == "ring"})
+}
+
 // EstimateMemory predicts the memory of every rank of a run of cfg on
 // world ranks laid out with data-parallel size dpSize (rank r is dp rank
 // (r / (tp·cp)) mod dpSize, as core/mesh lays out pp × dp × cp × tp),
