@@ -95,17 +95,25 @@ type MemoryEstimate struct {
 	DataBytes int64 `json:"data_bytes"`
 	// RuntimeBytes is the Go runtime, the binary and OpenBLAS's buffers.
 	RuntimeBytes int64 `json:"runtime_bytes"`
+	// SharedBytes is the shared memory the rank's process maps to reach
+	// the other processes of its host (comm.RingBytes; 0 for one process
+	// or goroutine ranks): in its resident memory, not in the Go heap.
+	SharedBytes int64 `json:"shared_bytes"`
 }
 
 // ProcessBytes is what the rank's process needs at most: the training
-// peak, the set-up's excess, the data and the runtime.
+// peak, the set-up's excess, the data, the runtime and the shared memory
+// of its transport.
 func (e MemoryEstimate) ProcessBytes() int64 {
-	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes
+	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes + e.SharedBytes
 }
 
-// RuntimeBytes is the resident size of a tinyacc process before it
-// allocates anything of its own: the Go runtime, the binary's pages and
-// OpenBLAS's thread buffers.
+// RuntimeBytes is the stated overhead of a process beside its ranks'
+// buffers, corpus and transport's shared memory: the binary's pages
+// (about 19 MiB), the Go runtime, OpenBLAS's thread buffers, the
+// collectives' segments and the garbage the collector has not freed
+// under LimitHeap's limit. Measured beside the allocator's peak it is 26
+// to 76 MiB (docs/formulas.md).
 const RuntimeBytes = 48 << 20
 
 // ActivationBytes is the activation peak of one micro-batch's forward
