@@ -105,7 +105,13 @@ func CheckMemory(cfg config.Config, world int, es []trainer.MemoryEstimate, limi
 	if err == nil {
 		return nil
 	}
-	fits := Fits(cfg, world, limit/int64(max(local, 1)))
+	// The transport's shared memory (SharedBytes) is the same in every
+	// layout of these processes.
+	shared := es[0].SharedBytes
+	fits := Fits(cfg, world, limit/int64(max(local, 1))-shared)
+	for i := range fits {
+		fits[i].PerRank += shared
+	}
 	if len(fits) == 0 {
 		return fmt.Errorf("%w\nfits: no layout of %d ranks; a smaller model or batch, more ranks, or more memory", err, world)
 	}

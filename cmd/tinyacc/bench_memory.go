@@ -11,7 +11,6 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
-	"github.com/tinyacc/tinyacc/plugins"
 )
 
 // memoryRow is one layout of `bench memory`. flags may hold %d, the
@@ -87,8 +86,8 @@ type memoryResult struct {
 	Formula   int64  `json:"formula_bytes"`
 	// Buffers is what the estimate states beyond the formula for
 	// training: activations, gathered units and padding, communication
-	// buffers, the data and the runtime (the estimate less its set-up
-	// excess, less the formula).
+	// buffers, the data, the shared-memory rings and the runtime (the
+	// estimate less its set-up excess, less the formula).
 	Buffers int64 `json:"buffers_bytes"`
 	// Single is the resident peak of one process training the same
 	// global batch (train.batch_size × dp, same micro-batches).
@@ -231,7 +230,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		es, err := plugins.Estimate(cfg, procs)
+		es, err := estimateProcesses(cfg, procs, procs)
 		if err != nil {
 			return fmt.Errorf("bench memory: row %q: %w", name, err)
 		}
@@ -284,7 +283,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
 	}
 	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
-	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data and runtime beside it")
+	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data, shared-memory rings and runtime beside it")
 	fmt.Fprintln(stdout, "params/est, optim/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies and optim holds the float32 masters with the moments")
 	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
 	return nil

@@ -81,9 +81,10 @@ func estimateProcessBytes(t *testing.T, bin string, flags []string) []int64 {
 			Setup   int64 `json:"setup_peak_bytes"`
 			Data    int64 `json:"data_bytes"`
 			Runtime int64 `json:"runtime_bytes"`
+			Shared  int64 `json:"shared_bytes"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(line), &e))
-		res = append(res, e.Peak+e.Setup+e.Data+e.Runtime)
+		res = append(res, e.Peak+e.Setup+e.Data+e.Runtime+e.Shared)
 	}
 	return res
 }

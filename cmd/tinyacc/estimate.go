@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins"
@@ -33,7 +34,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	world := max(nproc, localRanks, 1)
-	es, err := plugins.Estimate(r.Config, world)
+	es, err := estimateProcesses(r.Config, world, nproc)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func memoryLimit(cfg config.Config) (int64, string, error) {
 // memory.limit (the local ranks share the host's limit), and a warning
 // when more processes than cores are asked for.
 func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Writer) error {
-	es, err := plugins.Estimate(cfg, world)
+	es, err := estimateProcesses(cfg, world, nproc)
 	if err != nil {
 		return err
 	}
@@ -97,6 +98,22 @@ func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Write
 		fmt.Fprintf(stderr, "tinyacc: warning: --nproc %d starts more processes than the %d cores of this machine; they will share them and run slower\n", nproc, n)
 	}
 	return nil
+}
+
+// estimateProcesses is plugins.Estimate of a run of world ranks, nproc
+// of them processes of this host on the tcp backend (train --nproc; 0
+// for goroutine ranks or one process): each of those also maps the
+// shared-memory rings to the other nproc-1 (comm.RingBytes).
+func estimateProcesses(cfg config.Config, world, nproc int) ([]trainer.MemoryEstimate, error) {
+	es, err := plugins.Estimate(cfg, world)
+	if err != nil || nproc < 2 || cfg.Comm.Backend != "tcp" {
+		return es, err
+	}
+	shared := comm.RingBytes(nproc-1, commOptions(cfg))
+	for i := range es {
+		es[i].SharedBytes = shared
+	}
+	return es, nil
 }
 
 // limitHeap bounds this process's Go heap to the estimate of the ranks it

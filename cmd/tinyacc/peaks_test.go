@@ -15,9 +15,8 @@ import (
 )
 
 // residentRows are the layouts of the equivalence matrix as real `train`
-// jobs of one process per rank, so each rank's rss_peak_bytes is its own.
-// The four dimensions at once need 16 ranks: their allocator peaks are
-// held per rank by TestPeakWithinEstimateEveryLayout in plugins.
+// jobs of one process per rank, so each rank's rss_peak_bytes is its own;
+// the four dimensions at once are 16 processes.
 var residentRows = []struct {
 	name  string
 	flags []string
@@ -34,6 +33,7 @@ var residentRows = []struct {
 	{"pp 2 interleaved", []string{"--nproc=2", "--parallel.pp=2", "--pp.schedule=interleaved", "--pp.virtual_stages=2", "--train.grad_accum=2"}},
 	{"pp 2 zb1", []string{"--nproc=2", "--parallel.pp=2", "--pp.schedule=zb1", "--train.grad_accum=2"}},
 	{"cp 2", []string{"--nproc=2", "--parallel.cp=2"}},
+	{"dp 2 tp 2 pp 2 cp 2", []string{"--nproc=16", "--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--parallel.cp=2", "--train.grad_accum=2"}},
 }
 
 // TestResidentPeakWithinEstimate trains two steps of every layout as
@@ -44,20 +44,24 @@ var residentRows = []struct {
 // each process's resident peak (rss_peak_bytes, VmHWM) to the estimate
 // of the process, both within 10%.
 //
-// The estimate of a process adds to its rank's bytes the corpus it holds
-// and trainer.RuntimeBytes (48 MiB), for what is resident beside the
-// allocator's buffers: the Go runtime and the binary's pages (a tinyacc
-// process that allocates nothing peaks at about 22 MiB here) and the
-// garbage of the step that the collector has not yet freed (the heap
-// limit trainer.LimitHeap sets is the estimate plus 5% plus 32 MiB).
-// Measured, a rank's resident peak is its allocator peak plus 30 to 75
-// MiB: a fixed amount more than a share of the model, so the shape gives
-// every rank a few hundred MiB (GPT-2's vocabulary, 256 wide, 4
-// sequences of 64 tokens), where it is within the tolerance, and two steps
-// of every layout still take seconds.
+// The estimate of a process adds to its rank's bytes the corpus it holds,
+// the shared memory its transport maps (comm.RingBytes: two rings of 2
+// MiB and a header page per other process of the host, populated, so
+// 60 MiB of each of the 16 processes of the 4D row) and
+// trainer.RuntimeBytes (48 MiB), for what else is resident beside the
+// allocator's buffers: the binary's pages (about 19 MiB), the Go
+// runtime, OpenBLAS's buffers, the segments of the groups' collectives
+// and the garbage of the step that the collector has not yet freed (the
+// heap limit trainer.LimitHeap sets is the estimate plus 5% plus 32
+// MiB). Measured, a rank's resident peak is its allocator peak plus the
+// rings plus 26 to 76 MiB: a fixed amount more than a share of the
+// model, so the shape gives every rank 120 MiB or more (GPT-2's
+// vocabulary, 256 wide, 4 sequences of 64 tokens), where it is within
+// the tolerance, and two steps of every layout still take seconds (the
+// 16 processes of the 4D row about half a minute on 2 cores).
 func TestResidentPeakWithinEstimate(t *testing.T) {
 	if testing.Short() {
-		t.Skip("trains 12 jobs of a few hundred MiB per rank")
+		t.Skip("trains 13 jobs of a few hundred MiB per rank")
 	}
 	bin := tinyaccBinary(t)
 	dir := t.TempDir()
@@ -87,10 +91,15 @@ func TestResidentPeakWithinEstimate(t *testing.T) {
 				t.Logf("%s rank %d: %s %.1f MiB, estimate %.1f MiB (%+.1f%%)", row.name, r, what, measured/(1<<20), want/(1<<20), 100*(measured/want-1))
 				require.LessOrEqual(t, math.Abs(measured-want), 0.10*want, "%s rank %d: %s %.0f B, estimate %.0f B", row.name, r, what, measured, want)
 			}
+			procs := len(est)
+			if len(row.flags) == 0 {
+				procs = 1
+			}
 			for r, e := range est {
 				require.Equal(t, int64(trainer.RuntimeBytes), e.Runtime, "the runtime share the estimate adds")
+				require.Equal(t, int64(2*(procs-1)*(2<<20+4096)), e.Shared, "the rings of %d processes", procs)
 				within("allocator peak", r, got[r].Peak, float64(e.Peak+e.Setup))
-				within("rss_peak_bytes", r, got[r].RSS, float64(e.Peak+e.Setup+e.Data+e.Runtime))
+				within("rss_peak_bytes", r, got[r].RSS, float64(e.Peak+e.Setup+e.Data+e.Runtime+e.Shared))
 			}
 		})
 	}
@@ -102,6 +111,7 @@ type rankEstimate struct {
 	Setup   int64 `json:"setup_peak_bytes"`
 	Data    int64 `json:"data_bytes"`
 	Runtime int64 `json:"runtime_bytes"`
+	Shared  int64 `json:"shared_bytes"`
 }
 
 // estimateRanks is what `tinyacc estimate --json` says of each rank of

@@ -16,6 +16,22 @@ import (
 // Setting up the shared-memory rings of shm.go during rendezvous, and
 // releasing them.
 
+// RingBytes is the shared memory a process of the tcp backend maps for
+// its rings to peers other ranks of its host: one ring in each direction
+// per peer, each a header page and the data area shmRingBytes sizes for
+// o's chunk (2 MiB at the default 512 KiB), mapped populated
+// (ringMapFlags), so all of it is in the process's resident memory from
+// rendezvous on (RssShmem). Each ring is one tmpfs file mapped by both of
+// its ends: the host holds half of what its processes' resident memory
+// counts. 0 when TINYACC_SHM keeps every transfer on TCP.
+func RingBytes(peers int, o Options) int64 {
+	if peers <= 0 || !shmEnabled() {
+		return 0
+	}
+	o = o.withDefaults()
+	return int64(2*peers) * int64(shmHeaderBytes+shmRingBytes(o.ChunkBytes))
+}
+
 // shmRingBytes sizes the data area of a ring for the chunk size: room for
 // four chunks, within the bounds, in whole pages.
 func shmRingBytes(chunk int) int {

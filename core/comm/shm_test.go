@@ -252,11 +252,12 @@ func residentBytes(addr uintptr) (int, error) {
 
 // Every ring is resident in full, on both sides, before its first frame:
 // a rank's memory does not climb page by page as frames move through the
-// rings over a long run.
+// rings over a long run. What a rank's rings hold resident is what
+// RingBytes tells the memory estimate.
 func TestShmRingsResidentFromSetup(t *testing.T) {
 	require.NoError(t, runTCP(t, 3, Options{}, func(g Group) error {
 		tr := tcpOf(g)
-		rings := 0
+		rings, resident := 0, 0
 		for _, r := range append(append([]*shmRing{}, tr.shmIn...), tr.shmOut...) {
 			if r == nil {
 				continue
@@ -269,9 +270,13 @@ func TestShmRingsResidentFromSetup(t *testing.T) {
 			if rss != len(r.mem) {
 				return fmt.Errorf("ring with rank %d: %d of %d bytes resident", r.peer, rss, len(r.mem))
 			}
+			resident += rss
 		}
 		if rings != 4 {
 			return fmt.Errorf("%d rings, want one each way with each of 2 peers", rings)
+		}
+		if want := RingBytes(2, Options{}); int64(resident) != want {
+			return fmt.Errorf("the rings hold %d bytes resident, RingBytes says %d", resident, want)
 		}
 		return nil
 	}))

@@ -103,17 +103,25 @@ type MemoryEstimate struct {
 	DataBytes int64 `json:"data_bytes"`
 	// RuntimeBytes is the Go runtime, the binary and OpenBLAS's buffers.
 	RuntimeBytes int64 `json:"runtime_bytes"`
+	// SharedBytes is the shared memory the rank's process maps to reach
+	// the other processes of its host (comm.RingBytes; 0 for one process
+	// or goroutine ranks): in its resident memory, not in the Go heap.
+	SharedBytes int64 `json:"shared_bytes"`
 }
 
 // ProcessBytes is what the rank's process needs at most: the training
-// peak, the set-up's excess, the data and the runtime.
+// peak, the set-up's excess, the data, the runtime and the shared memory
+// of its transport.
 func (e MemoryEstimate) ProcessBytes() int64 {
-	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes
+	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes + e.SharedBytes
 }
 
-// RuntimeBytes is the resident size of a tinyacc process before it
-// allocates anything of its own: the Go runtime, the binary's pages and
-// OpenBLAS's thread buffers.
+// RuntimeBytes is the stated overhead of a process beside its ranks'
+// buffers, corpus and transport's shared memory: the binary's pages
+// (about 19 MiB), the Go runtime, OpenBLAS's thread buffers, the
+// collectives' segments and the garbage the collector has not freed
+// under LimitHeap's limit. Measured beside the allocator's peak it is 26
+// to 76 MiB (docs/formulas.md).
 const RuntimeBytes = 48 << 20
 
 // ActivationBytes is the activation peak of one micro-batch's forward
@@ -159,6 +167,19 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
 		// A whole model's backward defers nothing.
 	}
+}
+
+// RankPass is ModelPass on a rank of cfg's tensor- and context-parallel
+// layout (T/cp positions, the tp degree, sequence parallel, ring
+// attention), whose activations the tp and cp estimators count: for a
+// strategy that places its own buffers at the moments of the backward
+// (PassActs.HeadMoment, BlockMoment) beside them.
+func RankPass(cfg config.Config, m nn.GPTConfig) PassActs {
+	p := cfg.Parallel
+	if p.CP > 1 {
+		m.BlockSize /= p.CP
+	}
+	return ModelPass(cfg, m, ActLayout{TP: p.TP, SP: p.TP > 1 && cfg.TP.SequenceParallel, Ring: p.CP > 1 && cfg.CP.Attention == "ring"})
 }
 
 // EstimateMemory predicts the memory of every rank of a run of cfg on

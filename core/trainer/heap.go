@@ -16,7 +16,8 @@ import (
 func HeapSlackBytes(estimate int64) int64 { return estimate/10 + 64<<20 }
 
 // LimitHeap bounds the Go runtime's memory to the estimate of the ranks
-// this process runs (one, or several goroutine ranks) plus half of
+// this process runs (one, or several goroutine ranks; less the shared
+// memory its transport maps, which is not the heap's) plus half of
 // HeapSlackBytes, with runtime/debug.SetMemoryLimit. Without it the
 // collector lets the heap grow to twice what is live before it runs
 // (GOGC=100), so a rank whose live bytes are the estimate could reach
@@ -30,7 +31,7 @@ func LimitHeap(es []MemoryEstimate) int64 {
 	}
 	var sum int64
 	for _, e := range es {
-		sum += e.ProcessBytes()
+		sum += e.ProcessBytes() - e.SharedBytes // mapped memory is not the collector's
 	}
 	limit := sum + HeapSlackBytes(sum)/2
 	debug.SetMemoryLimit(limit)

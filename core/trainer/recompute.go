@@ -157,14 +157,32 @@ func (p PassActs) Peak() int64 {
 	if p.DeferredPass {
 		return p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out
 	}
-	work := a.Work
+	return max(p.HeadMoment(), p.BlockMoment(p.L))
+}
+
+// HeadMoment is what the pass holds at the output stage's first backward
+// op: everything saved, and the gradient the backward starts from.
+func (p PassActs) HeadMoment() int64 { return p.Saved() + p.Grad }
+
+// BlockMoment is what the pass holds during the backward of its block j
+// (1 the first, L the last; 0: none, only what comes before): the output
+// stage and the blocks after j are freed, the saved tensors of blocks 1
+// to j are held, beside one op's working buffers (the MLP's); a fully
+// recomputed block (the first K) rebuilds its saved tensors there beside
+// the output it kept. A strategy that holds other buffers at each of
+// these moments (ZeRO's gathered units) takes the largest sum.
+func (p PassActs) BlockMoment(j int) int64 {
+	a := p.Block
+	kept, work := a.Saved, a.Work
 	if p.Selective {
+		kept -= a.Drop
 		work += a.Bump
 	}
-	if p.K == p.L && p.K > 0 {
+	recomputed := min(j, p.K)
+	if j >= 1 && j <= p.K {
 		work += a.Saved
 	}
-	return p.Saved() - p.Head + max(p.Head+p.Grad, work)
+	return p.Pre + int64(recomputed)*a.Out + int64(j-recomputed)*kept + work
 }
 
 // RecomputeFLOPsPerToken is the compute full recomputation adds to a

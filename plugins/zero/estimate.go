@@ -44,9 +44,10 @@ func frozenOf(all, trained []nn.ParamShape) []nn.ParamShape {
 // the parameters ps a rank holds (the whole model's, or a tensor-parallel
 // rank's parts), in forward order: the embed unit (wte, wpe),
 // each block, the head (ln_f; a Llama's norm and lm_head), and whether
-// the first is the embed unit. A frozen base's parameters (LoRA) are in
-// no unit: pass the parameters that take a gradient.
-func unitNumels(ps []nn.ParamShape) (units []int, embed bool) {
+// the first is the embed unit and the last the head. A frozen base's
+// parameters (LoRA) are in no unit: pass the parameters that take a
+// gradient.
+func unitNumels(ps []nn.ParamShape) (units []int, embed, head bool) {
 	cur, name := 0, ""
 	for _, p := range ps {
 		unit := "embed"
@@ -65,20 +66,22 @@ func unitNumels(ps []nn.ParamShape) (units []int, embed bool) {
 		if name == "" {
 			embed = unit == "embed"
 		}
-		name = unit
+		name, head = unit, unit == "head"
 		n := 1
 		for _, d := range p.Shape {
 			n *= d
 		}
 		cur += n
 	}
-	return append(units, cur), embed
+	return append(units, cur), embed, head
 }
 
 // EstimateMemory implements trainer.MemoryEstimator with the table of
 // doc.go: P the padded parameters, N the group, T = 4·(embed unit + the
 // largest two adjacent units) the gradients' transient working set of
-// stages 2 and 3, G stage 3's gathered parameters.
+// stages 2 and 3, G stage 3's gathered parameters. Those columns are each
+// category's own peak; the peak of stages 2 and 3 is the largest of the
+// backward's moments (backwardMoments), each with what it holds at once.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
 	// ZeRO lays out the parameters that take a gradient; a frozen base
@@ -104,7 +107,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 			}
 		}
 	}
-	numels, hasEmbed := unitNumels(params)
+	numels, hasEmbed, hasHead := unitNumels(params)
 	var padded, owned, embed, pair, largest int64
 	sizes := make([]int64, len(numels))
 	for i, num := range numels {
@@ -165,6 +168,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	// kept tensors' product weights. Units in use are widened to float32
 	// (communication): 4G, as stage 3 gathers.
 	var widened int64
+	mixed := false
 	if mp := in.Cfg.Train.MixedPrecision; mp != "" && mp != "no" {
 		e.OptimBytes += 4*padded/int64(n) + 4*(frozen+whole)
 		e.ParamsBytes = 2*padded + 2*trainer.HalfCopyElems(in.Model, kept)
@@ -172,6 +176,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 			e.ParamsBytes = 2*gathered + 2*trainer.HalfCopyElems(in.Model, kept)
 		}
 		widened = 4 * gathered
+		mixed = true
 	}
 	if z.stage >= 2 && in.Cfg.Train.GradAccum > 1 {
 		// Micro-batches after the first reduce-scatter into a borrowed
@@ -179,29 +184,100 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		e.CommBytes = 2 * 4 * largest
 	}
 	e.PeakBytes = e.ParamsBytes + e.GradsBytes + e.OptimBytes + e.ActPeak + e.CommBytes + widened
-	if k := len(sizes); z.stage >= 2 && k >= 3 {
-		// The activations peak as the backward starts (the backward
-		// frees them as it goes): the gradients then being formed, and
-		// under stage 3 the units gathered, are the embed unit's, the
-		// head's and the last block's, not the largest pair's.
-		end := 4 * (embed + sizes[k-2] + sizes[k-1])
-		e.PeakBytes += end - transient
-		switch {
-		case widened > 0 && z.stage == 3:
-			e.PeakBytes += (end - 4*gathered) * 6 / 4 // 2-byte copy and float32
-		case widened > 0:
-			e.PeakBytes += end - 4*gathered
-		case z.stage == 3:
-			e.PeakBytes += end - 4*gathered
-		}
-		// Reduce-scatters in flight begin with the head's gradients,
-		// after the activations' peak.
-		e.PeakBytes -= e.CommBytes
-	}
 	if z.stage == 1 {
 		// Stage 1's comm buffers are borrowed at the step's end, when the
 		// activations are gone.
 		e.PeakBytes -= e.CommBytes
 	}
+	if z.stage >= 2 && hasHead && len(sizes) >= 2 {
+		// Each category above is its own peak, and they are reached at
+		// different moments (the gathered units, the gradients in flight
+		// and the activations at their most are not the same units'): the
+		// simultaneous peak is the largest of the backward's moments,
+		// each with what it holds beside what is held all step.
+		held := e.OptimBytes + 4*padded/int64(n) + otherGrads + 4*(frozen+2*whole)
+		switch {
+		case mixed:
+			// The masters (shards and kept tensors) are in OptimBytes;
+			// the kept tensors' 2-byte copies, and stage 2's whole copy.
+			held = e.OptimBytes + 4*padded/int64(n) + otherGrads + 4*whole + 2*trainer.HalfCopyElems(in.Model, kept)
+			if z.stage == 2 {
+				held += 2 * padded
+			}
+		case z.stage == 2:
+			held += 4 * padded
+		default:
+			held += 4 * padded / int64(n)
+		}
+		pass := trainer.RankPass(in.Cfg, in.Model)
+		var most int64
+		for _, mo := range backwardMoments(sizes, hasEmbed, embed > 0) {
+			acts := pass.HeadMoment()
+			if mo.block > 0 {
+				acts = pass.BlockMoment(mo.block)
+			}
+			// The activations at the moment, as the layout's estimate
+			// counts them (ActPeak at the pass's peak).
+			b := e.ActPeak - 4*(pass.Peak()-acts) + 4*mo.grads
+			switch {
+			case mixed && z.stage == 3:
+				b += (2 + 4) * mo.gathered // the gathered 2-byte copies, widened
+			case mixed:
+				b += 4 * mo.gathered // the units in use, widened
+			case z.stage == 3:
+				b += 4 * mo.gathered
+			}
+			if in.Cfg.Train.GradAccum > 1 {
+				b += 4 * mo.inFlight / int64(n) // a later micro-batch's borrowed shard
+			}
+			most = max(most, b)
+		}
+		e.PeakBytes = held + most
+	}
 	return nil
+}
+
+// moment is a point of a micro-batch's backward under stages 2 and 3:
+// the block whose backward runs (1 the first, 0 the head's), and the
+// units' elements held then beyond the shards: gathered parameters (stage
+// 3), full gradients, and the one whose reduce-scatter is in flight.
+type moment struct {
+	block                     int
+	gathered, grads, inFlight int64
+}
+
+// backwardMoments are the moments of the backward that can hold the most
+// (stage3.go, stage12.go), for the units of sizes in forward order (the
+// embed unit first when embed, the blocks, the head last); tied says the
+// head reads the embed unit's table:
+//
+//   - the head's, its logits' gradient beside everything saved: gathered
+//     the head, the tied table and the last block prefetched; gradients
+//     the head's and the table's;
+//   - each block's, its MLP's backward: gathered the block and the one
+//     before it, prefetched (not the embed unit, whose backward reads no
+//     weight); gradients the block's, the next unit's still being
+//     reduce-scattered, and the tied table's, which waits for the
+//     embedding's backward.
+func backwardMoments(sizes []int64, embed, tied bool) []moment {
+	k, first, table := len(sizes), 0, int64(0)
+	if embed {
+		first = 1
+	}
+	if tied {
+		table = sizes[0]
+	}
+	head := moment{gathered: table + sizes[k-1], grads: table + sizes[k-1]}
+	if k-2 >= first {
+		head.gathered += sizes[k-2]
+	}
+	ms := []moment{head}
+	for i := first; i < k-1; i++ {
+		m := moment{block: i - first + 1, gathered: sizes[i], grads: table + sizes[i] + sizes[i+1], inFlight: sizes[i+1]}
+		if i > first {
+			m.gathered += sizes[i-1]
+		}
+		ms = append(ms, m)
+	}
+	return ms
 }

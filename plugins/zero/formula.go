@@ -23,7 +23,7 @@ func StepBytes(c nn.GPTConfig, stage, accum, n, g, p int) float64 {
 	if n < 2 {
 		return 0
 	}
-	numels, hasEmbed := unitNumels(c.ParamShapes())
+	numels, hasEmbed, _ := unitNumels(c.ParamShapes())
 	var P, embed, blocks float64
 	for i, num := range numels {
 		size := float64((num + n - 1) / n * n)
