@@ -128,14 +128,15 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 // bytes per rank equal the measured ones for a MoE model on one process,
 // under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
 // other parameters alike), and under expert parallel (each rank its own
-// experts, kept whole by ZeRO).
+// experts, which ZeRO 1, 2 and 3 shard over their replicas: two ranks at
+// ep 2 over dp 4, one at ep 4 or over dp 2).
 // The activations of the MoE blocks
 // (trainer.MoEActivationFloats) are within 15% of the measured peak on
 // one process and under data parallel; under expert parallel the estimate
 // is the worst case of dropless routing (every token of the group to this
 // rank's experts), which the balanced measured run stays under.
 func TestMoEEstimateCountsExperts(t *testing.T) {
-	for _, row := range []struct{ world, zero, ep, cp int }{{1, 0, 1, 1}, {2, 1, 1, 1}, {2, 3, 1, 1}, {4, 0, 2, 1}, {4, 1, 2, 1}, {4, 3, 2, 1}, {2, 3, 2, 1}, {4, 0, 2, 2}} {
+	for _, row := range []struct{ world, zero, ep, cp int }{{1, 0, 1, 1}, {2, 1, 1, 1}, {2, 3, 1, 1}, {4, 0, 2, 1}, {4, 1, 2, 1}, {4, 2, 2, 1}, {4, 3, 2, 1}, {2, 3, 2, 1}, {4, 2, 4, 1}, {4, 3, 4, 1}, {4, 0, 2, 2}} {
 		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d", row.world, row.zero, row.ep, row.cp), func(t *testing.T) {
 			cfg := ptest.Config()
 			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
@@ -168,6 +169,8 @@ func TestMoEEstimateCountsExperts(t *testing.T) {
 // both forms equal one process and each other. Each rank keeps only its experts (the others are
 // not in its model), the tokens travel to them and back by all-to-all,
 // and an expert's gradient is summed over its replicas and divided by dp.
+// Under ZeRO the experts are sharded over their replicas (two ranks at ep
+// 2 over dp 4, one at ep 4), the rest over dp.
 // The logged aux_loss, z_loss and expert_load equal one process's.
 func TestExpertParallelEqualsOneProcess(t *testing.T) {
 	base := ptest.Config64()
@@ -184,6 +187,7 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 		mode             string
 	}{{2, 1, 2, 0, "bucketed"}, {4, 1, 2, 0, "bucketed"}, {4, 1, 4, 0, "bucketed"}, {4, 1, 2, 0, "naive"},
 		{4, 1, 2, 1, ""}, {4, 1, 2, 2, ""}, {4, 1, 2, 3, ""}, {2, 1, 2, 3, ""},
+		{4, 1, 4, 1, ""}, {4, 1, 4, 2, ""}, {4, 1, 4, 3, ""},
 		{1, 2, 2, 0, ""}, {2, 2, 2, 0, ""}, {2, 2, 4, 0, ""}, {1, 4, 2, 0, ""}, {4, 1, 2, 0, "tcp"},
 		{4, 1, 2, 0, "allgather"}, {4, 1, 4, 3, "allgather"}, {2, 2, 2, 0, "allgather"}} {
 		what := fmt.Sprintf("dp %d cp %d ep %d zero %d %s", row.dp, row.cp, row.ep, row.zero, row.mode)
@@ -243,9 +247,62 @@ func TestExpertParallelPlacesExperts(t *testing.T) {
 	assert.Equal(t, [][]string{low, high, low, high}, got)
 }
 
+// Under ZeRO-3 with parallel.ep=2 over dp 4, an expert's parameters are
+// sharded over its two replicas (ranks 0 and 2 hold experts 0 and 1,
+// ranks 1 and 3 experts 2 and 3): each block's experts form one flat unit
+// of 2·8352 elements, of which the replica at place k of the two keeps
+// [k·8352, (k+1)·8352): expert 0 (or 2) whole on the first replica,
+// expert 1 (or 3) on the second, their parameters and optimizer state
+// (the Holding of c_fc.weight, 4096 elements from the unit's start; an
+// empty range where a replica keeps none of it).
+func TestExpertParallelZeROShardsExpertsOverReplicas(t *testing.T) {
+	cfg := ptest.Config()
+	cfg.Model.NLayer = 1
+	cfg.Model.MoE.Experts = 4
+	cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = 4, 2, 3
+	got := make([][]string, 4)
+	err := comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := Build(cfg, g)
+		if err != nil {
+			return err
+		}
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 4})
+		if err != nil {
+			return err
+		}
+		for _, p := range tr.Model.Params() {
+			if strings.Contains(p.Name, "experts") && strings.HasSuffix(p.Name, "c_fc.weight") {
+				h, err := tr.Holding(p)
+				if err != nil {
+					return err
+				}
+				n := 0
+				if h.Value.Data != nil {
+					n = h.Value.Data.Numel()
+				}
+				got[g.Rank()] = append(got[g.Rank()], fmt.Sprintf("%s (%d)", h.Value.Spec, n))
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	first := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp flat[0:4096) (4096)", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp flat[0:0) (0)"}
+	second := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp flat[8352:8352) (0)", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp flat[0:4096) (4096)"}
+	rename := func(ss []string) []string {
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = strings.Replace(strings.Replace(s, "experts.1", "experts.3", 1), "experts.0", "experts.2", 1)
+		}
+		return out
+	}
+	assert.Equal(t, [][]string{first, rename(first), second, rename(second)}, got)
+}
+
 // A checkpoint saved under expert parallel (ep 4 over dp 4: every rank
 // writes its own experts) resumes at ep 2 (dp 4, and dp 2 with ZeRO-3), under plain
-// data parallel and on one process, each continuing as the uninterrupted
+// data parallel and on one process, and one saved at ep 2 under ZeRO-2
+// (experts sharded over their replicas) resumes at ep 4, at ep 2 under
+// ZeRO-3 and on one process, each continuing as the uninterrupted
 // single process does, in float64 to 1e-9; resumed at ep 4 it continues
 // its own uninterrupted run bit for bit.
 func TestExpertParallelResumeAcrossEP(t *testing.T) {
@@ -291,6 +348,19 @@ func TestExpertParallelResumeAcrossEP(t *testing.T) {
 	one := at(4, 1, 1)
 	one.Resume = dir2
 	ptest.AssertEquivalent(t, want, run(one), "saved at cp 2 × dp 2 ep 4, resumed on one process")
+	// Saved with the experts sharded over their replicas (ep 2 over dp 4,
+	// ZeRO-2: each replica writes its flat range of its experts' weights
+	// and moments), resumed at ep 4 under DDP, at ep 2 over dp 2 with
+	// ZeRO-3, and on one process.
+	dir3 := filepath.Join(t.TempDir(), "ckpt-zero")
+	save = at(2, 4, 2)
+	save.Zero.Stage, save.Checkpoint.Dir = 2, dir3
+	run(save)
+	for _, row := range []struct{ dp, ep int }{{4, 4}, {2, 2}, {1, 1}} {
+		cfg := at(4, row.dp, row.ep)
+		cfg.Resume = dir3
+		ptest.AssertEquivalent(t, want, run(cfg), fmt.Sprintf("saved at ep 2 dp 4 zero 2, resumed at ep %d dp %d zero %d", row.ep, row.dp, cfg.Zero.Stage))
+	}
 	same := at(4, 4, 4)
 	whole := run(same)
 	same.Resume = dir
