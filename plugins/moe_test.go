@@ -216,6 +216,54 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 	}
 }
 
+// With a capacity (model.moe.capacity_factor > 0) each rank routes its
+// own share of the micro-batch under its own capacity, ceil(f·n·k/E) for
+// its n tokens, whether its experts are local or across the ep group: the
+// rule is per rank, so that no rank waits for another's routing before it
+// dispatches. Stated exactly: expert parallel (ep 2 over dp 2 and dp 4,
+// ZeRO-1 at ep 2 over dp 4, ep 4 over dp 4, and the naive dispatch) equals
+// one process that takes each rank's share as a micro-batch of its own
+// (train.batch_size the rank's, train.grad_accum times dp; the data of
+// micro-batch m of rank r is the one process's micro-batch m·dp + r), in
+// float64 to 1e-9: losses, weights, the dropped count and the tokens per
+// expert, step by step, and the z-loss. The load-balancing loss is off:
+// its statistics are the whole micro-batch's across the ranks, which a
+// one-process micro-batch of one rank's share does not see.
+func TestExpertParallelCapacityDropsPerRank(t *testing.T) {
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK, base.Model.MoE.CapacityFactor = 4, 2, 0.75
+	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0, 0.05
+	base.Train.GradAccum, base.Train.BatchSize = 2, 2
+	for _, row := range []struct {
+		dp, ep, zero int
+		dispatch     string
+	}{{2, 2, 0, "alltoall"}, {4, 2, 0, "alltoall"}, {4, 2, 1, "alltoall"}, {4, 4, 0, "alltoall"}, {4, 2, 0, "allgather"}} {
+		what := fmt.Sprintf("dp %d ep %d zero %d %s, capacity 0.75", row.dp, row.ep, row.zero, row.dispatch)
+		t.Run(what, func(t *testing.T) {
+			one := base
+			one.Train.GradAccum = base.Train.GradAccum * row.dp
+			one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
+			want := ptest.Single(t, one)
+			wantM := moeMetrics(t, one.MetricsFile)
+			cfg := base
+			cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage, cfg.EP.Dispatch = row.dp, row.ep, row.zero, row.dispatch
+			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+			require.NoError(t, cfg.CheckWorld(row.dp))
+			got := ptest.Parallel(t, cfg, row.dp, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			ptest.Check(t, want, got, what)
+			gotM := moeMetrics(t, cfg.MetricsFile)
+			require.Len(t, gotM, len(wantM))
+			for i := range wantM {
+				require.Positive(t, wantM[i]["dropped_tokens"], "step %d: the capacity must drop some", i+1)
+				assert.Equal(t, wantM[i]["dropped_tokens"], gotM[i]["dropped_tokens"], "%s step %d dropped", what, i+1)
+				assert.Equal(t, wantM[i]["expert_load"], gotM[i]["expert_load"], "%s step %d", what, i+1)
+				assert.InEpsilon(t, wantM[i]["z_loss"], gotM[i]["z_loss"], 1e-9, "%s step %d z_loss", what, i+1)
+			}
+		})
+	}
+}
+
 // Under parallel.ep=2 over dp 4 each rank's model holds only its experts
 // (rank at position j of its group: experts 2j and 2j+1 of 4), placed as
 // held along dp by its replicas, the dp ranks at the same position.
