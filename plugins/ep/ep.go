@@ -65,9 +65,6 @@ type EP struct {
 // world calls it alike (it creates groups).
 func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 	sh := m.Shape()
-	if sh.TP > 1 {
-		return nil, fmt.Errorf("ep: parallel.ep=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1", ep, sh.TP)
-	}
 	n := sh.DP * sh.CP
 	if ep < 1 || n%ep != 0 {
 		return nil, fmt.Errorf("ep: parallel.ep=%d does not divide dp=%d × cp=%d = %d", ep, sh.DP, sh.CP, n)
