@@ -130,18 +130,21 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 // under data parallel with ZeRO-1 and ZeRO-3 (which shard expert and
 // other parameters alike), and under expert parallel (each rank its own
 // experts, which ZeRO 1, 2 and 3 shard over their replicas: two ranks at
-// ep 2 over dp 4, one at ep 4 or over dp 2).
+// ep 2 over dp 4, one at ep 4 or over dp 2), and under tensor parallel
+// (tp 2, and ep 2 × tp 2 with ZeRO-1: each expert's c_fc columns and
+// c_proj rows, as the dense MLP's).
 // The activations of the MoE blocks
 // (trainer.MoEActivationFloats) are within 15% of the measured peak on
 // one process and under data parallel; under expert parallel the estimate
 // is the worst case of dropless routing (every token of the group to this
 // rank's experts), which the balanced measured run stays under.
 func TestMoEEstimateCountsExperts(t *testing.T) {
-	for _, row := range []struct{ world, zero, ep, cp int }{{1, 0, 1, 1}, {2, 1, 1, 1}, {2, 3, 1, 1}, {4, 0, 2, 1}, {4, 1, 2, 1}, {4, 2, 2, 1}, {4, 3, 2, 1}, {2, 3, 2, 1}, {4, 2, 4, 1}, {4, 3, 4, 1}, {4, 0, 2, 2}} {
-		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d", row.world, row.zero, row.ep, row.cp), func(t *testing.T) {
+	for _, row := range []struct{ world, zero, ep, cp, tp int }{{1, 0, 1, 1, 1}, {2, 1, 1, 1, 1}, {2, 3, 1, 1, 1}, {4, 0, 2, 1, 1}, {4, 1, 2, 1, 1}, {4, 2, 2, 1, 1}, {4, 3, 2, 1, 1}, {2, 3, 2, 1, 1}, {4, 2, 4, 1, 1}, {4, 3, 4, 1, 1}, {4, 0, 2, 2, 1},
+		{2, 0, 1, 1, 2}, {4, 1, 2, 1, 2}} {
+		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d tp %d", row.world, row.zero, row.ep, row.cp, row.tp), func(t *testing.T) {
 			cfg := ptest.Config()
 			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
-			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP, cfg.Parallel.CP = 2, row.zero, row.ep, row.cp
+			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP, cfg.Parallel.CP, cfg.Parallel.TP = 2, row.zero, row.ep, row.cp, row.tp
 			est, err := Estimate(cfg, row.world)
 			require.NoError(t, err)
 			got := measure(t, cfg, row.world)
