@@ -211,7 +211,9 @@ func TestMoEEstimateUnderPipeline(t *testing.T) {
 // in float64 to the matrix's 1e-9: ep 2 over dp 2, ep 2 and ep 4 over dp
 // 4, in both DDP modes, with ZeRO-1, 2 and 3, and carved from context-
 // parallel ranks (cp 2 × ep 2 alone and over dp 2, ep 4 over dp 2 × cp 2,
-// ep 2 inside cp 4); ep 2 over dp 4 also on the tcp backend; and the
+// ep 2 inside cp 4); ep 2 over dp 4 also on the tcp backend (under DDP,
+// ZeRO-2 and ZeRO-3, whose experts' collectives run on the replicas' groups
+// beside the dp group's); and the
 // naive dispatch (ep.dispatch allgather) in three of those layouts, so
 // both forms equal one process and each other. Each rank keeps only its experts (the others are
 // not in its model), the tokens travel to them and back by all-to-all,
@@ -235,7 +237,7 @@ func TestExpertParallelEqualsOneProcess(t *testing.T) {
 	}{{2, 1, 2, 0, "bucketed"}, {4, 1, 2, 0, "bucketed"}, {4, 1, 4, 0, "bucketed"}, {4, 1, 2, 0, "naive"},
 		{4, 1, 2, 1, ""}, {4, 1, 2, 2, ""}, {4, 1, 2, 3, ""}, {2, 1, 2, 3, ""},
 		{4, 1, 4, 1, ""}, {4, 1, 4, 2, ""}, {4, 1, 4, 3, ""},
-		{1, 2, 2, 0, ""}, {2, 2, 2, 0, ""}, {2, 2, 4, 0, ""}, {1, 4, 2, 0, ""}, {4, 1, 2, 0, "tcp"},
+		{1, 2, 2, 0, ""}, {2, 2, 2, 0, ""}, {2, 2, 4, 0, ""}, {1, 4, 2, 0, ""}, {4, 1, 2, 0, "tcp"}, {4, 1, 2, 2, "tcp"}, {4, 1, 2, 3, "tcp"},
 		{4, 1, 2, 0, "allgather"}, {4, 1, 4, 3, "allgather"}, {2, 2, 2, 0, "allgather"}} {
 		what := fmt.Sprintf("dp %d cp %d ep %d zero %d %s", row.dp, row.cp, row.ep, row.zero, row.mode)
 		backend, dispatch := "local", "alltoall"
