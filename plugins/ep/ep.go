@@ -60,9 +60,12 @@ type EP struct {
 }
 
 // New carves the expert-parallel groups of size ep from the data ×
-// context-parallel ranks of m, numbered i = dp·cp_size + cp (cp fastest,
-// as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Every rank of the
-// world calls it alike (it creates groups).
+// context-parallel ranks of m that share this rank's tensor- and
+// pipeline-parallel coordinates, numbered i = dp·cp_size + cp (cp
+// fastest, as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Under
+// tensor parallel each tp rank so exchanges the same tokens as its tp
+// peers, over its own groups. Every rank of the world calls it alike (it
+// creates groups).
 func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 	sh := m.Shape()
 	n := sh.DP * sh.CP

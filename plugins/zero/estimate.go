@@ -77,7 +77,10 @@ func unitNumels(ps []nn.ParamShape, held bool) (units []unit, embed bool) {
 // EstimateMemory implements trainer.MemoryEstimator with the table of
 // doc.go: P the padded parameters, N the group, T = 4·(embed unit + the
 // largest two adjacent units) the gradients' transient working set of
-// stages 2 and 3, G stage 3's gathered parameters.
+// stages 2 and 3, G stage 3's gathered parameters. Under expert parallel
+// a block's experts are a unit of their own with its own group (the
+// replicas), so "P/N" is the sum of the units' shards and a module's two
+// units count together where adjacent units would.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
 	n, r := in.DPSize, in.DPRank
 	// ZeRO lays out the parameters that take a gradient; a frozen base
