@@ -317,8 +317,9 @@ func TestExpertParallelCapacityDropsPerRank(t *testing.T) {
 // columns, c_proj by rows, the router whole) and expert parallel spreads
 // the experts over each tensor-parallel slice's dp ranks: tp 2, tp 2 ×
 // dp 2, ep 2 × tp 2 (4 ranks, dp 2) under DDP, ZeRO-1 and ZeRO-3, tp 2 ×
-// pp 2, and ep 2 × tp 2 × pp 2 (8 ranks), equal one process in float64 to
-// 1e-9 with the logged aux_loss, z_loss and expert_load.
+// pp 2, and ep 2 × tp 2 × pp 2 (8 ranks), and ep 2 × tp 2 with ZeRO-3 on
+// the tcp backend, equal one process in float64 to 1e-9 with the logged
+// aux_loss, z_loss and expert_load.
 func TestExpertParallelWithTensorParallel(t *testing.T) {
 	base := ptest.Config64()
 	base.Model.NLayer, base.Model.NEmbd = 2, 32
@@ -329,8 +330,12 @@ func TestExpertParallelWithTensorParallel(t *testing.T) {
 	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
 	want := ptest.Single(t, one)
 	wantM := moeMetrics(t, one.MetricsFile)
-	for _, row := range []struct{ dp, pp, ep, zero int }{{1, 1, 1, 0}, {2, 1, 1, 0}, {2, 1, 2, 0}, {2, 1, 2, 1}, {2, 1, 2, 3}, {1, 2, 1, 0}, {2, 2, 2, 0}} {
-		what := fmt.Sprintf("tp 2 pp %d dp %d ep %d zero %d", row.pp, row.dp, row.ep, row.zero)
+	for _, row := range []struct {
+		dp, pp, ep, zero int
+		backend          string
+	}{{1, 1, 1, 0, "local"}, {2, 1, 1, 0, "local"}, {2, 1, 2, 0, "local"}, {2, 1, 2, 1, "local"}, {2, 1, 2, 3, "local"}, {1, 2, 1, 0, "local"}, {2, 2, 2, 0, "local"},
+		{2, 1, 2, 3, "tcp"}} {
+		what := fmt.Sprintf("tp 2 pp %d dp %d ep %d zero %d %s", row.pp, row.dp, row.ep, row.zero, row.backend)
 		t.Run(what, func(t *testing.T) {
 			cfg := base
 			cfg.Parallel.TP, cfg.Parallel.PP, cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = 2, row.pp, row.dp, row.ep, row.zero
@@ -338,7 +343,7 @@ func TestExpertParallelWithTensorParallel(t *testing.T) {
 			cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
 			n := 2 * row.pp * row.dp
 			require.NoError(t, cfg.CheckWorld(n))
-			got := ptest.Parallel(t, cfg, n, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+			got := ptest.Parallel(t, cfg, n, row.backend, func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 			ptest.Check(t, want, got, what)
 			checkMoEMetrics(t, wantM, cfg.MetricsFile, what)
 		})
