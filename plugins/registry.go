@@ -95,17 +95,24 @@ func build(cfg config.Config, world comm.Group) ([]trainer.Plugin, *mesh.Mesh, e
 		}
 		out = append(out, o)
 	}
+	var experts *ep.EP
 	if p.EP > 1 {
 		e, err := ep.New(m, p.EP, cfg.EP.Dispatch, cfg.DDP.Mode)
 		if err != nil {
 			return nil, nil, err
 		}
 		out = append(out, e)
+		experts = e
 	}
 	if dp > 1 || (p.CP > 1 && ddpOverDPCP(cfg)) {
 		d, err := dataParallel(cfg, m)
 		if err != nil {
 			return nil, nil, err
+		}
+		if z, ok := d.(*zero.Zero); ok && experts != nil {
+			// ZeRO shards the experts over their replicas, as the other
+			// parameters over dp, and reduces their gradients itself.
+			z.Held, z.HeldScale = experts.HandOver()
 		}
 		out = append(out, d)
 	}

@@ -49,13 +49,14 @@ func (c *Config) validateMoE(v *validator) {
 }
 
 // checkMoEWorld: mixtures of experts train on one process or under data,
-// context and pipeline parallel (and expert parallel over the data ×
-// context-parallel ranks) in this build; tensor parallel does not split
-// experts yet. parallel.ep must divide the dp·cp ranks the world leaves.
+// tensor, context and pipeline parallel (and expert parallel over the
+// data × context-parallel ranks) in this build; sequence parallel does not
+// route a rank's part of the sequence yet. parallel.ep must divide the
+// dp·cp ranks the world leaves.
 func (c Config) checkMoEWorld(world int) error {
 	p := c.Parallel
-	if c.Model.MoE.Experts > 0 && world > 1 && p.TP > 1 {
-		return fmt.Errorf("config: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)", c.Model.MoE.Experts, p.TP)
+	if c.Model.MoE.Experts > 0 && world > 1 && p.TP > 1 && c.TP.SequenceParallel {
+		return fmt.Errorf("config: model.moe.experts=%d with tp.sequence_parallel: a MoE block routes the whole sequence on every tensor-parallel rank in this build; set tp.sequence_parallel=false", c.Model.MoE.Experts)
 	}
 	if p.EP > 1 {
 		dp := p.DP

@@ -28,7 +28,9 @@ func TestMoEKeysValidated(t *testing.T) {
 	c.Model.MoE.Experts = 8
 	assert.NoError(t, c.CheckWorld(4), "data parallel")
 	c.Parallel.TP = 2
-	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 with parallel.tp=2: experts are not split by tensor parallel in this build; set parallel.tp=1 (data, context, pipeline and expert parallel train a MoE model)")
+	assert.NoError(t, c.CheckWorld(4), "tensor parallel")
+	c.TP.SequenceParallel = true
+	assert.EqualError(t, c.CheckWorld(4), "config: model.moe.experts=8 with tp.sequence_parallel: a MoE block routes the whole sequence on every tensor-parallel rank in this build; set tp.sequence_parallel=false")
 }
 
 // parallel.ep must divide the experts and the data × context-parallel

@@ -54,11 +54,22 @@ func (c MoEConfig) IsMoE(i int) bool { return c.Experts > 0 && (i+1)%c.Every == 
 // c_proj) with weights of its own.
 type Expert struct {
 	FcW, FcB, ProjW, ProjB *tensor.Tensor
+	// Fc and Proj, when set, replace the two linear maps: tensor parallel
+	// (plugins/tp) splits an expert like the dense MLP, c_fc by columns
+	// and c_proj by rows, the output summed over its group.
+	Fc, Proj Layer
 }
 
 // Forward runs the expert on its tokens x [n, C].
-func (e *Expert) Forward(x *tensor.Tensor) *tensor.Tensor {
-	return tensor.Linear(tensor.Gelu(tensor.Linear(x, e.FcW, e.FcB)), e.ProjW, e.ProjB)
+func (e *Expert) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
+	if e.Fc == nil {
+		return tensor.Linear(tensor.Gelu(tensor.Linear(x, e.FcW, e.FcB)), e.ProjW, e.ProjB), nil
+	}
+	h, err := e.Fc.Forward(x, p)
+	if err != nil {
+		return nil, err
+	}
+	return e.Proj.Forward(tensor.Gelu(h), p)
 }
 
 // MoE is the feed-forward layer of a MoE block: a router (a linear map to
@@ -225,7 +236,7 @@ func (c MoEConfig) Capacity(n int) int {
 }
 
 // Forward implements Layer on x [B, T, C] (ln_2's output).
-func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
+func (m *MoE) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	shape := x.Shape()
 	C, E, k := x.Dim(-1), m.Cfg.Experts, m.Cfg.TopK
 	N := x.Numel() / C
@@ -242,9 +253,9 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 	if m.Dispatch != nil {
 		var err error
 		if m.Dispatch.Gathers() {
-			out, err = m.forwardGather(h, w, choice)
+			out, err = m.forwardGather(h, w, choice, p)
 		} else {
-			out, err = m.forwardEP(h, w, rt)
+			out, err = m.forwardEP(h, w, rt, p)
 		}
 		if err != nil {
 			return nil, err
@@ -255,7 +266,10 @@ func (m *MoE) Forward(x *tensor.Tensor, _ Pass) (*tensor.Tensor, error) {
 		// so data parallel's buckets complete alike on every rank.
 		var parts []tensor.Routed
 		for e, rows := range rt.Rows {
-			y := m.Experts[e].Forward(tensor.GatherRows(h, rows))
+			y, err := m.Experts[e].Forward(tensor.GatherRows(h, rows), p)
+			if err != nil {
+				return nil, err
+			}
 			parts = append(parts, tensor.Routed{Y: y, Rows: rows, Weight: rt.Weight[e]})
 		}
 		out = tensor.CombineRows(N, w, parts)

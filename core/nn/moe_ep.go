@@ -43,7 +43,7 @@ type Dispatcher interface {
 // a partial sum for every token of the group, are summed over the group,
 // each rank keeping its own tokens'. It moves Size times the tokens of the
 // all-to-all form and is checked against it.
-func (m *MoE) forwardGather(h, w *tensor.Tensor, choice []int) (*tensor.Tensor, error) {
+func (m *MoE) forwardGather(h, w *tensor.Tensor, choice []int, p Pass) (*tensor.Tensor, error) {
 	d := m.Dispatch
 	E, P, k := m.Cfg.Experts, d.Size(), m.Cfg.TopK
 	L := E / P
@@ -73,7 +73,10 @@ func (m *MoE) forwardGather(h, w *tensor.Tensor, choice []int) (*tensor.Tensor, 
 	}
 	var parts []tensor.Routed
 	for j := range rows {
-		y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(all, rows[j]))
+		y, err := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(all, rows[j]), p)
+		if err != nil {
+			return nil, err
+		}
 		parts = append(parts, tensor.Routed{Y: y, Rows: rows[j], Weight: weight[j]})
 	}
 	out, err := d.ScatterSum(tensor.CombineRows(P*N, W, parts))
@@ -97,7 +100,7 @@ func (m *MoE) forwardGather(h, w *tensor.Tensor, choice []int) (*tensor.Tensor, 
 // Every rank calls both exchanges and each output feeds the next, whatever
 // it routed (possibly nothing), so backward runs the same collectives in
 // the same order everywhere.
-func (m *MoE) forwardEP(h, w *tensor.Tensor, rt Routing) (*tensor.Tensor, error) {
+func (m *MoE) forwardEP(h, w *tensor.Tensor, rt Routing, p Pass) (*tensor.Tensor, error) {
 	d := m.Dispatch
 	E, P := m.Cfg.Experts, d.Size()
 	L := E / P
@@ -142,7 +145,10 @@ func (m *MoE) forwardEP(h, w *tensor.Tensor, rt Routing) (*tensor.Tensor, error)
 	// outputs go back to x's row order, each row scaled by one.
 	var parts []tensor.Routed
 	for j, ix := range idx {
-		y := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(x, ix))
+		y, err := m.Experts[d.Rank()*L+j].Forward(tensor.GatherRows(x, ix), p)
+		if err != nil {
+			return nil, err
+		}
 		parts = append(parts, tensor.Routed{Y: y, Rows: ix, Weight: ix})
 	}
 	y := tensor.CombineRows(R, ones(x, R), parts)

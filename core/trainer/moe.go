@@ -99,15 +99,16 @@ func (t *Trainer) takeMoEMetrics(step int, m *StepMetrics) error {
 // wireMoE hands the MoE blocks the data × context-parallel group, over
 // which their load-balancing statistics are summed (a context-parallel
 // rank routes its own chunk of the tokens; a pipeline stage's blocks see
-// its micro-batches whole). Experts are not split by tensor parallel in
-// this build, so a mesh with it is refused.
+// its micro-batches whole; the ranks of a tensor-parallel group route the
+// same tokens alike). A rank's part of the sequence (sequence parallel) is
+// not routed in this build, so a mesh with it is refused.
 func (t *Trainer) wireMoE() error {
 	if t.Cfg.Model.MoE.Experts == 0 || t.Mesh == nil {
 		return nil
 	}
 	sh := t.Mesh.Shape()
-	if sh.TP > 1 {
-		return fmt.Errorf("trainer: model.moe.experts=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1", t.Cfg.Model.MoE.Experts, sh.TP)
+	if sh.TP > 1 && t.Cfg.TP.SequenceParallel {
+		return fmt.Errorf("trainer: model.moe.experts=%d with tp.sequence_parallel: a MoE block routes the whole sequence on every tensor-parallel rank in this build; set tp.sequence_parallel=false", t.Cfg.Model.MoE.Experts)
 	}
 	g := t.Mesh.DPCP()
 	if g == nil || g.Size() == 1 {
@@ -178,11 +179,62 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 // Fitted to the allocator's count over E, k, B·T, C and n_layer, it holds
 // to 15% like the dense terms (TestMoEEstimateCountsExperts).
 func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
+	return MoEBlocks(m) * MoEBlockFloats(m, int64(B)*int64(m.BlockSize), 1)
+}
+
+// MoEBlockFloats is the one rule of what a MoE block adds to a dense
+// block's activations for the n tokens a rank routes in one micro-batch,
+// with its experts spread over ep ranks (1: all on this rank), in
+// elements: MoEActivationFloats's terms per block, where under expert
+// parallel the rows this rank's experts process are the worst case of
+// MoEWorstRows and the block also holds its exchange buffers, 2·C·(S + R)
+// for the S rows it sends (MoERows: its tokens' assignments) and the R it
+// receives, as received inputs and returned outputs (the backward frees
+// their gradients as it consumes them).
+// The whole model's estimate and a pipeline stage's (plugins/pp, per
+// micro-batch in flight) both count MoE blocks by it.
+func MoEBlockFloats(m nn.GPTConfig, n int64, ep int) int64 {
 	if m.MoE.Experts == 0 {
 		return 0
 	}
-	n, c, e := int64(B)*int64(m.BlockSize), int64(m.NEmbd), int64(m.MoE.Experts)
-	return MoEBlocks(m) * (MoERowFloats(m)*MoERows(m.MoE, n) + c*n*e + 5*n*e - 14*n*c)
+	c, e := int64(m.NEmbd), int64(m.MoE.Experts)
+	s := MoERows(m.MoE, n)
+	rows, buffers := s, int64(0)
+	if ep > 1 {
+		rows = MoEWorstRows(m.MoE, n, ep)
+		buffers = 2 * c * (s + rows)
+	}
+	return MoERowFloats(m)*rows + c*n*e + 5*n*e - 14*n*c + buffers
+}
+
+// MoEDeferredFloats is what a MoE block's backward keeps beyond
+// MoEBlockFloats when it defers its weight gradients (a split backward,
+// which frees nothing before its W): each row's gradients, MoERowFloats
+// more per row its experts process (MoERows, or MoEWorstRows under
+// expert parallel).
+func MoEDeferredFloats(m nn.GPTConfig, n int64, ep int) int64 {
+	if m.MoE.Experts == 0 {
+		return 0
+	}
+	rows := MoERows(m.MoE, n)
+	if ep > 1 {
+		rows = MoEWorstRows(m.MoE, n, ep)
+	}
+	return MoERowFloats(m) * rows
+}
+
+// MoEWorstRows is the most rows the experts of one rank process in one
+// MoE block when each of the ep ranks of its group routes n tokens:
+// dropless, every token of the group may choose min(top_k, E/ep) of this
+// rank's experts; with a capacity per expert and sender, E/ep·capacity
+// from each sender.
+func MoEWorstRows(m nn.MoEConfig, n int64, ep int) int64 {
+	L := int64(m.Experts / ep)
+	rows := int64(ep) * n * min(int64(m.TopK), L)
+	if cap := m.Capacity(int(n)); cap > 0 {
+		rows = min(rows, int64(ep)*L*int64(cap))
+	}
+	return rows
 }
 
 // MoERowFloats is the activation elements of one row an expert processes.

@@ -13,9 +13,10 @@
 // cp) by its replicas (place.Held); the other experts' parameters are not
 // on this rank at all. So checkpoints (each expert written once, by its
 // first replica), resume at another ep, the gradient norm and export need
-// nothing of this package. Data parallel (plugins/ddp, plugins/zero)
-// reduces only the parameters every rank of its group holds; this plugin
-// reduces the experts'.
+// nothing of this package. DDP (plugins/ddp) reduces only the parameters
+// every rank of its group holds; this plugin reduces the experts'. ZeRO
+// (plugins/zero) takes the experts over (HandOver): it shards them over
+// their replicas and reduces their gradients itself.
 //
 // An expert's gradient is summed over its replicas and divided by dp·cp
 // (Megatron's expert gradient scaling): each rank's loss is the mean over
@@ -44,6 +45,10 @@ type EP struct {
 	size, rank, dpcp int
 	group            comm.Group // this rank's expert-parallel group
 	replicas         comm.Group // the ranks holding the same experts (nil: alone)
+	// copies is the replicas' group even when it has one rank; handed is
+	// set once data parallel (ZeRO) shards and reduces the experts.
+	copies comm.Group
+	handed bool
 	// held is where this rank's experts live along dp and cp.
 	held    [2]place.Placement
 	gather  bool // ep.dispatch allgather: the naive form
@@ -55,14 +60,14 @@ type EP struct {
 }
 
 // New carves the expert-parallel groups of size ep from the data ×
-// context-parallel ranks of m, numbered i = dp·cp_size + cp (cp fastest,
-// as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Every rank of the
-// world calls it alike (it creates groups).
+// context-parallel ranks of m that share this rank's tensor- and
+// pipeline-parallel coordinates, numbered i = dp·cp_size + cp (cp
+// fastest, as the dp_cp group): group k is i in [k·ep, (k+1)·ep). Under
+// tensor parallel each tp rank so exchanges the same tokens as its tp
+// peers, over its own groups. Every rank of the world calls it alike (it
+// creates groups).
 func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 	sh := m.Shape()
-	if sh.TP > 1 {
-		return nil, fmt.Errorf("ep: parallel.ep=%d with parallel.tp=%d: experts are not split by tensor parallel in this build; set parallel.tp=1", ep, sh.TP)
-	}
 	n := sh.DP * sh.CP
 	if ep < 1 || n%ep != 0 {
 		return nil, fmt.Errorf("ep: parallel.ep=%d does not divide dp=%d × cp=%d = %d", ep, sh.DP, sh.CP, n)
@@ -92,17 +97,18 @@ func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 			e.group = g
 		}
 	}
-	if n > ep {
-		for j := 0; j < ep; j++ {
-			var ranks []int
-			for i := j; i < n; i += ep {
-				ranks = append(ranks, rankAt(i))
-			}
-			g, err := w.NewNamedGroup("ep_replicas", ranks)
-			if err != nil {
-				return nil, fmt.Errorf("ep: expert replica group %v: %w", ranks, err)
-			}
-			if g != nil {
+	for j := 0; j < ep; j++ {
+		var ranks []int
+		for i := j; i < n; i += ep {
+			ranks = append(ranks, rankAt(i))
+		}
+		g, err := w.NewNamedGroup("ep_replicas", ranks)
+		if err != nil {
+			return nil, fmt.Errorf("ep: expert replica group %v: %w", ranks, err)
+		}
+		if g != nil {
+			e.copies = g
+			if n > ep {
 				e.replicas = g
 			}
 		}
@@ -126,6 +132,17 @@ func New(m *mesh.Mesh, ep int, dispatch, ddpMode string) (*EP, error) {
 		}
 	}
 	return e, nil
+}
+
+// HandOver gives the reduction of the experts' gradients to data
+// parallel (ZeRO, which shards the experts over their replicas): it
+// returns the group of the ranks holding this rank's experts (one rank
+// when ep = dp·cp) and the factor that turns a gradient averaged over it
+// into the sum over the replicas divided by dp·cp, and from then on this
+// plugin reduces nothing.
+func (e *EP) HandOver() (comm.Group, float64) {
+	e.handed = true
+	return e.copies, float64(e.copies.Size()) / float64(e.dpcp)
 }
 
 // Name implements trainer.Plugin.
@@ -174,7 +191,7 @@ func (e *EP) Prepare(t *trainer.Trainer) error {
 // of backward. Replicas hold the same experts, so they start the same
 // all-reduces in the same order.
 func (e *EP) GradReady(t *trainer.Trainer, p *tensor.Tensor, info tensor.PassInfo) error {
-	if e.naive || e.replicas == nil || !info.Last || !e.mine[p] {
+	if e.naive || e.handed || e.replicas == nil || !info.Last || !e.mine[p] {
 		return nil
 	}
 	span := t.Trace.Begin("all_reduce "+p.Name, "comm", trace.Comm).With("bytes", p.Grad.Bytes()).With("group", e.replicas.Name())
@@ -197,6 +214,9 @@ type inflight struct {
 // expert no token reached on any rank of the group gets a zero gradient,
 // so every replica issues the same collectives.
 func (e *EP) PreStep(t *trainer.Trainer) error {
+	if e.handed {
+		return nil
+	}
 	done := map[*tensor.Tensor]bool{}
 	var errs []error
 	for _, f := range e.flight {

@@ -8,7 +8,7 @@ import (
 // Estimator is expert parallel's term of the memory estimate: a rank
 // holds its experts only (LocalParams), and its activations are those of
 // the rows its experts process at the worst case, plus the exchange
-// buffers (EstimateMemory).
+// buffers (EstimateMemory, by trainer.MoEBlockFloats).
 type Estimator struct{ N int }
 
 // LocalParams implements trainer.ParamLocalizer: the rank at position
@@ -28,31 +28,19 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 	return out
 }
 
-// Rows is the most rows the experts of one rank process in one MoE block
-// when each of the N ranks of its group routes n tokens: dropless, every
-// token of the group may choose min(top_k, E/N) of this rank's experts;
-// with a capacity cap per expert and sender, E/N·cap from each sender.
-func (e Estimator) Rows(m nn.MoEConfig, n int64) int64 {
-	L := int64(m.Experts / e.N)
-	rows := int64(e.N) * n * min(int64(m.TopK), L)
-	if cap := m.Capacity(int(n)); cap > 0 {
-		rows = min(rows, int64(e.N)*L*int64(cap))
-	}
-	return rows
-}
-
 // EstimateMemory implements trainer.MemoryEstimator: the rows this rank's
-// experts process move from one process's MoERows to the worst case of
-// Rows, and each MoE block holds its exchange buffers: the S rows it sends
-// (S = MoERows: its tokens' assignments) and the R rows it receives, as
-// received inputs and returned outputs with their gradients, 4·C·(S + R)
-// elements.
+// experts process move from one process's count to the worst case, and
+// each MoE block holds its exchange buffers (trainer.MoEBlockFloats with
+// ep = N against 1). Under pipeline parallel the pipeline's estimator
+// counts each stage's MoE blocks by the same rule, per micro-batch in
+// flight, and this adds nothing.
 func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
+	if in.Cfg.Parallel.PP > 1 {
+		return nil
+	}
 	m := in.Model
 	n := int64(in.Cfg.Train.BatchSize) * int64(m.BlockSize) / int64(max(1, in.Cfg.Parallel.CP)) // a cp rank routes its chunk
-	s, r := trainer.MoERows(m.MoE, n), e.Rows(m.MoE, n)
-	c := int64(m.NEmbd)
-	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoERowFloats(m)*(r-s) + 4*c*(s+r))
+	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoEBlockFloats(m, n, e.N) - trainer.MoEBlockFloats(m, n, 1))
 	est.ActPeak += extra
 	est.PeakBytes += extra
 	return nil

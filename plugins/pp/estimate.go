@@ -103,7 +103,8 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //     backward's graph and its gradients alive until then.
 //
 // Under tensor parallel over n ranks the head- and MLP-internal parts
-// divide by n (trainer.BlockActsOf).
+// divide by n (trainer.BlockActsOf). A chunk's MoE blocks add
+// trainer.MoEBlockFloats each to all three.
 func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (saved, full, held int64) {
 	first, last := c == 0, c == e.sched.Chunks()-1
 	l := trainer.ActLayout{TP: cfg.Parallel.TP, SP: cfg.TP.SequenceParallel}
@@ -137,7 +138,26 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 	if e.sched.Split {
 		full = held // a split backward frees nothing before its W
 	}
-	return saved, full, held
+	// The chunk's MoE blocks add their difference from a dense block, by
+	// the one rule of the whole model's estimate (expert parallel's worst
+	// case and exchange buffers included), for as long as the micro-batch
+	// is alive.
+	start := 0
+	for d := 0; d < c; d++ {
+		start += e.split[d]
+	}
+	var blocks int64
+	for i := start; i < start+e.split[c]; i++ {
+		if m.MoE.IsMoE(i) {
+			blocks++
+		}
+	}
+	moe := blocks * trainer.MoEBlockFloats(m, bt, cfg.Parallel.EP)
+	deferred := moe + blocks*trainer.MoEDeferredFloats(m, bt, cfg.Parallel.EP)
+	if e.sched.Split {
+		return saved + moe, full + deferred, held + deferred
+	}
+	return saved + moe, full + moe, held + deferred
 }
 
 // play runs rank r's list as RunStep does and returns the activation

@@ -24,7 +24,10 @@
 // heads (rank r holds the q, k and v columns of heads [r·H/N, (r+1)·H/N):
 // nn.QKVShard) and the attention core runs on those heads; attn.c_proj is
 // row-parallel over the same heads; mlp.c_fc is column-parallel and
-// mlp.c_proj row-parallel. The tied wte is split by rows (VocabRange): the
+// mlp.c_proj row-parallel, and so is each expert's of a MoE block (every
+// rank of the group routes the same tokens with the whole router, and each
+// expert's output is summed over the group before it is weighted, so the
+// router's gradient is whole on every rank). The tied wte is split by rows (VocabRange): the
 // embedding looks up the tokens a rank holds and sums over the group, and
 // the head computes the logits of those tokens only, the cross-entropy
 // reducing the row maximum, the sum of exponentials and the target logit

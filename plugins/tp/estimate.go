@@ -47,8 +47,8 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 			} else {
 				shape[0] /= n
 			}
-		case strings.HasSuffix(name, "attn.c_attn.weight"), strings.HasSuffix(name, "mlp.c_fc.weight"),
-			strings.HasSuffix(name, "attn.c_attn.bias"), strings.HasSuffix(name, "mlp.c_fc.bias"):
+		case strings.HasSuffix(name, "attn.c_attn.weight"), strings.HasSuffix(name, "c_fc.weight"),
+			strings.HasSuffix(name, "attn.c_attn.bias"), strings.HasSuffix(name, "c_fc.bias"):
 			shape[len(shape)-1] /= n
 		case strings.HasSuffix(name, "c_proj.weight"):
 			shape[0] /= n

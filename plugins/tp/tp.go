@@ -82,6 +82,8 @@ func Check(c nn.GPTConfig, n int, sp bool) error {
 //	attn.c_proj    row-parallel, the rows of this rank's heads
 //	mlp.c_fc       column-parallel
 //	mlp.c_proj     row-parallel
+//	experts        in a MoE block, each expert's c_fc and c_proj as the
+//	               MLP's; the router whole
 //	wte            rows [lo, hi) of the vocabulary (VocabRange): the
 //	               embedding and the tied head become vocab-parallel
 //	ln_1, ln_2,    under sequence parallelism: LayerNorms of this rank's
@@ -135,41 +137,67 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 		if _, ok := b.Core.(*nn.CausalAttention); !ok {
 			return fmt.Errorf("tp: %s's attention core is %T, not nn.CausalAttention; tensor parallel must prepare before plugins that replace it", b.Name(), b.Core)
 		}
-		var ps [8]*tensor.Tensor
-		for i, s := range []struct {
-			w  *tensor.Tensor
+		type cut struct {
+			w  **tensor.Tensor
 			pl place.Placement
-		}{
-			{attn.W, nn.QKVShard(1, C, H, h0, h1)}, {attn.B, nn.QKVShard(0, C, H, h0, h1)},
-			{proj.W, rows(h0*hs, (h1-h0)*hs)}, {proj.B, place.Placement{}},
-			{fc.W, cols(1, r*f, f)}, {fc.B, cols(0, r*f, f)},
-			{mlp.W, rows(r*f, f)}, {mlp.B, place.Placement{}},
-		} {
+		}
+		// The MLP's, and each expert's of a MoE block, alike: c_fc
+		// column-parallel, c_proj row-parallel. A MoE block's router stays
+		// whole: every rank routes the same tokens alike.
+		mlpCuts := func(fcW, fcB, projW, projB **tensor.Tensor) []cut {
+			return []cut{{fcW, cols(1, r*f, f)}, {fcB, cols(0, r*f, f)}, {projW, rows(r*f, f)}, {projB, place.Placement{}}}
+		}
+		ps := [8]*tensor.Tensor{attn.W, attn.B, proj.W, proj.B}
+		cuts := []cut{{&ps[0], nn.QKVShard(1, C, H, h0, h1)}, {&ps[1], nn.QKVShard(0, C, H, h0, h1)},
+			{&ps[2], rows(h0*hs, (h1-h0)*hs)}, {&ps[3], place.Placement{}}}
+		if b.MoE == nil {
+			ps[4], ps[5], ps[6], ps[7] = fc.W, fc.B, mlp.W, mlp.B
+			cuts = append(cuts, mlpCuts(&ps[4], &ps[5], &ps[6], &ps[7])...)
+		} else {
+			for _, ex := range b.MoE.Experts {
+				if ex != nil {
+					cuts = append(cuts, mlpCuts(&ex.FcW, &ex.FcB, &ex.ProjW, &ex.ProjB)...)
+				}
+			}
+		}
+		for _, s := range cuts {
 			if s.pl.Kind == place.Replicate {
-				ps[i] = s.w
 				continue
 			}
-			if ps[i], err = split(b.Module, s.w, s.pl); err != nil {
+			if *s.w, err = split(b.Module, *s.w, s.pl); err != nil {
 				return err
 			}
 		}
 		b.Attn = &ColumnParallel{W: ps[0], B: ps[1], C: p.c, SP: p.SP}
 		b.Core = &nn.CausalAttention{NHead: h1 - h0}
 		b.AttnProj = &RowParallel{W: ps[2], B: ps[3], C: p.c, SP: p.SP}
-		b.Fc = &ColumnParallel{W: ps[4], B: ps[5], C: p.c, SP: p.SP}
-		b.MlpProj = &RowParallel{W: ps[6], B: ps[7], C: p.c, SP: p.SP}
+		if b.MoE == nil {
+			b.Fc = &ColumnParallel{W: ps[4], B: ps[5], C: p.c, SP: p.SP}
+			b.MlpProj = &RowParallel{W: ps[6], B: ps[7], C: p.c, SP: p.SP}
+		} else {
+			for _, ex := range b.MoE.Experts {
+				if ex != nil {
+					ex.Fc = &ColumnParallel{W: ex.FcW, B: ex.FcB, C: p.c}
+					ex.Proj = &RowParallel{W: ex.ProjW, B: ex.ProjB, C: p.c}
+				}
+			}
+		}
 		// The adapters' B follows a column-parallel base's output rows,
 		// their A a row-parallel base's input columns (lora.go).
-		for _, s := range []struct {
+		type adapted struct {
 			ads []*nn.Adapter
 			pl  place.Placement
 			dst *[]*nn.Adapter
-		}{
+		}
+		adapt := []adapted{
 			{ads[nn.SlotAttn], nn.QKVShard(0, C, H, h0, h1), &b.Attn.(*ColumnParallel).Adapters},
 			{ads[nn.SlotAttnProj], cols(1, h0*hs, (h1-h0)*hs), &b.AttnProj.(*RowParallel).Adapters},
-			{ads[nn.SlotFc], rows(r*f, f), &b.Fc.(*ColumnParallel).Adapters},
-			{ads[nn.SlotMlpProj], cols(1, r*f, f), &b.MlpProj.(*RowParallel).Adapters},
-		} {
+		}
+		if b.MoE == nil { // adapters on MoE blocks are refused by the config
+			adapt = append(adapt, adapted{ads[nn.SlotFc], rows(r*f, f), &b.Fc.(*ColumnParallel).Adapters},
+				adapted{ads[nn.SlotMlpProj], cols(1, r*f, f), &b.MlpProj.(*RowParallel).Adapters})
+		}
+		for _, s := range adapt {
 			for _, a := range s.ads {
 				w := &a.B
 				if s.pl.Dim == 1 {
@@ -229,13 +257,16 @@ func (p *TP) Prepare(t *trainer.Trainer) error {
 }
 
 // denses returns a block's four linear layers, which must still be the
-// plain nn.Dense.
+// plain nn.Dense (the attention's only, in a MoE block).
 func denses(b *nn.Block) (attn, proj, fc, mlp *nn.Dense, err error) {
 	var out [4]*nn.Dense
 	for i, l := range []struct {
 		name string
 		l    nn.Layer
 	}{{"attn.c_attn", b.Attn}, {"attn.c_proj", b.AttnProj}, {"mlp.c_fc", b.Fc}, {"mlp.c_proj", b.MlpProj}} {
+		if i >= 2 && b.MoE != nil {
+			break // a MoE block's experts (Prepare)
+		}
 		d, ok := l.l.(*nn.Dense)
 		if !ok {
 			return nil, nil, nil, nil, fmt.Errorf("tp: %s.%s is %T, not nn.Dense; tensor parallel must prepare before plugins that replace layers", b.Name(), l.name, l.l)

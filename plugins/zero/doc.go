@@ -18,6 +18,19 @@
 // exactly what the step uses, and the global gradient norm is the sum over
 // ranks of the shards' sums of squares (padding is zero).
 //
+// # Experts
+//
+// Under expert parallel an expert's parameters are held by some ranks of
+// the data-parallel group only, its replicas (plugins/ep), which differ
+// from rank to rank. With Zero.Held set to the replicas' group, each
+// module's held parameters form a unit of their own right after the
+// module's other unit (Unit.Held), laid out, reduced, gathered and
+// released like any unit but over the replicas' group: its gradient is
+// averaged over the replicas and scaled by Zero.HeldScale (for experts,
+// replicas/(dp·cp): the sum over the replicas divided by dp·cp). Both
+// units are driven by the module's hooks. Without Held the experts stay
+// whole (Layout.Whole), reduced by the plugin that placed them.
+//
 // # The stages and their communication
 //
 // Stage 1 shards the optimizer state. Backward fills full gradients (views

@@ -40,15 +40,31 @@ func frozenOf(all, trained []nn.ParamShape) []nn.ParamShape {
 	return out
 }
 
-// unitNumels are the parameter elements of the units NewLayout makes for
-// the parameters ps a rank holds (the whole model's, or a tensor-parallel
-// rank's parts), in forward order: the embed unit (wte, wpe),
-// each block, the head (ln_f; a Llama's norm and lm_head), and whether
-// the first is the embed unit and the last the head. A frozen base's
-// parameters (LoRA) are in no unit: pass the parameters that take a
-// gradient.
-func unitNumels(ps []nn.ParamShape) (units []int, embed, head bool) {
-	cur, name := 0, ""
+// unit is the estimate's view of one unit NewLayout makes: its parameter
+// elements and whether it is a module's held unit (experts under expert
+// parallel), sharded over the expert's replicas.
+type unit struct {
+	numel int
+	held  bool
+}
+
+// unitNumels are the units NewLayout makes for the parameters ps a rank
+// holds (the whole model's, or a tensor-parallel rank's parts), in
+// forward order: the embed unit (wte, wpe), each block, the head (ln_f; a
+// Llama's norm and lm_head), whether the first is the embed unit and
+// whether the last is the head.
+// With held set, a block's experts form a unit of their own right after
+// the block's (Layout's Held units). A frozen base's parameters (LoRA)
+// are in no unit: pass the parameters that take a gradient.
+func unitNumels(ps []nn.ParamShape, held bool) (units []unit, embed, head bool) {
+	cur, hcur, name := 0, 0, ""
+	flush := func() {
+		units = append(units, unit{numel: cur})
+		if hcur > 0 {
+			units = append(units, unit{numel: hcur, held: true})
+		}
+		cur, hcur = 0, 0
+	}
 	for _, p := range ps {
 		unit := "embed"
 		switch {
@@ -60,8 +76,7 @@ func unitNumels(ps []nn.ParamShape) (units []int, embed, head bool) {
 			unit = "head"
 		}
 		if unit != name && name != "" {
-			units = append(units, cur)
-			cur = 0
+			flush()
 		}
 		if name == "" {
 			embed = unit == "embed"
@@ -71,15 +86,23 @@ func unitNumels(ps []nn.ParamShape) (units []int, embed, head bool) {
 		for _, d := range p.Shape {
 			n *= d
 		}
-		cur += n
+		if _, expert := nn.ExpertOf(p.Name); expert && held {
+			hcur += n
+		} else {
+			cur += n
+		}
 	}
-	return append(units, cur), embed, head
+	flush()
+	return units, embed, head
 }
 
 // EstimateMemory implements trainer.MemoryEstimator with the table of
 // doc.go: P the padded parameters, N the group, T = 4·(embed unit + the
 // largest two adjacent units) the gradients' transient working set of
-// stages 2 and 3, G stage 3's gathered parameters. Those columns are each
+// stages 2 and 3, G stage 3's gathered parameters. Under expert parallel
+// a block's experts are a unit of their own with its own group (the
+// replicas), so "P/N" is the sum of the units' shards and a module's two
+// units count together where adjacent units would. Those columns are each
 // category's own peak; the peak of stages 2 and 3 is the largest of the
 // backward's moments (backwardMoments), each with what it holds at once.
 func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimate) error {
@@ -88,37 +111,32 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	// (LoRA) stays whole on every rank, beside the units.
 	trained := trainer.TrainedOf(in.Model, in.Params)
 	frozen := trainer.Numel(in.Params) - trainer.Numel(trained)
-	// Under expert parallel the experts are held by some dp ranks only
-	// and ZeRO keeps them whole (Layout.Whole): parameter, gradient and
-	// optimizer bytes of one process.
-	params, whole := trained, int64(0)
-	// The float32 tensors ZeRO leaves whole (experts, a frozen base):
-	// under mixed precision masters with a 2-byte copy each, as one
-	// process keeps them.
+	// Under expert parallel the experts are held by some dp ranks only:
+	// ZeRO shards each block's experts over their replicas, the R = n/ep
+	// dp ranks at the same place of their expert-parallel groups (this
+	// rank is number r/ep among them). Under context parallel (DDP only)
+	// there is no ZeRO.
+	ep := max(1, in.Cfg.Parallel.EP)
+	units, hasEmbed, hasHead := unitNumels(trained, ep > 1)
+	// The float32 tensors ZeRO leaves whole (a frozen base): under mixed
+	// precision masters with a 2-byte copy each, as one process keeps them.
 	kept := frozenOf(in.Params, trained)
-	if in.Cfg.Parallel.EP > 1 {
-		params = nil
-		for _, p := range trained {
-			if _, expert := nn.ExpertOf(p.Name); expert {
-				whole += trainer.Numel([]nn.ParamShape{p})
-				kept = append(kept, p)
-			} else {
-				params = append(params, p)
-			}
+	var padded, owned, embed, pair, largest, shards int64
+	sizes := make([]int64, len(units))
+	for i, u := range units {
+		g, gr := n, r
+		if u.held {
+			g, gr = n/ep, r/ep
 		}
-	}
-	numels, hasEmbed, hasHead := unitNumels(params)
-	var padded, owned, embed, pair, largest int64
-	sizes := make([]int64, len(numels))
-	for i, num := range numels {
-		size := int64((num + n - 1) / n * n)
+		size := int64((u.numel + g - 1) / g * g)
 		sizes[i] = size
 		padded += size
-		shard := size / int64(n)
-		// This rank's shard [r·shard, (r+1)·shard) holds the unit's
-		// elements below num; padding has no optimizer state.
-		lo, hi := int64(r)*shard, int64(r+1)*shard
-		owned += max(0, min(hi, int64(num))-lo)
+		shard := size / int64(g)
+		shards += shard
+		// This rank's shard [gr·shard, (gr+1)·shard) holds the unit's
+		// elements below numel; padding has no optimizer state.
+		lo, hi := int64(gr)*shard, int64(gr+1)*shard
+		owned += max(0, min(hi, int64(u.numel))-lo)
 		largest = max(largest, shard)
 	}
 	embed = sizes[0]
@@ -129,40 +147,60 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		// the pairs.
 		embed, first = 0, 0
 	}
-	for i := first; i+1 < len(sizes); i++ {
-		pair = max(pair, sizes[i]+sizes[i+1])
+	// A module's units (a block's, and its experts' under expert
+	// parallel) get their gradient buffers together (its backward hook)
+	// while the unit after them is being reduce-scattered; under stage 3
+	// they are gathered together beside the unit after them (the
+	// forward's prefetch) or the one before (the backward's). Two
+	// adjacent units when every module is one.
+	var around int64
+	for i := first; i < len(sizes); {
+		j, mod := i+1, sizes[i]
+		for ; j < len(sizes) && units[j].held; j++ {
+			mod += sizes[j]
+		}
+		if j < len(sizes) || j-i > 1 {
+			after := int64(0)
+			if j < len(sizes) {
+				after = sizes[j]
+			}
+			pair = max(pair, mod+after)
+		}
+		if i > first {
+			around = max(around, sizes[i-1]+mod)
+		}
+		i = j
 	}
 	transient := 4 * (embed + pair)
-	// Stage 3's gathered parameters: two adjacent units, or the embed
+	// Stage 3's gathered parameters: a module's units and a neighbour, or the embed
 	// unit, the head and the last block prefetched during its backward.
-	gathered := pair
+	gathered := max(pair, around)
 	if k := len(sizes); k >= 3 {
-		gathered = max(pair, embed+sizes[k-2]+sizes[k-1])
+		gathered = max(gathered, embed+sizes[k-2]+sizes[k-1])
 		// The embed unit and the first block, gathered together in the
-		// forward: the larger when blocks differ (MoE blocks whose experts
-		// are kept whole under expert parallel are smaller than dense ones).
+		// forward: the larger when blocks differ (a MoE block's unit under
+		// expert parallel, its experts in a unit of their own, is smaller
+		// than a dense one).
 		gathered = max(gathered, embed+sizes[1])
 	}
 	perElem := e.OptimBytes / max(1, trainer.Numel(trained)) // 8 for AdamW, 4 for SGD momentum
-	e.OptimBytes = perElem * (owned + whole)
+	e.OptimBytes = perElem * owned
 	// Gradients the plugins before ZeRO added beyond the parameters'
 	// (a pipeline stage's received inputs) are not ZeRO's to shard.
 	otherGrads := e.GradsBytes - 4*trainer.Numel(trained)
 	switch z.stage {
 	case 1:
 		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded
-		e.CommBytes = 4 * padded / int64(n)
+		e.CommBytes = 4 * shards
 	case 2:
-		e.ParamsBytes, e.GradsBytes = 4*padded, 4*padded/int64(n)+transient
+		e.ParamsBytes, e.GradsBytes = 4*padded, 4*shards+transient
 	case 3:
-		e.ParamsBytes, e.GradsBytes = 4*padded/int64(n)+4*gathered, 4*padded/int64(n)+transient
+		e.ParamsBytes, e.GradsBytes = 4*shards+4*gathered, 4*shards+transient
 	}
 	e.ParamsBytes += 4 * frozen
 	e.GradsBytes += otherGrads
-	e.ParamsBytes += 4 * whole
-	e.GradsBytes += 4 * whole
 	// Under mixed precision (mixed.go) the masters are this rank's shards
-	// (4P/N) and the whole tensors kept beside the units, counted with the
+	// and the frozen tensors kept beside the units, counted with the
 	// optimizer state; the parameters' column is the 2-byte copies: the
 	// whole copy of stages 1 and 2, stage 3's gathered units, and the
 	// kept tensors' product weights. Units in use are widened to float32
@@ -170,7 +208,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 	var widened int64
 	mixed := false
 	if mp := in.Cfg.Train.MixedPrecision; mp != "" && mp != "no" {
-		e.OptimBytes += 4*padded/int64(n) + 4*(frozen+whole)
+		e.OptimBytes += 4*shards + 4*frozen
 		e.ParamsBytes = 2*padded + 2*trainer.HalfCopyElems(in.Model, kept)
 		if z.stage == 3 {
 			e.ParamsBytes = 2*gathered + 2*trainer.HalfCopyElems(in.Model, kept)
@@ -195,23 +233,33 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		// and the activations at their most are not the same units'): the
 		// simultaneous peak is the largest of the backward's moments,
 		// each with what it holds beside what is held all step.
-		held := e.OptimBytes + 4*padded/int64(n) + otherGrads + 4*(frozen+2*whole)
+		held := e.OptimBytes + 4*shards + otherGrads + 4*frozen
 		switch {
 		case mixed:
 			// The masters (shards and kept tensors) are in OptimBytes;
 			// the kept tensors' 2-byte copies, and stage 2's whole copy.
-			held = e.OptimBytes + 4*padded/int64(n) + otherGrads + 4*whole + 2*trainer.HalfCopyElems(in.Model, kept)
+			held = e.OptimBytes + 4*shards + otherGrads + 2*trainer.HalfCopyElems(in.Model, kept)
 			if z.stage == 2 {
 				held += 2 * padded
 			}
 		case z.stage == 2:
 			held += 4 * padded
 		default:
-			held += 4 * padded / int64(n)
+			held += 4 * shards
 		}
 		pass := trainer.RankPass(in.Cfg, in.Model)
 		var most int64
-		for _, mo := range backwardMoments(sizes, hasEmbed, embed > 0) {
+		// A module's units (a block's and its experts') are one unit of
+		// the moments: their gradients and gathers go together.
+		var mods []int64
+		for i, s := range sizes {
+			if units[i].held {
+				mods[len(mods)-1] += s
+			} else {
+				mods = append(mods, s)
+			}
+		}
+		for _, mo := range backwardMoments(mods, hasEmbed, embed > 0) {
 			acts := pass.HeadMoment()
 			if mo.block > 0 {
 				acts = pass.BlockMoment(mo.block)

@@ -23,17 +23,17 @@ func StepBytes(c nn.GPTConfig, stage, accum, n, g, p int) float64 {
 	if n < 2 {
 		return 0
 	}
-	numels, hasEmbed, _ := unitNumels(c.ParamShapes())
+	numels, hasEmbed, _ := unitNumels(c.ParamShapes(), false)
 	var P, embed, blocks float64
-	for i, num := range numels {
-		size := float64((num + n - 1) / n * n)
+	for i, u := range numels {
+		size := float64((u.numel + n - 1) / n * n)
 		P += size
 		if i > 0 && i < len(numels)-1 {
 			blocks += size
 		}
 	}
 	if hasEmbed && c.TiedTable() != "" {
-		embed = float64((numels[0] + n - 1) / n * n)
+		embed = float64((numels[0].numel + n - 1) / n * n)
 	}
 	f := float64(n-1) / float64(n)
 	G, E, A := float64(g), float64(p), float64(accum)

@@ -41,6 +41,15 @@ type Unit struct {
 	Numel  int // parameter elements, without padding
 	Size   int // Numel padded up to a multiple of the group size
 	Shard  int // Size / group size: the elements each rank owns
+	// N and Rank are the group the unit is sharded over and this rank's
+	// place in it: the data-parallel group, or for a Held unit the ranks
+	// holding the same parameters.
+	N, Rank int
+	// Held is set for the unit of a module's parameters that only some
+	// ranks of the data-parallel group hold (an expert placed by expert
+	// parallel): it follows the module's other unit and is sharded over
+	// its holders, the replicas, instead of the data-parallel group.
+	Held bool
 	// Uses lists the other units whose parameters this unit's forward and
 	// backward read: the head reads the embed unit's tied wte.
 	Uses []int
@@ -57,8 +66,9 @@ type Layout struct {
 	N, Rank int
 	Units   []*Unit
 	// Whole are the parameters held by only some ranks of the group (an
-	// expert placed by expert parallel, which differs from rank to rank):
-	// they are in no unit, and each holder keeps and updates them whole.
+	// expert placed by expert parallel, which differs from rank to rank)
+	// when no group of their holders was given (NewLayoutHeld): they are
+	// in no unit, and each holder keeps and updates them whole.
 	Whole   []*tensor.Tensor
 	unitOf  map[*tensor.Tensor]int
 	rangeOf map[*tensor.Tensor]*Range
@@ -67,16 +77,27 @@ type Layout struct {
 // NewLayout lays out m's parameters that take a gradient unit by unit
 // (embed, each block, head) for a group of n ranks and this rank. Parameters keep their registration
 // order inside a unit; each unit is padded at its end so it splits into n
-// equal shards.
-func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
+// equal shards. Parameters only some ranks of the group hold are kept
+// whole (Layout.Whole).
+func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) { return NewLayoutHeld(m, n, rank, 0, 0) }
+
+// NewLayoutHeld is NewLayout where the parameters held along dp by some
+// ranks only (an expert placed by expert parallel) are sharded over a
+// group of hn of their holders, of which this rank is hrank: each
+// module's held parameters form a unit of their own (Unit.Held) right
+// after its other unit. hn = 0 keeps them whole (Layout.Whole).
+func NewLayoutHeld(m *nn.GPT, n, rank, hn, hrank int) (*Layout, error) {
 	if n < 1 || rank < 0 || rank >= n {
 		return nil, fmt.Errorf("zero: layout for rank %d of a group of %d: the rank must be in [0, size)", rank, n)
 	}
+	if hn < 0 || (hn > 0 && (hrank < 0 || hrank >= hn)) {
+		return nil, fmt.Errorf("zero: layout for rank %d of a group of %d holders: the rank must be in [0, size)", hrank, hn)
+	}
 	l := &Layout{N: n, Rank: rank, unitOf: map[*tensor.Tensor]int{}, rangeOf: map[*tensor.Tensor]*Range{}}
 	for _, mod := range m.Modules() {
-		i := len(l.Units)
-		u := &Unit{Index: i, Module: mod, Name: mod.Name()}
+		u := &Unit{Module: mod, Name: mod.Name(), N: n, Rank: rank}
 		u.Lookup = m.Embed != nil && mod == m.Embed.Module
+		held := &Unit{Module: mod, Name: mod.Name() + ".held", N: hn, Rank: hrank, Held: true}
 		for _, p := range mod.Params() {
 			if !p.NeedsGrad() {
 				// A frozen parameter (LoRA's base) has no gradient and no
@@ -85,9 +106,13 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 				// parameters is no unit.
 				continue
 			}
+			into := u
 			if p.Spec != nil && (p.Spec.Along[place.DP].Kind == place.Held || p.Spec.Along[place.CP].Kind == place.Held) {
-				l.Whole = append(l.Whole, p)
-				continue
+				if hn == 0 {
+					l.Whole = append(l.Whole, p)
+					continue
+				}
+				into = held
 			}
 			if _, dup := l.unitOf[p]; dup {
 				return nil, fmt.Errorf("zero: parameter %s belongs to two modules", p.Name)
@@ -95,16 +120,22 @@ func NewLayout(m *nn.GPT, n, rank int) (*Layout, error) {
 			if p.DType() != tensor.Float32 && p.DType() != tensor.Float64 {
 				return nil, fmt.Errorf("zero: parameter %s is %s; sharding supports float32 and float64 parameters", p.Name, p.DType())
 			}
-			u.Ranges = append(u.Ranges, Range{Name: p.Name, Param: p, Offset: u.Numel, Numel: p.Numel(), Decay: len(p.Shape()) >= 2})
-			u.Numel += p.Numel()
-			l.unitOf[p] = i
+			into.Ranges = append(into.Ranges, Range{Name: p.Name, Param: p, Offset: into.Numel, Numel: p.Numel(), Decay: len(p.Shape()) >= 2})
+			into.Numel += p.Numel()
+			l.unitOf[p] = -1 // numbered below
 		}
-		if len(u.Ranges) == 0 {
-			continue
+		for _, v := range []*Unit{u, held} {
+			if len(v.Ranges) == 0 {
+				continue
+			}
+			v.Index = len(l.Units)
+			for _, r := range v.Ranges {
+				l.unitOf[r.Param] = v.Index
+			}
+			v.Size = (v.Numel + v.N - 1) / v.N * v.N
+			v.Shard = v.Size / v.N
+			l.Units = append(l.Units, v)
 		}
-		u.Size = (u.Numel + n - 1) / n * n
-		u.Shard = u.Size / n
-		l.Units = append(l.Units, u)
 	}
 	for _, u := range l.Units {
 		for i := range u.Ranges {
@@ -134,7 +165,7 @@ func (l *Layout) UnitOf(p *tensor.Tensor) int {
 }
 
 // Lo is the first flat element of u that this rank owns.
-func (l *Layout) Lo(u *Unit) int { return l.Rank * u.Shard }
+func (l *Layout) Lo(u *Unit) int { return u.Rank * u.Shard }
 
 // Pieces returns the intersections of u's parameters with this rank's
 // shard [Lo, Lo+Shard), in flat order. Padding belongs to no piece.

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/place"
 	"github.com/tinyacc/tinyacc/core/tensor"
 )
 
@@ -130,4 +131,42 @@ func TestLayoutOfStageChunks(t *testing.T) {
 	for _, u := range l.Units {
 		require.False(t, u.Lookup, "%s: the last stage has no embedding", u.Name)
 	}
+}
+
+// Parameters held by some ranks of the group only (an expert placed by
+// expert parallel) form, per module, a unit of their own after the
+// module's other unit, sharded over the group of their holders with this
+// rank's place in it; without that group they stay whole.
+func TestLayoutHeldUnits(t *testing.T) {
+	m, err := nn.NewGPT(nn.GPTConfig{NLayer: 2, NHead: 2, NEmbd: 8, BlockSize: 5, VocabSize: 11,
+		MoE: nn.MoEConfig{Experts: 2, TopK: 1, Every: 2}}, 1, tensor.Float32, tensor.NewAllocator())
+	require.NoError(t, err)
+	experts := 0
+	for _, p := range m.Params() {
+		if _, ok := nn.ExpertOf(p.Name); ok {
+			p.Spec.Along[place.DP] = place.Placement{Kind: place.Held, Ranks: []int{1, 3}}
+			experts += p.Numel()
+		}
+	}
+	require.Equal(t, 2*(8*32+32+32*8+8), experts)
+	l, err := NewLayoutHeld(m, 4, 3, 2, 1)
+	require.NoError(t, err)
+	var names []string
+	for _, u := range l.Units {
+		names = append(names, fmt.Sprintf("%s %d/%d", u.Name, u.Rank, u.N))
+	}
+	require.Equal(t, []string{"embed 3/4", "h.0 3/4", "h.1 3/4", "h.1.held 1/2", "head 3/4"}, names)
+	h := l.Units[3]
+	require.True(t, h.Held)
+	require.Equal(t, experts, h.Numel)
+	require.Equal(t, experts, h.Size, "even: no padding over 2")
+	require.Equal(t, experts/2, h.Shard)
+	require.Equal(t, experts/2, l.Lo(h), "the second of the two holders owns the second half")
+	require.Empty(t, l.Whole)
+	require.Equal(t, 3, l.UnitOf(m.Blocks()[1].MoE.Experts[1].ProjB))
+	whole, err := NewLayout(m, 4, 3)
+	require.NoError(t, err)
+	require.Len(t, whole.Whole, 8, "without a group of holders the experts stay whole")
+	_, err = NewLayoutHeld(m, 4, 3, 2, 2)
+	require.EqualError(t, err, "zero: layout for rank 2 of a group of 2 holders: the rank must be in [0, size)")
 }

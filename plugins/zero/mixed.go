@@ -62,7 +62,7 @@ func (z *Zero) layOutMixed(u *unitState, described bool) error {
 	for _, r := range u.Ranges {
 		flat.Span(r.Offset, r.Offset+r.Numel).CopyFrom(r.Param)
 	}
-	err := z.run("broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.BroadcastAsync(flat, 0) })
+	err := z.run(u.g, "broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return u.g.BroadcastAsync(flat, 0) })
 	if err != nil {
 		return fmt.Errorf("zero: broadcast of the initial parameters of unit %s: %w", u.Name, err)
 	}
@@ -98,7 +98,7 @@ func (z *Zero) startMixed(u *unitState) *op {
 	roundTo(z.half, send.U16(), u.shard.F32())
 	u.wire = a.NewUninit(tensor.Params, z.half, u.Size)
 	wire := u.wire
-	return z.issue("all_gather "+u.Name, wire.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(send, wire) }, func() {
+	return z.issue(u.g, "all_gather "+u.Name, wire.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(send, wire) }, func() {
 		widenFrom(z.half, flat.F32(), wire.U16())
 		send.Release()
 	})
@@ -119,7 +119,7 @@ func (z *Zero) refresh() error {
 		lo := z.lay.Lo(u.Unit)
 		mine := u.copy.Span(lo, lo+u.Shard)
 		roundTo(z.half, mine.U16(), u.shard.F32())
-		ops[i] = z.issue("all_gather "+u.Name, u.copy.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(mine, u.copy) }, nil)
+		ops[i] = z.issue(u.g, "all_gather "+u.Name, u.copy.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(mine, u.copy) }, nil)
 	}
 	for i, o := range ops {
 		if err := o.wait(); err != nil {

@@ -29,7 +29,7 @@ func (z *Zero) PreStep(t *trainer.Trainer) error {
 	ops := make([]*op, len(z.units))
 	for i, u := range z.units {
 		tmp := z.t.Alloc.NewUninit(tensor.Comm, u.shardGrad.DType(), u.Shard)
-		ops[i] = z.reduceScatter("reduce_scatter "+u.Name, u.grad, tmp, func() {
+		ops[i] = z.reduceScatter(u, "reduce_scatter "+u.Name, u.grad, tmp, func() {
 			u.shardGrad.CopyFrom(tmp)
 			tmp.Release()
 		})
@@ -91,7 +91,7 @@ func (z *Zero) reduceUnit(u *unitState, info tensor.PassInfo) error {
 		out = tmp
 	}
 	shardGrad := u.shardGrad
-	o := z.reduceScatter("reduce_scatter "+u.Name, grad, out, func() {
+	o := z.reduceScatter(u, "reduce_scatter "+u.Name, grad, out, func() {
 		if tmp != nil {
 			if shardGrad.DType() == tensor.Float32 {
 				cpu.Add(shardGrad.F32(), tmp.F32(), shardGrad.F32())

@@ -131,7 +131,7 @@ func (z *Zero) startGather(u *unitState) *op {
 		r.Param.Alias(u.flat, r.Offset)
 	}
 	flat := u.flat
-	return z.issue("all_gather "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, flat) }, nil)
+	return z.issue(u.g, "all_gather "+u.Name, flat.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(u.shard, flat) }, nil)
 }
 
 // gather makes u's full parameters available, waiting for a prefetch in

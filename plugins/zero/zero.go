@@ -20,6 +20,15 @@ type Zero struct {
 	// Reduce is the dtype gradients are reduce-scattered in
 	// (ddp.reduce_dtype): Float32, the default, or BFloat16.
 	Reduce tensor.DType
+	// Held is the group of the ranks holding the same parameters as this
+	// one among those held by some data-parallel ranks only (an expert's
+	// replicas under expert parallel), and HeldScale the factor applied to
+	// their gradient averaged over it. Set, such parameters are sharded
+	// over Held like the others over the data-parallel group; nil, they
+	// are kept whole (Layout.Whole) and reduced by the plugin that placed
+	// them.
+	Held      comm.Group
+	HeldScale float64
 
 	g     comm.Group
 	stage int
@@ -49,6 +58,11 @@ type Zero struct {
 // unitState is one unit's buffers on this rank.
 type unitState struct {
 	*Unit
+	// g is the group the unit is sharded over (Unit.N ranks), scale the
+	// factor applied to its gradient averaged over g (1 but for a Held
+	// unit).
+	g     comm.Group
+	scale float64
 	// flat holds the unit's full parameters: permanently in stages 1 and
 	// 2 (the model's parameters are aliased into it), only while the unit
 	// is gathered in stage 3 and under mixed precision (nil otherwise).
@@ -118,7 +132,11 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 	if c := t.Alloc.Compute(); c != tensor.Float32 && t.DType() == tensor.Float32 {
 		z.half = c
 	}
-	lay, err := NewLayout(t.Model, z.g.Size(), z.g.Rank())
+	hn, hr := 0, 0
+	if z.Held != nil {
+		hn, hr = z.Held.Size(), z.Held.Rank()
+	}
+	lay, err := NewLayoutHeld(t.Model, z.g.Size(), z.g.Rank(), hn, hr)
 	if err != nil {
 		return err
 	}
@@ -132,7 +150,10 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 		}
 	}
 	for _, u := range lay.Units {
-		us := &unitState{Unit: u}
+		us := &unitState{Unit: u, g: z.g, scale: 1}
+		if u.Held {
+			us.g, us.scale = z.Held, z.HeldScale
+		}
 		if err := z.layOut(us); err != nil {
 			return err
 		}
@@ -194,7 +215,7 @@ func (z *Zero) layOut(u *unitState) error {
 	for _, r := range u.Ranges {
 		flat.Span(r.Offset, r.Offset+r.Numel).CopyFrom(r.Param)
 	}
-	err := z.run("broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return z.g.BroadcastAsync(flat, 0) })
+	err := z.run(u.g, "broadcast "+u.Name, flat.Bytes(), func() comm.Handle { return u.g.BroadcastAsync(flat, 0) })
 	if err != nil {
 		return fmt.Errorf("zero: broadcast of the initial parameters of unit %s: %w", u.Name, err)
 	}
@@ -257,7 +278,9 @@ func (z *Zero) ReduceLoss(t *trainer.Trainer, loss float64) (float64, error) {
 // shard gradient (every stage), and in stage 3 their value lives only in
 // the parameter shard. Both are described as a Flat range of p along the
 // data-parallel axis; in stages 1 and 2 the value stays the whole tensor,
-// replicated over the group.
+// replicated over the group. A Held unit's parameter (an expert) is Flat
+// along dp too: only its holders have it, their ranges are disjoint and
+// cover it, so each element is still counted once.
 func (z *Zero) Hold(t *trainer.Trainer, p *tensor.Tensor) (trainer.Holding, bool) {
 	if z.whole[p] {
 		h := trainer.Holding{Value: trainer.Part{Spec: p.Spec, Data: p}, Grad: trainer.Part{Spec: p.Spec, Data: p.Grad}}
@@ -304,7 +327,7 @@ func (z *Zero) PostStep(t *trainer.Trainer, m *trainer.StepMetrics) error {
 	}
 	ops := make([]*op, len(z.units))
 	for i, u := range z.units {
-		ops[i] = z.issue("all_gather "+u.Name, u.flat.Bytes(), func() comm.Handle { return z.g.AllGatherAsync(u.shard, u.flat) }, nil)
+		ops[i] = z.issue(u.g, "all_gather "+u.Name, u.flat.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(u.shard, u.flat) }, nil)
 	}
 	for i, o := range ops {
 		if err := o.wait(); err != nil {
