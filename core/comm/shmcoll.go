@@ -12,7 +12,9 @@ import (
 // round of a collective is: wait until this round's half is free (every
 // rank finished the round two before), copy in, announce; wait for the
 // others' copies, fold the block this rank owns from all of them into place,
-// announce; wait for the others' folds, copy the results out. A fold adds
+// announce; wait for the others' folds, copy the results out. The part of
+// the block a rank owns that is its own data is never copied in: no one
+// else reads it, so the fold takes it from the rank's buffer. A fold adds
 // in rank order, so results are bitwise the same whatever the timing, on
 // every rank, and equal to the tcp backend's direct algorithm.
 //
@@ -44,6 +46,12 @@ func (s *shmSeg) end(k uint64) {
 	s.ctr(s.me, ctrReduced).Store(k + 1)
 	s.post(ctrRead, k+1)
 	s.round++
+}
+
+// srcs are the sources of a fold of bytes off.. of every member's half h,
+// this rank's own from mine instead when mine is not nil.
+func (s *shmSeg) srcs(h, off int, mine []byte) srcs {
+	return srcs{base: s.base(h, off), stride: s.stride(), n: s.n, own: s.me, mine: mine}
 }
 
 // agree checks, after the copies of round k are in, that the ranks in
@@ -109,7 +117,7 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 			return err
 		}
 		if wants {
-			fold(dt, op, buf, s.base(h, 0), s.stride(), s.n, s.acc)
+			fold(dt, op, buf, s.srcs(h, 0, nil), s.acc)
 			if op == Avg {
 				scaleBytes(dt, buf, s.n)
 			}
@@ -123,7 +131,10 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		if err != nil {
 			return err
 		}
-		copy(s.half(s.me, h), buf[off:off+m])
+		blk := splitBlocks(m/esz, s.n, esz)
+		lo, hi := blk[s.me], blk[s.me+1]
+		copy(s.half(s.me, h)[:lo], buf[off:off+lo])
+		copy(s.half(s.me, h)[hi:m], buf[off+hi:off+m])
 		s.post(ctrCopied, k+1)
 		if segRoundHook != nil {
 			segRoundHook(k)
@@ -134,8 +145,7 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
-		blk := splitBlocks(m/esz, s.n, esz)
-		mine := s.half(s.me, h)[blk[s.me]:blk[s.me+1]]
+		mine := s.half(s.me, h)[lo:hi]
 		switch {
 		case root < 0:
 			c.countSent(m - len(mine) + (s.n-1)*len(mine))
@@ -144,7 +154,7 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		default:
 			c.countSent(m - len(mine))
 		}
-		fold(dt, op, mine, s.base(h, blk[s.me]), s.stride(), s.n, s.acc)
+		fold(dt, op, mine, s.srcs(h, lo, buf[off+lo:off+hi]), s.acc)
 		if op == Avg {
 			scaleBytes(dt, mine, s.n)
 		}
@@ -179,7 +189,9 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 		}
 		mine := s.half(s.me, h)
 		for b := 0; b < s.n; b++ {
-			copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
+			if b != s.me {
+				copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
+			}
 		}
 		s.post(ctrCopied, k+1)
 		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
@@ -188,7 +200,8 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
-		fold(dt, op, out[off:off+m], s.base(h, s.me*piece), s.stride(), s.n, s.acc)
+		own := in[s.me*bs+off : s.me*bs+off+m]
+		fold(dt, op, out[off:off+m], s.srcs(h, s.me*piece, own), s.acc)
 		s.end(k)
 	}
 	if op == Avg {
