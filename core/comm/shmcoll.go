@@ -28,9 +28,12 @@ const segSmall = 32 << 10
 func descOf(c *opCtx, bytes int) uint64 { return uint64(c.op.code)<<56 | uint64(bytes) }
 
 // begin opens the next round: it waits until its half is free and records
-// what this rank's round is.
+// what this rank's round is. A rank may open round k+1 before it ends
+// round k (the collectives below copy the next round in before they
+// finish this one), never further ahead: round k+2 uses round k's half.
 func (s *shmSeg) begin(c *opCtx, desc uint64) (k uint64, h int, err error) {
 	k = s.round
+	s.round++
 	h = int(k % 2)
 	if k >= 2 {
 		if err := s.waitAll(c, ctrRead, k-1); err != nil {
@@ -45,7 +48,6 @@ func (s *shmSeg) begin(c *opCtx, desc uint64) (k uint64, h int, err error) {
 func (s *shmSeg) end(k uint64) {
 	s.ctr(s.me, ctrReduced).Store(k + 1)
 	s.post(ctrRead, k+1)
-	s.round++
 }
 
 // srcs are the sources of a fold of bytes off.. of every member's half h,
@@ -125,26 +127,44 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		s.end(k)
 		return nil
 	}
-	for off := 0; off < len(buf); off += s.slot {
-		m := min(s.slot, len(buf)-off)
-		k, h, err := s.begin(c, desc)
-		if err != nil {
-			return err
+	// Each round's copy in goes before the wait for the others' folds of
+	// the round before: a rank that would wait has work, and the wait is
+	// likelier over when it comes.
+	type round struct {
+		k      uint64
+		h      int
+		off, m int
+		blk    []int
+	}
+	copyIn := func(off int) (round, error) {
+		r := round{off: off, m: min(s.slot, len(buf)-off)}
+		var err error
+		if r.k, r.h, err = s.begin(c, desc); err != nil {
+			return r, err
 		}
-		blk := splitBlocks(m/esz, s.n, esz)
-		lo, hi := blk[s.me], blk[s.me+1]
-		copy(s.half(s.me, h)[:lo], buf[off:off+lo])
-		copy(s.half(s.me, h)[hi:m], buf[off+hi:off+m])
-		s.post(ctrCopied, k+1)
+		r.blk = splitBlocks(r.m/esz, s.n, esz)
+		lo, hi := r.blk[s.me], r.blk[s.me+1]
+		copy(s.half(s.me, r.h)[:lo], buf[off:off+lo])
+		copy(s.half(s.me, r.h)[hi:r.m], buf[off+hi:off+r.m])
+		s.post(ctrCopied, r.k+1)
 		if segRoundHook != nil {
-			segRoundHook(k)
+			segRoundHook(r.k)
 		}
+		return r, nil
+	}
+	r, err := copyIn(0)
+	if err != nil {
+		return err
+	}
+	for {
+		k, h, off, m, blk := r.k, r.h, r.off, r.m, r.blk
 		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
 			return err
 		}
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
+		lo, hi := blk[s.me], blk[s.me+1]
 		mine := s.half(s.me, h)[lo:hi]
 		switch {
 		case root < 0:
@@ -159,6 +179,12 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 			scaleBytes(dt, mine, s.n)
 		}
 		s.post(ctrReduced, k+1)
+		last := off+m == len(buf)
+		if !last {
+			if r, err = copyIn(off + m); err != nil {
+				return err
+			}
+		}
 		if wants {
 			if err := s.waitAll(c, ctrReduced, k+1); err != nil {
 				return err
@@ -168,9 +194,10 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 			}
 		}
 		s.post(ctrRead, k+1)
-		s.round++
+		if last {
+			return nil
+		}
 	}
-	return nil
 }
 
 // reduceScatter leaves block me of the reduction of in (n blocks of
@@ -181,19 +208,36 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 	bs := len(out)
 	piece := (s.slot / s.n) &^ 63
 	c.countSent(len(in) - len(out))
-	for off := 0; off < bs; off += piece {
-		m := min(piece, bs-off)
-		k, h, err := s.begin(c, desc)
-		if err != nil {
-			return err
+	// As in allReduce, the next round is copied in before this one's wait.
+	copyIn := func(off int) (k uint64, h int, err error) {
+		if k, h, err = s.begin(c, desc); err != nil {
+			return 0, 0, err
 		}
-		mine := s.half(s.me, h)
+		m, mine := min(piece, bs-off), s.half(s.me, h)
 		for b := 0; b < s.n; b++ {
 			if b != s.me {
 				copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
 			}
 		}
 		s.post(ctrCopied, k+1)
+		return k, h, nil
+	}
+	var k uint64
+	var h int
+	var err error
+	if bs > 0 {
+		if k, h, err = copyIn(0); err != nil {
+			return err
+		}
+	}
+	for off := 0; off < bs; off += piece {
+		m := min(piece, bs-off)
+		kNext, hNext := k, h
+		if off+m < bs {
+			if kNext, hNext, err = copyIn(off + m); err != nil {
+				return err
+			}
+		}
 		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
 			return err
 		}
@@ -203,6 +247,7 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 		own := in[s.me*bs+off : s.me*bs+off+m]
 		fold(dt, op, out[off:off+m], s.srcs(h, s.me*piece, own), s.acc)
 		s.end(k)
+		k, h = kNext, hNext
 	}
 	if op == Avg {
 		scaleBytes(dt, out, s.n)
