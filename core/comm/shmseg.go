@@ -42,12 +42,12 @@ const (
 	segCtlFirst  = 64  // where the ranks' control lines start
 	segSleepers  = 24  // in a rank's control line: how many wait on its counters
 	segMinSlot   = 64 << 10
-	segPoll      = 10 * time.Millisecond // how often a sleeping waiter checks deadline and peers
-	segSpin      = 200                   // checks before a waiter sleeps
-	segHold      = 5 * time.Millisecond  // how long a waiter sleeps holding its thread (waitOne)
-	segHoldPoll  = time.Millisecond      // how often it looks at deadline and peers meanwhile
-	setupStep    = 1 << 31               // message steps of the setup exchange
-	segDescWords = 2                     // per half: what the rank's current op is
+	segPoll      = 10 * time.Millisecond  // how often a sleeping waiter checks deadline and peers
+	segSpin      = 200                    // checks before a waiter sleeps
+	segHold      = 2 * time.Millisecond   // how long a waiter sleeps holding its thread (waitOne)
+	segHoldPoll  = 200 * time.Microsecond // the longest of those sleeps before other goroutines get a turn
+	setupStep    = 1 << 31                // message steps of the setup exchange
+	segDescWords = 2                      // per half: what the rank's current op is
 )
 
 // Progress counters of a rank: how many rounds (counted over the group's
@@ -155,7 +155,10 @@ func (s *shmSeg) waitAll(c *opCtx, which int, v uint64) error {
 // well under a millisecond, and a sleep the runtime knows of hands this
 // thread's processor to another thread and keeps the runtime's monitor
 // thread waking every 20µs, several more trips through the scheduler per
-// wait. A longer wait (a peer still computing) sleeps as usual.
+// wait. Those sleeps last at most segHoldPoll each, and between two the
+// other goroutines get a turn (ranks of one process among them, in tests),
+// since the processor stays taken meanwhile. A longer wait (a peer still
+// computing) sleeps as usual.
 func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 	ctr := s.ctr(p, which)
 	var slept time.Time
@@ -181,6 +184,7 @@ func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 		if cur := ctr.Load(); cur < v {
 			if hold {
 				futexHold(s.word(p, which), uint32(cur), min(segHoldPoll, max(time.Until(c.deadline), time.Microsecond)))
+				runtime.Gosched()
 			} else {
 				futexWait(s.word(p, which), uint32(cur), min(segPoll, max(time.Until(c.deadline), time.Millisecond)))
 			}
