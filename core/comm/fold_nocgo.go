@@ -10,8 +10,8 @@ import (
 
 // foldSum sets dst to the sum of nsrc equally long sources, source k at
 // base[k*stride:], added in source order (fold.go; without cgo, in Go).
-func foldSum(dt tensor.DType, dst []byte, base unsafe.Pointer, stride, nsrc int) {
-	foldSumGo(dt, dst, base, stride, nsrc)
+func foldSum(dt tensor.DType, dst []byte, ss srcs) {
+	foldSumGo(dt, dst, ss)
 }
 
 // foldHalf folds half sources by the rule of half.go (in Go without cgo).

@@ -12,7 +12,9 @@ import (
 // round of a collective is: wait until this round's half is free (every
 // rank finished the round two before), copy in, announce; wait for the
 // others' copies, fold the block this rank owns from all of them into place,
-// announce; wait for the others' folds, copy the results out. A fold adds
+// announce; wait for the others' folds, copy the results out. The part of
+// the block a rank owns that is its own data is never copied in: no one
+// else reads it, so the fold takes it from the rank's buffer. A fold adds
 // in rank order, so results are bitwise the same whatever the timing, on
 // every rank, and equal to the tcp backend's direct algorithm.
 //
@@ -26,9 +28,12 @@ const segSmall = 32 << 10
 func descOf(c *opCtx, bytes int) uint64 { return uint64(c.op.code)<<56 | uint64(bytes) }
 
 // begin opens the next round: it waits until its half is free and records
-// what this rank's round is.
+// what this rank's round is. A rank may open round k+1 before it ends
+// round k (the collectives below copy the next round in before they
+// finish this one), never further ahead: round k+2 uses round k's half.
 func (s *shmSeg) begin(c *opCtx, desc uint64) (k uint64, h int, err error) {
 	k = s.round
+	s.round++
 	h = int(k % 2)
 	if k >= 2 {
 		if err := s.waitAll(c, ctrRead, k-1); err != nil {
@@ -43,7 +48,12 @@ func (s *shmSeg) begin(c *opCtx, desc uint64) (k uint64, h int, err error) {
 func (s *shmSeg) end(k uint64) {
 	s.ctr(s.me, ctrReduced).Store(k + 1)
 	s.post(ctrRead, k+1)
-	s.round++
+}
+
+// srcs are the sources of a fold of bytes off.. of every member's half h,
+// this rank's own from mine instead when mine is not nil.
+func (s *shmSeg) srcs(h, off int, mine []byte) srcs {
+	return srcs{base: s.base(h, off), stride: s.stride(), n: s.n, own: s.me, mine: mine}
 }
 
 // agree checks, after the copies of round k are in, that the ranks in
@@ -109,7 +119,7 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 			return err
 		}
 		if wants {
-			fold(dt, op, buf, s.base(h, 0), s.stride(), s.n, s.acc)
+			fold(dt, op, buf, s.srcs(h, 0, nil), s.acc)
 			if op == Avg {
 				scaleBytes(dt, buf, s.n)
 			}
@@ -117,25 +127,45 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		s.end(k)
 		return nil
 	}
-	for off := 0; off < len(buf); off += s.slot {
-		m := min(s.slot, len(buf)-off)
-		k, h, err := s.begin(c, desc)
-		if err != nil {
-			return err
+	// Each round's copy in goes before the wait for the others' folds of
+	// the round before: a rank that would wait has work, and the wait is
+	// likelier over when it comes.
+	type round struct {
+		k      uint64
+		h      int
+		off, m int
+		blk    []int
+	}
+	copyIn := func(off int) (round, error) {
+		r := round{off: off, m: min(s.slot, len(buf)-off)}
+		var err error
+		if r.k, r.h, err = s.begin(c, desc); err != nil {
+			return r, err
 		}
-		copy(s.half(s.me, h), buf[off:off+m])
-		s.post(ctrCopied, k+1)
+		r.blk = splitBlocks(r.m/esz, s.n, esz)
+		lo, hi := r.blk[s.me], r.blk[s.me+1]
+		copy(s.half(s.me, r.h)[:lo], buf[off:off+lo])
+		copy(s.half(s.me, r.h)[hi:r.m], buf[off+hi:off+r.m])
+		s.post(ctrCopied, r.k+1)
 		if segRoundHook != nil {
-			segRoundHook(k)
+			segRoundHook(r.k)
 		}
+		return r, nil
+	}
+	r, err := copyIn(0)
+	if err != nil {
+		return err
+	}
+	for {
+		k, h, off, m, blk := r.k, r.h, r.off, r.m, r.blk
 		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
 			return err
 		}
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
-		blk := splitBlocks(m/esz, s.n, esz)
-		mine := s.half(s.me, h)[blk[s.me]:blk[s.me+1]]
+		lo, hi := blk[s.me], blk[s.me+1]
+		mine := s.half(s.me, h)[lo:hi]
 		switch {
 		case root < 0:
 			c.countSent(m - len(mine) + (s.n-1)*len(mine))
@@ -144,11 +174,17 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 		default:
 			c.countSent(m - len(mine))
 		}
-		fold(dt, op, mine, s.base(h, blk[s.me]), s.stride(), s.n, s.acc)
+		fold(dt, op, mine, s.srcs(h, lo, buf[off+lo:off+hi]), s.acc)
 		if op == Avg {
 			scaleBytes(dt, mine, s.n)
 		}
 		s.post(ctrReduced, k+1)
+		last := off+m == len(buf)
+		if !last {
+			if r, err = copyIn(off + m); err != nil {
+				return err
+			}
+		}
 		if wants {
 			if err := s.waitAll(c, ctrReduced, k+1); err != nil {
 				return err
@@ -158,9 +194,10 @@ func (s *shmSeg) allReduce(c *opCtx, dt tensor.DType, op ReduceOp, buf []byte, r
 			}
 		}
 		s.post(ctrRead, k+1)
-		s.round++
+		if last {
+			return nil
+		}
 	}
-	return nil
 }
 
 // reduceScatter leaves block me of the reduction of in (n blocks of
@@ -171,25 +208,46 @@ func (s *shmSeg) reduceScatter(c *opCtx, dt tensor.DType, op ReduceOp, in, out [
 	bs := len(out)
 	piece := (s.slot / s.n) &^ 63
 	c.countSent(len(in) - len(out))
-	for off := 0; off < bs; off += piece {
-		m := min(piece, bs-off)
-		k, h, err := s.begin(c, desc)
-		if err != nil {
-			return err
+	// As in allReduce, the next round is copied in before this one's wait.
+	copyIn := func(off int) (k uint64, h int, err error) {
+		if k, h, err = s.begin(c, desc); err != nil {
+			return 0, 0, err
 		}
-		mine := s.half(s.me, h)
+		m, mine := min(piece, bs-off), s.half(s.me, h)
 		for b := 0; b < s.n; b++ {
-			copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
+			if b != s.me {
+				copy(mine[b*piece:b*piece+m], in[b*bs+off:b*bs+off+m])
+			}
 		}
 		s.post(ctrCopied, k+1)
+		return k, h, nil
+	}
+	var k uint64
+	var h int
+	var err error
+	if bs > 0 {
+		if k, h, err = copyIn(0); err != nil {
+			return err
+		}
+	}
+	for off := 0; off < bs; off += piece {
+		m := min(piece, bs-off)
+		kNext, hNext := k, h
+		if off+m < bs {
+			if kNext, hNext, err = copyIn(off + m); err != nil {
+				return err
+			}
+		}
 		if err := s.waitAll(c, ctrCopied, k+1); err != nil {
 			return err
 		}
 		if err := s.agree(c, h, desc, nil); err != nil {
 			return err
 		}
-		fold(dt, op, out[off:off+m], s.base(h, s.me*piece), s.stride(), s.n, s.acc)
+		own := in[s.me*bs+off : s.me*bs+off+m]
+		fold(dt, op, out[off:off+m], s.srcs(h, s.me*piece, own), s.acc)
 		s.end(k)
+		k, h = kNext, hNext
 	}
 	if op == Avg {
 		scaleBytes(dt, out, s.n)

@@ -31,20 +31,23 @@ import (
 // collective (groups are made without talking to each other) with three
 // small messages over the connections, and used by every later one.
 //
-// Layout: a control area (a futex word, a sleeper count, then one cache
-// line pair per rank with its progress counters), then per rank two halves
+// Layout: a control area (a cache line left unused, then one cache line
+// pair per rank with its progress counters), then per rank two halves
 // of slotBytes each. Large collectives move in rounds of at most one half;
 // round k uses half k%2, so ranks fill the next round while the slowest
 // still reads the last.
 
 const (
 	segLine      = 128 // per-rank control: two cache lines, never shared
-	segCtlFirst  = 64  // the futex word and the sleeper count come first
+	segCtlFirst  = 64  // where the ranks' control lines start
+	segSleepers  = 24  // in a rank's control line: how many wait on its counters
 	segMinSlot   = 64 << 10
-	segPoll      = 10 * time.Millisecond // how often a sleeping waiter checks deadline and peers
-	segSpin      = 200                   // checks before a waiter sleeps
-	setupStep    = 1 << 31               // message steps of the setup exchange
-	segDescWords = 2                     // per half: what the rank's current op is
+	segPoll      = 10 * time.Millisecond  // how often a sleeping waiter checks deadline and peers
+	segSpin      = 200                    // checks before a waiter sleeps
+	segHold      = 2 * time.Millisecond   // how long a waiter sleeps holding its thread (waitOne)
+	segHoldPoll  = 200 * time.Microsecond // the longest of those sleeps before other goroutines get a turn
+	setupStep    = 1 << 31                // message steps of the setup exchange
+	segDescWords = 2                      // per half: what the rank's current op is
 )
 
 // Progress counters of a rank: how many rounds (counted over the group's
@@ -82,10 +85,19 @@ func segLayout(n, chunk int) (ctl, slot int) {
 	return ctl, slot
 }
 
-func (s *shmSeg) tick() *atomic.Uint32    { return (*atomic.Uint32)(unsafe.Pointer(&s.mem[0])) }
-func (s *shmSeg) sleepers() *atomic.Int32 { return (*atomic.Int32)(unsafe.Pointer(&s.mem[4])) }
 func (s *shmSeg) ctr(r, which int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&s.mem[segCtlFirst+r*segLine+8*which])) //nolint:gosec
+}
+
+// word is the futex word of rank r's counter which: its low 32 bits (the
+// host is little-endian), which change whenever the counter does.
+func (s *shmSeg) word(r, which int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&s.mem[segCtlFirst+r*segLine+8*which]))
+}
+
+// sleepers counts the ranks asleep on one of rank r's counters.
+func (s *shmSeg) sleepers(r int) *atomic.Int32 {
+	return (*atomic.Int32)(unsafe.Pointer(&s.mem[segCtlFirst+r*segLine+segSleepers]))
 }
 
 // desc is where rank r describes the operation of its rounds in half h, so
@@ -108,20 +120,23 @@ func (s *shmSeg) base(h, off int) unsafe.Pointer {
 
 func (s *shmSeg) stride() int { return 2 * s.slot }
 
-// post sets this rank's counter which to v and wakes the sleepers.
+// post sets this rank's counter which to v and wakes the ranks asleep on
+// it. Each counter is a futex of its own, so a post wakes only the ranks
+// that wait for this rank's counter which, not every rank asleep: on a host
+// with fewer cores than ranks every needless wake-up is a trip through the
+// scheduler.
 func (s *shmSeg) post(which int, v uint64) {
 	s.ctr(s.me, which).Store(v)
-	s.tick().Add(1)
-	if s.sleepers().Load() > 0 {
-		futexWakeAll(s.tick())
+	if s.sleepers(s.me).Load() > 0 {
+		futexWakeAll(s.word(s.me, which))
 	}
 }
 
 // waitAll returns once every other rank's counter which reached v. While
-// waiting it spins a little, then sleeps on the futex word, looking every
-// segPoll at the deadline and at whether the peer it waits for died or gave
-// up: a rank killed mid-collective fails the others at once, a stopped one
-// at the deadline.
+// waiting it spins a little, then sleeps on the counter's futex word,
+// looking every few milliseconds at the deadline and at whether the peer
+// it waits for died or gave up: a rank killed mid-collective fails the
+// others at once, a stopped one at the deadline.
 func (s *shmSeg) waitAll(c *opCtx, which int, v uint64) error {
 	for p := 0; p < s.n; p++ {
 		if p != s.me {
@@ -134,8 +149,19 @@ func (s *shmSeg) waitAll(c *opCtx, which int, v uint64) error {
 }
 
 // waitOne returns once rank p's counter which reached v.
+//
+// For its first segHold a waiter sleeps without telling the Go runtime
+// (futexHold): a collective waits for its peers many times, mostly for
+// well under a millisecond, and a sleep the runtime knows of hands this
+// thread's processor to another thread and keeps the runtime's monitor
+// thread waking every 20µs, several more trips through the scheduler per
+// wait. Those sleeps last at most segHoldPoll each, and between two the
+// other goroutines get a turn (ranks of one process among them, in tests),
+// since the processor stays taken meanwhile. A longer wait (a peer still
+// computing) sleeps as usual.
 func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 	ctr := s.ctr(p, which)
+	var slept time.Time
 	for spins := 0; ctr.Load() < v; spins++ {
 		if spins < segSpin {
 			if spins%16 == 15 {
@@ -147,15 +173,23 @@ func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 			return err
 		}
 		// Count in, then look again: post stores the counter before it
-		// bumps the tick and reads the count, so either this look sees the
-		// counter or post sees the sleeper and wakes the futex (which
-		// returns at once if the tick moved).
-		s.sleepers().Add(1)
-		t := s.tick().Load()
-		if ctr.Load() < v {
-			futexWait(s.tick(), t, min(segPoll, max(time.Until(c.deadline), time.Millisecond)))
+		// reads the count, so either this look sees the counter or post
+		// sees the sleeper and wakes the futex (which returns at once if
+		// the counter moved since this look).
+		if slept.IsZero() {
+			slept = time.Now()
 		}
-		s.sleepers().Add(-1)
+		hold := time.Since(slept) < segHold
+		s.sleepers(p).Add(1)
+		if cur := ctr.Load(); cur < v {
+			if hold {
+				futexHold(s.word(p, which), uint32(cur), min(segHoldPoll, max(time.Until(c.deadline), time.Microsecond)))
+				runtime.Gosched()
+			} else {
+				futexWait(s.word(p, which), uint32(cur), min(segPoll, max(time.Until(c.deadline), time.Millisecond)))
+			}
+		}
+		s.sleepers(p).Add(-1)
 	}
 	return nil
 }
@@ -187,6 +221,17 @@ func (s *shmSeg) unmap() {
 		_ = syscall.Munmap(s.mem)
 		s.mem = nil
 	}
+}
+
+// futexHold is futexWait as a raw system call: the runtime takes this
+// thread for running, keeps its processor with it and is not told. Only
+// for short sleeps: a collection or another goroutine of this processor
+// waits until it returns (the runtime's preemption signal ends it early).
+func futexHold(addr *atomic.Uint32, val uint32, d time.Duration) {
+	const futexWaitOp = 0
+	ts := syscall.NsecToTimespec(int64(d))
+	_, _, _ = syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val),
+		uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 func futexWakeAll(addr *atomic.Uint32) {

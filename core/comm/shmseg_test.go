@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,6 +112,42 @@ func TestSegmentLargeBuffers(t *testing.T) {
 		}
 		full := refReduce(tensor.Float32, Sum, n, per*n, 1)
 		return expectEq("reduce_scatter 64 MiB", out, full[g.Rank()*per:(g.Rank()+1)*per])
+	}))
+}
+
+// A reduce-scatter never copies the part of a rank's input that the rank
+// folds itself: the bytes of its halves where that part would go keep
+// what was there before, and the result is still exact.
+func TestSegmentOwnPartIsNotCopiedIn(t *testing.T) {
+	t.Setenv("TINYACC_SHM", "1")
+	const n = 4
+	require.NoError(t, runTCP(t, n, Options{ChunkBytes: 32 << 10}, func(g Group) error {
+		if err := g.AllReduce(filled(tensor.Float32, g.Rank(), 1, 0), Sum); err != nil {
+			return err
+		}
+		s := segmentOf(g)
+		if s == nil {
+			return fmt.Errorf("rank %d: no segment", g.Rank())
+		}
+		piece := (s.slot / n) &^ 63
+		own := func(h int) []byte { return s.half(s.me, h)[s.me*piece : (s.me+1)*piece] }
+		for h := range 2 {
+			for i := range own(h) {
+				own(h)[i] = 0xa5
+			}
+		}
+		per := piece / 4 // one round
+		out := tensor.Default.New(tensor.Comm, tensor.Float32, per)
+		if err := g.ReduceScatter(filled(tensor.Float32, g.Rank(), per*n, 1), out, Sum); err != nil {
+			return err
+		}
+		for h := range 2 {
+			if i := slices.IndexFunc(own(h), func(b byte) bool { return b != 0xa5 }); i >= 0 {
+				return fmt.Errorf("rank %d: byte %d of its own part in half %d was written", g.Rank(), i, h)
+			}
+		}
+		full := refReduce(tensor.Float32, Sum, n, per*n, 1)
+		return expectEq("reduce_scatter", out, full[g.Rank()*per:(g.Rank()+1)*per])
 	}))
 }
 
