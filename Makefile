@@ -27,7 +27,7 @@ build: deps
 	$(GO) build -o $(BIN) ./cmd/tinyacc
 
 # demo trains the default GPT on the doc comments of the Go toolchain's own
-# sources (examples/demo.yaml) for about two minutes, then samples from it:
+# sources (examples/demo.yaml) for a few minutes, then samples from it:
 # at a temperature of 0.6 among the 10 likeliest bytes a small model keeps
 # to the words it has learned rather than spelling new ones.
 demo: build
