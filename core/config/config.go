@@ -96,7 +96,7 @@ type Config struct {
 		MaxBytes    int64   `koanf:"max_bytes"`    // cap on text corpus bytes read; 0 = no cap
 		// Format says how data.path is read: "text" (byte tokenizer),
 		// "tokens" (llm.c .bin shards), "auto" (a shard header decides) or
-		// "go_comments" (the comments of its Go files, GOROOT/src's when
+		// "go_comments" (the doc comments of its Go files, GOROOT/src's when
 		// data.path is "", as text: prose wherever Go is installed).
 		Format  string `koanf:"format"`
 		ValPath string `koanf:"val_path"` // separate validation shards (glob); "" = hold out data.val_fraction

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
-// GoComments is the data.format that reads the comments of Go sources as
-// the text: the doc comments of the Go toolchain (the default corpus's
+// GoComments is the data.format that reads the doc comments of Go
+// sources as the text: those of the Go toolchain (the default corpus's
 // files) are English prose, present wherever Go is installed, and a small
 // model trained on them samples sentences where one trained on the code
 // samples indentation and braces.
@@ -25,14 +26,10 @@ func Load(path, format string, maxBytes int64) (*Corpus, error) {
 	return LoadCorpus(path, maxBytes)
 }
 
-// LoadGoComments reads the line comments of the non-test Go files under
+// LoadGoComments reads the doc comments of the non-test Go files under
 // path (a file or a directory; GOROOT/src when empty), in sorted path
-// order, at most maxBytes of them (maxBytes <= 0: all). Each run of
-// consecutive comment lines becomes a paragraph: the lines without their
-// "//" and the space after it, then a blank line. Compiler directives
-// (//go:build, //line, //export) and the runs that are licence headers
-// or generated-code markers are left out; block comments and comments
-// after code are too.
+// order, as prose (appendComments says which comments and how), at most
+// maxBytes of it (maxBytes <= 0: all).
 func LoadGoComments(path string, maxBytes int64) (*Corpus, error) {
 	root, where := path, fmt.Sprintf("%q", path)
 	if path == "" {
@@ -56,7 +53,7 @@ func LoadGoComments(path string, maxBytes int64) (*Corpus, error) {
 		maxBytes = 1<<63 - 1
 	}
 	var text bytes.Buffer
-	used := 0
+	used, seen := 0, map[string]bool{}
 	for _, f := range files {
 		if int64(text.Len()) >= maxBytes {
 			break
@@ -66,7 +63,7 @@ func LoadGoComments(path string, maxBytes int64) (*Corpus, error) {
 			return nil, fmt.Errorf("data: %w", err)
 		}
 		n := text.Len()
-		appendComments(&text, b)
+		appendComments(&text, b, seen)
 		if text.Len() > n {
 			used++
 		}
@@ -76,36 +73,94 @@ func LoadGoComments(path string, maxBytes int64) (*Corpus, error) {
 		out = trimPartialRune(out[:maxBytes])
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("data: data.format=%s found no comments in the Go files of %s; set data.format=text to read it as text", GoComments, where)
+		return nil, fmt.Errorf("data: data.format=%s found no doc comments in the Go files of %s; set data.format=text to read it as text", GoComments, where)
 	}
-	return &Corpus{Text: out, Source: fmt.Sprintf("comments of the Go files of %s (%d files, %s)", where, used, sizeString(len(out))), Files: used}, nil
+	return &Corpus{Text: out, Source: fmt.Sprintf("doc comments of the Go files of %s (%d files, %s)", where, used, sizeString(len(out))), Files: used}, nil
 }
 
-// appendComments writes the comment paragraphs of the Go source src to w.
-func appendComments(w *bytes.Buffer, src []byte) {
-	var para []string
-	flush := func() {
-		if len(para) > 0 && !strings.HasPrefix(para[0], "Copyright ") && !strings.Contains(para[0], "DO NOT EDIT") {
-			for _, l := range para {
-				w.WriteString(l)
-				w.WriteByte('\n')
-			}
-			w.WriteByte('\n')
-		}
-		para = para[:0]
+// appendComments writes the doc comments of the Go source src to w as
+// prose, one paragraph a line, each paragraph once (seen holds those
+// already written, across files). A doc comment is a run of "//" lines
+// at the start of a line directly above a top-level declaration (package,
+// func, type, var, const): these are written as sentences ("Read reads up
+// to len(p) bytes into p."), where the comments inside function bodies,
+// the compiler's rewrite rules and the licence headers are notes, tables
+// and code that a small model learns as noise. A generated file (one
+// with Go's "// Code generated ... DO NOT EDIT." line) is left out whole:
+// its comments are one template repeated. Inside a comment, a
+// blank line ends a paragraph; an indented line (a code block, a list
+// item), a heading ("# Title") or a directive (//go:build) ends it too
+// and is left out; a paragraph with a URL is left out whole; the words of
+// a paragraph are joined by single spaces.
+func appendComments(w *bytes.Buffer, src []byte, seen map[string]bool) {
+	if generated.Match(src) {
+		return
 	}
+	var run []string // the comment lines above the current line
 	sc := bufio.NewScanner(bytes.NewReader(src))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		line, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "//")
-		if !ok {
+		line := sc.Text()
+		if text, ok := strings.CutPrefix(line, "//"); ok {
+			run = append(run, text)
+			continue
+		}
+		if isDecl(line) {
+			writeDoc(w, run, seen)
+		}
+		run = run[:0]
+	}
+}
+
+// generated matches the line that marks a generated Go file
+// (go help generate).
+var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
+
+// isDecl reports whether line starts a top-level declaration that go doc
+// shows: the package clause, or a func, method, type, var or const whose
+// name is exported, or a group of them ("const (").
+func isDecl(line string) bool {
+	if strings.HasPrefix(line, "package ") {
+		return true
+	}
+	for _, kw := range []string{"func ", "type ", "var ", "const "} {
+		if rest, ok := strings.CutPrefix(line, kw); ok {
+			if kw == "func " && strings.HasPrefix(rest, "(") { // a method: its name follows the receiver
+				if i := strings.Index(rest, ") "); i >= 0 {
+					rest = rest[i+2:]
+				}
+			}
+			return rest != "" && (rest[0] == '(' || 'A' <= rest[0] && rest[0] <= 'Z')
+		}
+	}
+	return false
+}
+
+// writeDoc writes the prose paragraphs of one doc comment's lines (their
+// "//" cut off) to w, as appendComments says.
+func writeDoc(w *bytes.Buffer, lines []string, seen map[string]bool) {
+	if len(lines) > 0 && strings.HasPrefix(strings.TrimSpace(lines[0]), "Copyright ") {
+		return
+	}
+	var words []string
+	flush := func() {
+		p := strings.Join(words, " ")
+		words = words[:0]
+		if p == "" || seen[p] || strings.Contains(p, "://") {
+			return
+		}
+		seen[p] = true
+		w.WriteString(p)
+		w.WriteByte('\n')
+	}
+	for _, l := range lines {
+		text := strings.TrimPrefix(l, " ")
+		if strings.TrimSpace(text) == "" || text[0] == ' ' || text[0] == '\t' || strings.HasPrefix(text, "# ") ||
+			strings.HasPrefix(l, "go:") || strings.HasPrefix(l, "line ") || strings.HasPrefix(l, "export ") {
 			flush()
 			continue
 		}
-		if strings.HasPrefix(line, "go:") || strings.HasPrefix(line, "line ") || strings.HasPrefix(line, "export ") {
-			continue // a directive, not prose
-		}
-		para = append(para, strings.TrimPrefix(line, " "))
+		words = append(words, strings.Fields(text)...)
 	}
 	flush()
 }
