@@ -128,7 +128,7 @@ const RuntimeBytes = 48 << 20
 // back. MoE blocks add their difference from a dense block
 // (MoEActivationFloats).
 func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
-	return 4*(ModelPass(cfg, m, l).Peak()+MoEActivationFloats(m, cfg.Train.BatchSize)) + 1024
+	return ModelPass(cfg, m, l).Peak() + 4*MoEActivationFloats(m, cfg.Train.BatchSize) + 1024
 }
 
 // ModelPass is one micro-batch's pass through the whole model m (its
@@ -149,6 +149,7 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 		Head:      bt*c + 2*bt + 2*bt*v/n, // ln_f's output and statistics, the logits and their softmax
 		Grad:      bt * v / n,             // the logits' gradient
 		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
+		E:         PassActsE(cfg.Train.MixedPrecision),
 		// A whole model's backward defers nothing.
 	}
 }
@@ -228,11 +229,18 @@ func halfCopies(in EstimateInput, e *MemoryEstimate) {
 // HalfCopyElems is the number of elements of parameters ps that matrix
 // products read, and so have a half-precision copy under mixed precision:
 // the 2-D weights, except the position table and an untied token table,
-// which are only looked up.
+// which are only looked up, and a tied one on a rank without the output
+// head (a pipeline's first stage), which only looks it up too.
 func HalfCopyElems(m nn.GPTConfig, ps []nn.ParamShape) int64 {
-	untied := ""
-	if m.TiedTable() == "" {
+	untied, head := "", false
+	for _, p := range ps {
+		head = head || p.Name == "ln_f.weight" || p.Name == nn.LlamaNormName
+	}
+	if m.TiedTable() == "" || !head {
 		untied = nn.LlamaEmbedName
+		if m.Llama == nil {
+			untied = "wte.weight"
+		}
 	}
 	var n int64
 	for _, p := range ps {
