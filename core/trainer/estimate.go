@@ -140,16 +140,25 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	if l.SP {
 		emb /= n // sequence parallel's embeddings hold 1/n of the sequence
 	}
+	e := PassActsE(cfg.Train.MixedPrecision)
+	head, held, half := bt*c+2*bt+2*bt*v/n, 3*bt*v/n+4*bt*c+13*bt, int64(0)
+	if e < 4 && n == 1 {
+		// The logits kept in 2 bytes instead of the probabilities
+		// (tensor.CrossEntropy; tensor parallel's vocabulary-parallel
+		// head keeps its float32 probabilities).
+		head, held, half = bt*c+2*bt+bt*v, 2*bt*v+4*bt*c+13*bt, bt*v
+	}
 	return PassActs{
 		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),
 		L:         m.NLayer,
 		K:         RecomputedBlocks(cfg, m.NLayer),
 		Selective: cfg.Recompute.Granularity == "selective",
-		Pre:       emb + 2*bt,             // the embeddings' outputs, the token ids and targets
-		Head:      bt*c + 2*bt + 2*bt*v/n, // ln_f's output and statistics, the logits and their softmax
-		Grad:      bt * v / n,             // the logits' gradient
-		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
-		E:         PassActsE(cfg.Train.MixedPrecision),
+		Pre:       emb + 2*bt, // the embeddings' outputs, the token ids and targets
+		Head:      head,       // ln_f's output and statistics, the logits and their softmax
+		Grad:      bt * v / n, // the logits' gradient
+		HeldHead:  held,
+		E:         e,
+		HeadHalf:  half,
 		// A whole model's backward defers nothing.
 	}
 }

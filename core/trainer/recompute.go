@@ -161,6 +161,10 @@ type PassActs struct {
 	HeldHead     int64 // the output stage's terms held until a deferred W
 	DeferredPass bool
 	E            int64
+	// HeadHalf is the part of Head stored at E bytes: the logits under
+	// mixed precision (tensor.CrossEntropy), which the backward widens
+	// beside their gradient.
+	HeadHalf int64
 }
 
 // PassActsE is the bytes of a block's activation kept for the backward
@@ -185,8 +189,11 @@ func (p PassActs) kept() int64 {
 
 // Saved is the bytes the pass keeps from its forward to its backward.
 func (p PassActs) Saved() int64 {
-	return 4*p.Pre + int64(p.L-p.K)*p.kept() + int64(p.K)*p.E*p.Block.Out + 4*p.Head
+	return 4*p.Pre + int64(p.L-p.K)*p.kept() + int64(p.K)*p.E*p.Block.Out + p.headBytes()
 }
+
+// headBytes is what the output stage keeps for its backward, in bytes.
+func (p PassActs) headBytes() int64 { return 4*(p.Head-p.HeadHalf) + p.E*p.HeadHalf }
 
 // Peak is the most the pass holds at once, in its backward. Freeing as
 // it goes, the backward holds the saved tensors less those already
@@ -214,7 +221,7 @@ func (p PassActs) Peak() int64 {
 	} else {
 		work += (4 - p.E) * a.Widened
 	}
-	return p.Saved() - 4*p.Head + max(4*(p.Head+p.Grad), work)
+	return p.Saved() - p.headBytes() + max(4*(p.Head+p.Grad), work)
 }
 
 // RecomputeFLOPsPerToken is the compute full recomputation adds to a

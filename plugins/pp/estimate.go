@@ -126,7 +126,7 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 		p.Pre = btc
 	}
 	if !last {
-		p.Head, p.Grad, p.HeldHead = 0, btc, btc
+		p.Head, p.Grad, p.HeldHead, p.HeadHalf = 0, btc, btc, 0
 	}
 	saved, full = p.Saved(), p.Peak()
 	if !last {
