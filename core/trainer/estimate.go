@@ -142,11 +142,11 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	}
 	e := PassActsE(cfg.Train.MixedPrecision)
 	head, held, half := bt*c+2*bt+2*bt*v/n, 3*bt*v/n+4*bt*c+13*bt, int64(0)
-	if e < 4 && n == 1 {
+	if e < 4 {
 		// The logits kept in 2 bytes instead of the probabilities
-		// (tensor.CrossEntropy; tensor parallel's vocabulary-parallel
-		// head keeps its float32 probabilities).
-		head, held, half = bt*c+2*bt+bt*v, 2*bt*v+4*bt*c+13*bt, bt*v
+		// (tensor.CrossEntropy, tensor parallel's vocabulary-parallel
+		// one), which the backward widens beside their gradient.
+		head, held, half = bt*c+2*bt+bt*v/n, 2*bt*v/n+4*bt*c+13*bt, bt*v/n
 	}
 	return PassActs{
 		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),
