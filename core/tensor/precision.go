@@ -231,11 +231,13 @@ func storeHalf(t *Tensor) {
 		a = Default
 	}
 	h := a.NewUninit(Activations, d, t.shape...)
-	if d == Float16 {
-		cpu.F16FromF32s(h.u16, t.f32)
-	} else {
-		cpu.BF16FromF32s(h.u16, t.f32)
-	}
+	convGrain(len(t.f32), func(lo, hi int) {
+		if d == Float16 {
+			cpu.F16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
+		} else {
+			cpu.BF16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
+		}
+	})
 	t.releaseStorage()
 	t.half = h
 	t.dropView()
@@ -249,11 +251,14 @@ func widen(t *Tensor) {
 		a = Default
 	}
 	n := a.NewUninit(t.cat, Float32, t.shape...)
-	if t.half.dtype == Float16 {
-		cpu.F16ToF32s(n.f32, t.half.u16)
-	} else {
-		cpu.BF16ToF32s(n.f32, t.half.u16)
-	}
+	f16 := t.half.dtype == Float16
+	convGrain(len(n.f32), func(lo, hi int) {
+		if f16 {
+			cpu.F16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
+		} else {
+			cpu.BF16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
+		}
+	})
 	t.dropHalf()
 	t.f32, t.alloc = n.f32, a
 	t.refilled = true
@@ -274,8 +279,12 @@ func RoundHalf(t *Tensor) {
 	switch d := computeOf(t); {
 	case t.dtype != Float32 || t.f32 == nil:
 	case d == BFloat16:
-		cpu.RoundBF16(t.f32)
+		convGrain(len(t.f32), func(lo, hi int) { cpu.RoundBF16(t.f32[lo:hi]) })
 	case d == Float16:
-		cpu.RoundF16(t.f32)
+		convGrain(len(t.f32), func(lo, hi int) { cpu.RoundF16(t.f32[lo:hi]) })
 	}
 }
+
+// convGrain runs an elementwise conversion of n elements over the
+// kernels' threads, in chunks large enough to pay for the hand-off.
+func convGrain(n int, fn func(lo, hi int)) { cpu.ParallelFor(n, 1<<16, fn) }
