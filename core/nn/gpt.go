@@ -406,13 +406,14 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		// mixed precision, stores in 2 bytes what the backward reads, from
 		// to's graph down to from (included, to not): a part of the block
 		// the forward has no more use for. A fully recomputed block keeps
-		// nothing of its own.
+		// nothing of its own; a MoE layer's buffers are not stored (its
+		// backward reads them as the forward left them).
 		settle := func(to, from *tensor.Tensor) {
 			for _, t := range drop {
 				tensor.Drop(t)
 			}
 			drop = drop[:0]
-			if !r.Full {
+			if !r.Full && (b.MoE == nil || from == in) {
 				tensor.StoreHalf(to, from)
 			}
 		}
