@@ -91,7 +91,11 @@ func TestEstimateMatchesMeasuredModelLayouts(t *testing.T) {
 // under train.mixed_precision: the parameters' column is the 2-byte
 // copies the products read, exact, and the float32 masters are counted,
 // exactly, in the optimizer state's column with the moments, for one
-// process, data parallel (ZeRO-1 and -2 too), context and tensor parallel.
+// process, data parallel (ZeRO-1 and -2 too), context, tensor and
+// pipeline parallel, and the recomputation granularities. The
+// activations, kept for the backward in 2 bytes, are held within 10%
+// (measured: -5.0% to +5.3%), at a shape where the output stage holds
+// the peak and at one where the last block's MLP does.
 func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
 	layouts := []struct {
 		name  string
@@ -107,6 +111,18 @@ func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
 		{"cp 2", 2, func(c *config.Config) { c.Parallel.CP = 2 }},
 		{"tp 2", 2, func(c *config.Config) { c.Parallel.TP = 2 }},
 		{"tp 2 × dp 2 zero-1", 4, func(c *config.Config) { c.Parallel.TP = 2; c.Zero.Stage = 1 }},
+		{"tp 2 + sp", 2, func(c *config.Config) { c.Parallel.TP = 2; c.TP.SequenceParallel = true }},
+		{"pp 2 1f1b", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "1f1b"; c.Train.GradAccum = 4 }},
+		{"pp 2 zb1", 2, func(c *config.Config) { c.Parallel.PP = 2; c.PP.Schedule = "zb1"; c.Train.GradAccum = 4 }},
+		{"selective", 1, func(c *config.Config) { c.Recompute.Granularity = "selective" }},
+		{"full", 1, func(c *config.Config) { c.Recompute.Granularity = "full" }},
+		// 256 wide, the vocabulary 256: the last block's MLP holds the
+		// peak (its activation output widened), not the output stage.
+		{"one process wide", 1, func(c *config.Config) { c.Model.NEmbd, c.Model.NHead = 256, 4 }},
+		{"selective wide", 1, func(c *config.Config) {
+			c.Model.NEmbd, c.Model.NHead, c.Recompute.Granularity = 256, 4, "selective"
+		}},
+		{"full wide", 1, func(c *config.Config) { c.Model.NEmbd, c.Model.NHead, c.Recompute.Granularity = 256, 4, "full" }},
 	}
 	for _, mp := range []string{"bf16", "fp16"} {
 		for _, l := range layouts {
@@ -115,7 +131,7 @@ func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
 				cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = 2, 33, 16, 3
 				cfg.Train.Steps, cfg.Train.MixedPrecision = 2, mp
 				l.set(&cfg)
-				if cfg.Parallel.TP > 1 {
+				if cfg.Parallel.TP > 1 && cfg.Model.NEmbd == 33 {
 					cfg.Model.NEmbd, cfg.Model.NHead = 32, 2
 				}
 				est, err := Estimate(cfg, l.world)
@@ -126,9 +142,12 @@ func TestEstimateMatchesMeasuredMixedPrecision(t *testing.T) {
 					require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params (half copies)", r)
 					require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
 					require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state and masters", r)
+					t.Logf("rank %d: params %d grads %d optim %d | activations %d est %d (%+.1f%%) | peak %d est %d (%+.1f%%)", r, m.ParamsBytes, m.GradsBytes, m.OptimBytes,
+						m.ActPeak, e.ActPeak, pct(e.ActPeak, m.ActPeak), m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
+					require.LessOrEqual(t, math.Abs(float64(e.ActPeak-m.ActPeak)), 0.10*float64(m.ActPeak),
+						"rank %d activations: estimated %d, measured %d", r, e.ActPeak, m.ActPeak)
 					require.LessOrEqual(t, math.Abs(float64(e.PeakBytes-m.PeakBytes)), 0.15*float64(m.PeakBytes),
 						"rank %d peak: estimated %d, measured %d", r, e.PeakBytes, m.PeakBytes)
-					t.Logf("rank %d: params %d grads %d optim %d | peak %d est %d (%+.1f%%)", r, m.ParamsBytes, m.GradsBytes, m.OptimBytes, m.PeakBytes, e.PeakBytes, pct(e.PeakBytes, m.PeakBytes))
 				}
 			})
 		}

@@ -199,3 +199,24 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 		}
 	}
 }
+
+// A MoE GPT under bf16 (its experts' buffers, the router's and the
+// combine's stored in 2 bytes with the rest of the block) trains under
+// data parallel and ZeRO-1 as one process does, at the float32 bounds of
+// the data-parallel rows of TestEquivalenceMixedPrecision.
+func TestMoEMixedPrecision(t *testing.T) {
+	b := ptest.Float32Bounds
+	b.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
+	single := ptest.Config()
+	single.Train.Steps, single.Train.MixedPrecision = 4, "bf16"
+	single.Model.MoE.Experts, single.Model.MoE.TopK = 4, 2
+	single.Model.MoE.AuxLossCoef, single.Model.MoE.ZLossCoef = 0.5, 0.05
+	want := ptest.Single(t, single)
+	for _, zero := range []int{0, 1} {
+		cfg := single
+		cfg.Zero.Stage = zero
+		cfg.Train.BatchSize = single.Train.BatchSize / 2
+		got := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+		ptest.CheckWithin(t, want, got, fmt.Sprintf("moe bf16 dp 2 zero %d", zero), b)
+	}
+}

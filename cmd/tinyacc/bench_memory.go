@@ -105,6 +105,9 @@ type memoryResult struct {
 	OptimBytes     int64 `json:"optim_bytes"`
 	EstOptimBytes  int64 `json:"estimate_optim_bytes"`
 	EstAllocPeak   int64 `json:"estimate_alloc_peak_bytes"`
+	// The activations' peak the estimate states (2-byte activations
+	// under bf16/fp16), beside the measured ActPeakBytes.
+	EstActPeakBytes int64 `json:"estimate_activations_peak_bytes"`
 }
 
 // memoryJob is one layout in one precision.
@@ -256,7 +259,8 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			trained := e.ProcessBytes() - e.SetupPeakBytes
 			res := memoryResult{Layout: name, Precision: mp, Rank: r, VmHWM: int64(l.RSS), Est: e.ProcessBytes(), Formula: formula,
 				Buffers: trained - formula, Single: single, AllocPeak: int64(l.Peak), ActPeakBytes: int64(l.Act),
-				ParamsBytes: int64(l.Params), EstParamsBytes: e.ParamsBytes, OptimBytes: int64(l.Optim), EstOptimBytes: e.OptimBytes, EstAllocPeak: e.PeakBytes}
+				ParamsBytes: int64(l.Params), EstParamsBytes: e.ParamsBytes, OptimBytes: int64(l.Optim), EstOptimBytes: e.OptimBytes, EstAllocPeak: e.PeakBytes,
+				EstActPeakBytes: e.ActPeak}
 			res.VsSingle = float64(res.VmHWM) / float64(single)
 			res.VsFormula = float64(res.VmHWM) / float64(trained)
 			res.VsEstimate = float64(res.VmHWM) / float64(res.Est)
@@ -275,16 +279,16 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",
 		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
-	fmt.Fprintf(stdout, "%-14s %4s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s %15s %15s %15s\n", "layout", "prec", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est",
-		"params/est", "optim/est", "alloc/est")
+	fmt.Fprintf(stdout, "%-14s %4s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s %15s %15s %15s %15s\n", "layout", "prec", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est",
+		"params/est", "optim/est", "act/est", "alloc/est")
 	for _, r := range out {
-		fmt.Fprintf(stdout, "%-14s %4s %4d %10s %10s %10s %10s %10s %10s %8.3fx %8.3fx %8.3fx %15s %15s %15s\n", r.Layout, r.Precision, r.Rank, mib(r.VmHWM), mib(r.AllocPeak), mib(r.Est),
+		fmt.Fprintf(stdout, "%-14s %4s %4d %10s %10s %10s %10s %10s %10s %8.3fx %8.3fx %8.3fx %15s %15s %15s %15s\n", r.Layout, r.Precision, r.Rank, mib(r.VmHWM), mib(r.AllocPeak), mib(r.Est),
 			mib(r.Formula), mib(r.Formula+r.Buffers), mib(r.Single), r.VsSingle, r.VsFormula, r.VsEstimate,
-			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
+			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.ActPeakBytes)+"/"+mib(r.EstActPeakBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
 	}
 	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
 	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data, shared-memory rings and runtime beside it")
-	fmt.Fprintln(stdout, "params/est, optim/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies and optim holds the float32 masters with the moments")
+	fmt.Fprintln(stdout, "params/est, optim/est, act/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies, optim holds the float32 masters with the moments and the activations kept for the backward are 2 bytes")
 	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
 	return nil
 }

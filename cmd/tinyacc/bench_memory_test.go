@@ -113,6 +113,7 @@ func TestBenchMemoryPrecision(t *testing.T) {
 		require.Equal(t, x.EstParamsBytes, x.ParamsBytes, "%s %s rank %d params", w.layout, w.mp, x.Rank)
 		require.Equal(t, x.EstOptimBytes, x.OptimBytes, "%s %s rank %d optimizer state", w.layout, w.mp, x.Rank)
 		require.Positive(t, x.EstAllocPeak)
+		require.InDelta(t, x.ActPeakBytes, x.EstActPeakBytes, 0.1*float64(x.ActPeakBytes), "%s %s rank %d activations", w.layout, w.mp, x.Rank)
 	}
 	require.Equal(t, (4+4+8/2)*psi, rows[0].Formula)
 	require.Equal(t, (2+4+(4+8)/2)*psi, rows[2].Formula)
@@ -123,6 +124,7 @@ func TestBenchMemoryPrecision(t *testing.T) {
 	for _, i := range []int{0, 4} {
 		require.Less(t, rows[i+2].ParamsBytes, rows[i].ParamsBytes/2+1, "%s: the bf16 copies take at most half fp32's parameters", rows[i].Layout)
 		require.Greater(t, rows[i+2].OptimBytes, rows[i].OptimBytes, "%s: the masters join the optimizer state", rows[i].Layout)
+		require.Less(t, rows[i+2].ActPeakBytes, rows[i].ActPeakBytes, "%s: the activations kept in 2 bytes", rows[i].Layout)
 	}
 }
 

@@ -372,20 +372,29 @@ func (b *Block) Forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	if !b.Recompute.Full {
 		return b.forward(x, p)
 	}
-	return tensor.Checkpoint(b.Name(), x, func(x *tensor.Tensor, rerun bool) (*tensor.Tensor, error) {
+	y, err := tensor.Checkpoint(b.Name(), x, func(x *tensor.Tensor, rerun bool) (*tensor.Tensor, error) {
 		q := p
 		q.Info.Recompute = rerun
 		return b.forward(x, q)
 	})
+	if err == nil {
+		tensor.StoreHalf(y, x) // the kept input, under mixed precision
+	}
+	return y, err
 }
 
 // forward runs the block. The projections' outputs go as soon as the
 // residual Adds have read them: neither the Add's backward nor a Linear's
 // reads them (tensor.Discard; a strategy's projection that ends in a
-// collective keeps its output).
+// collective keeps its output). Under mixed precision what the block
+// keeps for its backward, its input included, is stored in the compute
+// dtype part by part, as soon as the forward is done with it
+// (tensor.StoreHalf): the attention's part after the first residual
+// Add, the MLP's hidden layer once activated, the rest at the end.
 func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 	return b.Run(x, p.Info, func(x *tensor.Tensor) (*tensor.Tensor, error) {
-		var drop []*tensor.Tensor // dropped at the end (selective)
+		in := x
+		var drop []*tensor.Tensor // dropped once the forward has read them (selective)
 		keep := func(on bool, t *tensor.Tensor) *tensor.Tensor {
 			if on {
 				drop = append(drop, t)
@@ -393,11 +402,27 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			return t
 		}
 		r := b.Recompute
+		// settle gives back what selective recomputation drops and, under
+		// mixed precision, stores in 2 bytes what the backward reads, from
+		// to's graph down to from (included, to not): a part of the block
+		// the forward has no more use for. A fully recomputed block keeps
+		// nothing of its own; a MoE layer's buffers are not stored (its
+		// backward reads them as the forward left them).
+		settle := func(to, from *tensor.Tensor) {
+			for _, t := range drop {
+				tensor.Drop(t)
+			}
+			drop = drop[:0]
+			if !r.Full && (b.MoE == nil || from == in) {
+				tensor.StoreHalf(to, from)
+			}
+		}
 		h, err := b.Norm1.Forward(x, p)
 		if err == nil {
 			h, err = b.Attn.Forward(keep(r.Norm, h), p)
 		}
 		if err == nil {
+			tensor.RoundHalf(h) // q|k|v as the backward reads them
 			h, err = b.Core.Forward(h, p)
 		}
 		if err == nil {
@@ -408,6 +433,8 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		}
 		x = tensor.Add(x, h)
 		tensor.Discard(h)
+		settle(h, in) // the attention's part, the block's input with it
+		mid := x
 		h, err = b.Norm2.Forward(x, p)
 		switch {
 		case err == nil && b.MoE != nil:
@@ -417,8 +444,11 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 			if b.Act != nil {
 				act = b.Act
 			}
-			if h, err = b.Fc.Forward(keep(r.Norm, h), p); err == nil {
-				h, err = b.MlpProj.Forward(keep(r.MlpAct, act(h)), p)
+			n2 := keep(r.Norm, h)
+			if h, err = b.Fc.Forward(n2, p); err == nil {
+				a := act(h)
+				settle(a, n2) // the MLP's hidden layer and its input
+				h, err = b.MlpProj.Forward(keep(r.MlpAct, a), p)
 			}
 		}
 		if err != nil {
@@ -426,9 +456,7 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		}
 		out := tensor.Add(x, h)
 		tensor.Discard(h)
-		for _, t := range drop {
-			tensor.Drop(t)
-		}
+		settle(out, mid)
 		return out, nil
 	})
 }

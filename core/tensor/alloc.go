@@ -138,10 +138,18 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	return t
 }
 
-// Release returns t's storage to its allocator. t must not be used afterwards.
+// Release returns t's storage to its allocator, and its half-precision
+// copy if it has one (a parameter's, or the 2-byte form of an activation
+// kept for the backward: precision.go). t must not be used afterwards.
 // Releasing a tensor that was not allocated (FromF32) or twice is a no-op.
 func (t *Tensor) Release() {
 	t.dropHalf()
+	t.releaseStorage()
+}
+
+// releaseStorage gives t's own storage back, leaving a half-precision
+// copy alone.
+func (t *Tensor) releaseStorage() {
 	a := t.alloc
 	if a == nil {
 		return

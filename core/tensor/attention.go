@@ -98,6 +98,7 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		return []*Tensor{gq}
 	}, qkv)
 	saveBuf(out, keep)
+	out.node.exact = true
 	setRefill(out, func(out *Tensor) {
 		// The forward again, into a scratch log-sum-exp: bitwise the
 		// dropped output (and the kept lse).

@@ -34,6 +34,10 @@ type node struct {
 	// an activation function, which read their inputs): the output can
 	// go before the backward runs.
 	outUnread bool
+	// exact says the backward reads the output beside statistics of its
+	// float32 values (the attention: dout·out beside the log-sum-exp),
+	// so it is not stored in 2 bytes under mixed precision (StoreHalf).
+	exact bool
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.

@@ -66,6 +66,9 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 	}
 	record(out, name, func(b *Backprop, g *Tensor) []*Tensor {
 		ctx.Backprop = b
+		for _, t := range ctx.saved {
+			refill(t) // a saved tensor that is no input nor the output
+		}
 		gs, err := f.Backward(ctx, g)
 		if err != nil {
 			panic(&FunctionError{Op: name, Err: err})

@@ -447,6 +447,16 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 			count++
 		}
 	}
+	// Under mixed precision the logits, a half product's output, are
+	// rounded to the compute dtype as autocast's are, the softmax and the
+	// loss computed from them in float32, and the backward keeps the
+	// logits in 2 bytes instead of the probabilities in 4: it widens
+	// them and forms the probabilities again, with the same kernel, in
+	// the gradient's buffer.
+	half := logits.dtype == Float32 && computeOf(logits) != Float32
+	if half {
+		RoundHalf(logits)
+	}
 	probs := like(logits, logits.shape...)
 	losses := like(logits, rows)
 	if logits.dtype == Float32 {
@@ -468,7 +478,13 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 		for r := 0; r < rows; r++ {
 			dl.Set(r, v)
 		}
-		if logits.dtype == Float32 {
+		if half {
+			cpu.CrossEntropyForward(logits.f32, targets.i32, rows, V, gl.f32, dl.f32) // dl as scratch for the losses
+			for r := 0; r < rows; r++ {
+				dl.Set(r, v)
+			}
+			cpu.CrossEntropyBackward(gl.f32, targets.i32, dl.f32, rows, V, gl.f32)
+		} else if logits.dtype == Float32 {
 			cpu.CrossEntropyBackward(probs.f32, targets.i32, dl.f32, rows, V, gl.f32)
 		} else {
 			cpu.CrossEntropyBackward(probs.f64, targets.i32, dl.f64, rows, V, gl.f64)
@@ -476,9 +492,13 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 		dl.Release()
 		return []*Tensor{gl}
 	}, logits)
-	if out.node != nil {
+	switch {
+	case out.node != nil && half:
+		probs.Release()
+		storeHalf(logits) // precision.go
+	case out.node != nil:
 		saveBuf(out, probs)
-	} else {
+	default:
 		probs.Release()
 	}
 	return out

@@ -157,3 +157,134 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 		cpu.Gemm(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 	}
 }
+
+// Activations kept for the backward in the compute dtype. Under mixed
+// precision the forward computes in float32 as above, and what it keeps
+// for the backward is stored in 2 bytes, as autocast and Megatron keep
+// their bf16 activations: once a transformer block's forward is done
+// (StoreHalf), every float32 activation of its graph that still owns its
+// storage (the block's input, the norms' outputs, q|k|v, the MLP's
+// hidden layer and activation, the residual between
+// attention and MLP, whatever a strategy's layers keep) is rounded to the
+// compute dtype (to nearest even) and its float32 storage given back.
+// The backward widens each one into float32 storage, exactly, just
+// before the first op backward that reads it (refill, as selective
+// recomputation forms its dropped outputs again) and gives it back after
+// its producer's backward, its last reader. What is not a tensor of the
+// graph stays float32: the norms' statistics, the attention's
+// log-sum-exp, the cross-entropy's probabilities, the loss and every
+// gradient.
+//
+// The forward reads the float32 values and the backward the rounded ones:
+// a matrix product's weight gradient is unchanged (the product rounds
+// its operands as it reads them anyway); the norms' and GELU's backwards
+// read an input rounded to 8 (bf16) or 11 (fp16) significant bits, the
+// error of a bf16 activation. The attention is kept consistent: q|k|v
+// are rounded where they are made (RoundHalf), so its forward and its
+// log-sum-exp see what its backward reads, and its output stays float32
+// (node.exact): the backward's dout·out must be that of the output the
+// log-sum-exp and the probabilities made, or the gradients that are zero
+// in theory (the key bias: softmax ignores a shift of a row's scores)
+// become rounding noise, which AdamW turns into full-size steps.
+
+// StoreHalf stores in the compute dtype every activation of the graph
+// from in to out (a block's input and output: in is included, out, which
+// the forward reads next, is not) that the backward keeps; a no-op
+// outside mixed precision, for float32 and float64 alike. The forward
+// must have no more use for them: the next read of one is the backward's.
+func StoreHalf(out, in *Tensor) {
+	if out == nil || out.node == nil || computeOf(out) == out.dtype {
+		return
+	}
+	seen := map[*Tensor]bool{out: true}
+	stack := append([]*Tensor(nil), out.node.inputs...)
+	for len(stack) > 0 {
+		t := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if t == nil || seen[t] {
+			continue
+		}
+		seen[t] = true
+		if t.base != nil {
+			storeHalf(t.base)
+		} else {
+			storeHalf(t)
+		}
+
+		if t != in && t.node != nil {
+			stack = append(stack, t.node.inputs...)
+		}
+	}
+}
+
+// storeHalf rounds activation t into a 2-byte copy in its compute dtype
+// and gives its float32 storage back (and points its views at none); only
+// a recorded float32 activation owning its storage, not dropped, is
+// stored.
+func storeHalf(t *Tensor) {
+	d := computeOf(t)
+	if t.dtype != Float32 || d == Float32 || t.cat != Activations || t.node == nil || t.node.exact || t.alloc == nil || t.dropped || t.half != nil {
+		return
+	}
+	a := t.home
+	if a == nil {
+		a = Default
+	}
+	h := a.NewUninit(Activations, d, t.shape...)
+	convGrain(len(t.f32), func(lo, hi int) {
+		if d == Float16 {
+			cpu.F16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
+		} else {
+			cpu.BF16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
+		}
+	})
+	t.releaseStorage()
+	t.half = h
+	t.dropView()
+}
+
+// widen gives stored activation t float32 storage again, holding its
+// 2-byte copy's values exactly, and releases the copy.
+func widen(t *Tensor) {
+	a := t.home
+	if a == nil {
+		a = Default
+	}
+	n := a.NewUninit(t.cat, Float32, t.shape...)
+	f16 := t.half.dtype == Float16
+	convGrain(len(n.f32), func(lo, hi int) {
+		if f16 {
+			cpu.F16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
+		} else {
+			cpu.BF16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
+		}
+	})
+	t.dropHalf()
+	t.f32, t.alloc = n.f32, a
+	t.refilled = true
+	for _, v := range t.views {
+		v.f32 = t.f32
+	}
+}
+
+// stored reports whether t is an activation kept in its 2-byte form.
+func (t *Tensor) stored() bool { return t.half != nil && t.cat == Activations }
+
+// RoundHalf rounds activation t's elements in place to its compute dtype
+// (to nearest even), keeping float32 storage; a no-op outside mixed
+// precision. The block rounds q|k|v so that the attention's forward, its
+// log-sum-exp included, and its backward, which reads them stored in 2
+// bytes, see the same numbers, as an attention on bf16 inputs does.
+func RoundHalf(t *Tensor) {
+	switch d := computeOf(t); {
+	case t.dtype != Float32 || t.f32 == nil:
+	case d == BFloat16:
+		convGrain(len(t.f32), func(lo, hi int) { cpu.RoundBF16(t.f32[lo:hi]) })
+	case d == Float16:
+		convGrain(len(t.f32), func(lo, hi int) { cpu.RoundF16(t.f32[lo:hi]) })
+	}
+}
+
+// convGrain runs an elementwise conversion of n elements over the
+// kernels' threads, in chunks large enough to pay for the hand-off.
+func convGrain(n int, fn func(lo, hi int)) { cpu.ParallelFor(n, 1<<16, fn) }

@@ -215,3 +215,100 @@ func TestHalfCopies(t *testing.T) {
 		})
 	}
 }
+
+// halfGraph runs x → Linear(w1, b1) = h → Gelu = g → Linear(w2, b2) = y →
+// sum(y·r) on a bf16 rank, storing h and g in 2 bytes (StoreHalf) or
+// rounding them in place (RoundHalf) after the forward, and returns the
+// gradients of x, w1 and w2 and the activation bytes held after the
+// forward.
+func halfGraph(store bool, x, w1, w2, r []float32) (grads [][]float64, held int64) {
+	a := NewAllocator()
+	a.SetCompute(BFloat16)
+	param := func(data []float32, shape ...int) *Tensor {
+		t := a.New(Params, Float32, shape...)
+		copy(t.F32(), data)
+		return t.RequiresGrad()
+	}
+	xt, w1t, w2t := param(x, 6, 16), param(w1, 16, 32), param(w2, 32, 8)
+	b1, b2 := param(make([]float32, 32), 32), param(make([]float32, 8), 8)
+	h := Linear(xt, w1t, b1)
+	g := Gelu(h)
+	y := Linear(g, w2t, b2)
+	rt := a.New(Activations, Float32, 6, 8)
+	copy(rt.F32(), r)
+	loss := Sum(Mul(y, rt))
+	if store {
+		StoreHalf(y, h)
+	} else {
+		RoundHalf(h)
+		RoundHalf(g)
+	}
+	held = a.Usage().Current[Activations]
+	if _, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a}); err != nil {
+		panic(err)
+	}
+	return [][]float64{xt.Grad.Float64s(), w1t.Grad.Float64s(), w2t.Grad.Float64s()}, held
+}
+
+// TestStoreHalfWidensExactly: activations stored in 2 bytes after the
+// forward take 2 bytes each, and the backward reads them widened exactly:
+// its gradients are bitwise those of a backward reading the same
+// activations rounded in place in float32.
+func TestStoreHalfWidensExactly(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	rnd := func(n int) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = float32(rng.NormFloat64())
+		}
+		return out
+	}
+	x, w1, w2, r := rnd(6*16), rnd(16*32), rnd(32*8), rnd(6*8)
+	stored, heldStored := halfGraph(true, x, w1, w2, r)
+	rounded, heldRounded := halfGraph(false, x, w1, w2, r)
+	require.Equal(t, rounded, stored)
+	require.Equal(t, int64(2*(6*32+6*32)), heldRounded-heldStored, "h and g stored in 2 bytes instead of 4")
+}
+
+// TestCrossEntropyHalf: on a bf16 rank the cross-entropy rounds its
+// logits to bf16, computes in float32 from them and keeps them in 2 bytes
+// for the backward, which forms the probabilities again: loss and
+// gradient are bitwise float32's cross-entropy of the rounded logits.
+func TestCrossEntropyHalf(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	logits := make([]float32, 12*50)
+	for i := range logits {
+		logits[i] = 3 * float32(rng.NormFloat64())
+	}
+	targets := []int32{1, 4, 49, 0, -1, 7, 7, 30, 2, 11, 48, 5}
+	run := func(d DType, data []float32) (loss float64, grad []float64, held int64) {
+		a := NewAllocator()
+		a.SetCompute(d)
+		w := a.New(Params, Float32, 12, 50)
+		copy(w.F32(), data)
+		w.RequiresGrad()
+		// An op's output, as the head's logits are (w·1: its gradient
+		// is the logits').
+		ones := a.New(Activations, Float32, 12, 50)
+		for i := range ones.F32() {
+			ones.F32()[i] = 1
+		}
+		l := Mul(w, ones)
+		tg := a.New(Activations, Int32, 12)
+		copy(tg.I32(), targets)
+		before := a.Usage().Current[Activations]
+		ce := CrossEntropy(l, tg)
+		held = a.Usage().Current[Activations] - before
+		if _, err := Backward(ce, nil, BackwardOptions{Alloc: a}); err != nil {
+			panic(err)
+		}
+		return ce.Scalar(), w.Grad.Float64s(), held
+	}
+	rounded := append([]float32(nil), logits...)
+	cpu.RoundBF16(rounded)
+	lossHalf, gradHalf, heldHalf := run(BFloat16, logits)
+	lossF32, gradF32, heldF32 := run(Float32, rounded)
+	require.Equal(t, lossF32, lossHalf)
+	require.Equal(t, gradF32, gradHalf)
+	require.Equal(t, heldF32-heldHalf, int64(2*12*50+4*12*50), "the probabilities (4 bytes) not kept, the logits stored in 2")
+}

@@ -72,7 +72,8 @@ func (t *Tensor) Dropped() bool {
 	return t.dropped
 }
 
-// refill forms a dropped activation again (t itself or the one t views).
+// refill forms a dropped activation again (t itself or the one t views),
+// or widens one stored in its compute dtype (StoreHalf).
 func refill(t *Tensor) {
 	if t == nil {
 		return
@@ -80,8 +81,17 @@ func refill(t *Tensor) {
 	if t.base != nil {
 		t = t.base
 	}
+	if t.stored() {
+		widen(t) // precision.go
+		return
+	}
 	if !t.dropped {
 		return
+	}
+	// The refill reads the node's inputs: those stored in 2 bytes are
+	// widened first.
+	for _, in := range t.node.inputs {
+		refill(in)
 	}
 	a := t.home
 	if a == nil {

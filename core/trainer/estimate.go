@@ -144,7 +144,7 @@ const RuntimeBytes = 48 << 20
 // back. MoE blocks add their difference from a dense block
 // (MoEActivationFloats).
 func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
-	return 4*(ModelPass(cfg, m, l).Peak()+MoEActivationFloats(m, cfg.Train.BatchSize)) + 1024
+	return ModelPass(cfg, m, l).Peak() + 4*MoEActivationFloats(m, cfg.Train.BatchSize) + 1024
 }
 
 // ModelPass is one micro-batch's pass through the whole model m (its
@@ -156,15 +156,25 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	if l.SP {
 		emb /= n // sequence parallel's embeddings hold 1/n of the sequence
 	}
+	e := PassActsE(cfg.Train.MixedPrecision)
+	head, held, half := bt*c+2*bt+2*bt*v/n, 3*bt*v/n+4*bt*c+13*bt, int64(0)
+	if e < 4 {
+		// The logits kept in 2 bytes instead of the probabilities
+		// (tensor.CrossEntropy, tensor parallel's vocabulary-parallel
+		// one), which the backward widens beside their gradient.
+		head, held, half = bt*c+2*bt+bt*v/n, 2*bt*v/n+4*bt*c+13*bt, bt*v/n
+	}
 	return PassActs{
 		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),
 		L:         m.NLayer,
 		K:         RecomputedBlocks(cfg, m.NLayer),
 		Selective: cfg.Recompute.Granularity == "selective",
-		Pre:       emb + 2*bt,             // the embeddings' outputs, the token ids and targets
-		Head:      bt*c + 2*bt + 2*bt*v/n, // ln_f's output and statistics, the logits and their softmax
-		Grad:      bt * v / n,             // the logits' gradient
-		HeldHead:  3*bt*v/n + 4*bt*c + 13*bt,
+		Pre:       emb + 2*bt, // the embeddings' outputs, the token ids and targets
+		Head:      head,       // ln_f's output and statistics, the logits and their softmax
+		Grad:      bt * v / n, // the logits' gradient
+		HeldHead:  held,
+		E:         e,
+		HeadHalf:  half,
 		// A whole model's backward defers nothing.
 	}
 }
@@ -265,11 +275,18 @@ func laysOutMasters(ests []MemoryEstimator) bool {
 // HalfCopyElems is the number of elements of parameters ps that matrix
 // products read, and so have a half-precision copy under mixed precision:
 // the 2-D weights, except the position table and an untied token table,
-// which are only looked up.
+// which are only looked up, and a tied one on a rank without the output
+// head (a pipeline's first stage), which only looks it up too.
 func HalfCopyElems(m nn.GPTConfig, ps []nn.ParamShape) int64 {
-	untied := ""
-	if m.TiedTable() == "" {
+	untied, head := "", false
+	for _, p := range ps {
+		head = head || p.Name == "ln_f.weight" || p.Name == nn.LlamaNormName
+	}
+	if m.TiedTable() == "" || !head {
 		untied = nn.LlamaEmbedName
+		if m.Llama == nil {
+			untied = "wte.weight"
+		}
 	}
 	var n int64
 	for _, p := range ps {

@@ -40,6 +40,7 @@ type ActLayout struct {
 	TP   int  // tensor-parallel degree: the head- and MLP-internal buffers divide by it
 	SP   bool // sequence parallel: the LayerNorms and the residual stream hold 1/TP of the sequence
 	Ring bool // ring attention: the core keeps its output (no refill)
+	CP   bool // context parallel: the attention is cp's, storing its output under mixed precision
 	// Deferred: weight gradients wait for a W pass (zb1), so the
 	// backward frees nothing until it.
 	Deferred bool
@@ -72,6 +73,20 @@ type BlockActs struct {
 	// the block until its W: the saved tensors and every gradient formed,
 	// 2·(whole + split/n) per position and the log-sum-exp.
 	Held int64
+	// Exact is the part of Saved that stays float32 under mixed
+	// precision: the log-sum-exp and the norms' statistics, H/n + 4 per
+	// position, and the output of the whole-sequence attention, whose
+	// backward reads it beside its log-sum-exp (C/n; a Llama's and
+	// context parallel's attentions store theirs); DropExact is the part
+	// of Drop among it (attn_core).
+	Exact, DropExact int64
+	// Widened is what the backward holds widened to float32 beyond
+	// float32's count where the block's activations are stored in 2
+	// bytes: at the MLP activation's backward its input widened, beside
+	// both gradients, as its output, widened for c_proj, goes back:
+	// 2·FFN/n per position, FFN/n under mlp_act (the output is formed
+	// again in float32, Bump).
+	Widened int64
 }
 
 // BlockActsOf counts one block's activations under recomputation r for
@@ -80,8 +95,12 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	b, t, c, h, n := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(max(1, l.TP))
 	bt, ffn := b*t, int64(m.FFN())
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
-	a := BlockActs{Out: bt * c, Work: ffn / n * bt}
-	a.Saved = (whole+split/n)*bt + bt*h/n + 4*bt
+	a := BlockActs{Out: bt * c, Work: ffn / n * bt, Widened: 2 * ffn / n * bt, Exact: bt*h/n + 4*bt}
+	a.Saved = (whole+split/n)*bt + a.Exact
+	exactAttn := m.Llama == nil && !l.CP
+	if exactAttn {
+		a.Exact += c / n * bt
+	}
 	a.Held = (2*whole+2*split/n)*bt + bt*h/n
 	if n == 1 {
 		a.Work += c * bt // the residual Add's copy of its gradient for the projection
@@ -112,9 +131,13 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	if r.MlpAct {
 		a.Drop += ffn / n * bt
 		a.Bump = ffn / n * bt
+		a.Widened = ffn / n * bt
 	}
 	if r.AttnCore && !l.Ring && m.Llama == nil { // a Llama's grouped attention forms nothing again
 		a.Drop += c / n * bt
+		if exactAttn {
+			a.DropExact = c / n * bt
+		}
 	}
 	return a
 }
@@ -124,6 +147,11 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 // before (Pre: the embeddings' outputs, or a received input) and after
 // (Head: what the output stage keeps for its backward; Grad: the
 // gradient its backward starts from, the logits' or a received one).
+// The terms are floats; Saved and Peak are bytes, with E the bytes of a
+// block's activation kept for the backward: 4, or 2 under mixed
+// precision, which stores them in the compute dtype (tensor.StoreHalf).
+// Everything else is float32: the statistics, what comes before and
+// after the blocks, every gradient, a recomputed block's rerun.
 type PassActs struct {
 	Block        BlockActs
 	L, K         int
@@ -132,16 +160,40 @@ type PassActs struct {
 	Head, Grad   int64
 	HeldHead     int64 // the output stage's terms held until a deferred W
 	DeferredPass bool
+	E            int64
+	// HeadHalf is the part of Head stored at E bytes: the logits under
+	// mixed precision (tensor.CrossEntropy), which the backward widens
+	// beside their gradient.
+	HeadHalf int64
 }
 
-// Saved is what the pass keeps from its forward to its backward.
-func (p PassActs) Saved() int64 {
-	a, kept := p.Block, p.Block.Saved
-	if p.Selective {
-		kept -= a.Drop
+// PassActsE is the bytes of a block's activation kept for the backward
+// under train.mixed_precision mp: 2 in bf16 and fp16, 4 otherwise.
+func PassActsE(mp string) int64 {
+	if mp == "bf16" || mp == "fp16" {
+		return 2
 	}
-	return p.Pre + int64(p.L-p.K)*kept + int64(p.K)*a.Out + p.Head
+	return 4
 }
+
+// kept is the bytes a block not fully recomputed keeps for its backward.
+func (p PassActs) kept() int64 {
+	a := p.Block
+	exact, f := a.Exact, a.Saved-a.Exact
+	if p.Selective {
+		f -= a.Drop - a.DropExact
+		exact -= a.DropExact
+	}
+	return p.E*f + 4*exact
+}
+
+// Saved is the bytes the pass keeps from its forward to its backward.
+func (p PassActs) Saved() int64 {
+	return 4*p.Pre + int64(p.L-p.K)*p.kept() + int64(p.K)*p.E*p.Block.Out + p.headBytes()
+}
+
+// headBytes is what the output stage keeps for its backward, in bytes.
+func (p PassActs) headBytes() int64 { return 4*(p.Head-p.HeadHalf) + p.E*p.HeadHalf }
 
 // Peak is the most the pass holds at once, in its backward. Freeing as
 // it goes, the backward holds the saved tensors less those already
@@ -151,38 +203,45 @@ func (p PassActs) Saved() int64 {
 // recomputed last block rebuilds its saved tensors there beside the
 // output it kept. A deferred backward frees nothing until its W: every
 // block holds Held (a recomputed one's rerun graph stays for W, beside
-// the output it kept), and selective refills stay.
+// the output it kept), and selective refills stay; what was stored in 2
+// bytes is float32 again by then. Stored in 2 bytes, the last block's
+// MLP also holds what it widened (Widened), unless the block is
+// recomputed, whose rerun stores nothing.
 func (p PassActs) Peak() int64 {
 	a := p.Block
 	if p.DeferredPass {
-		return p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out
+		return 4 * (p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out)
 	}
 	return max(p.HeadMoment(), p.BlockMoment(p.L))
 }
 
 // HeadMoment is what the pass holds at the output stage's first backward
-// op: everything saved, and the gradient the backward starts from.
-func (p PassActs) HeadMoment() int64 { return p.Saved() + p.Grad }
+// op, in bytes: everything saved, the head's terms float32 again (the
+// logits widened), and the gradient the backward starts from.
+func (p PassActs) HeadMoment() int64 { return p.Saved() - p.headBytes() + 4*(p.Head+p.Grad) }
 
 // BlockMoment is what the pass holds during the backward of its block j
-// (1 the first, L the last; 0: none, only what comes before): the output
-// stage and the blocks after j are freed, the saved tensors of blocks 1
-// to j are held, beside one op's working buffers (the MLP's); a fully
-// recomputed block (the first K) rebuilds its saved tensors there beside
-// the output it kept. A strategy that holds other buffers at each of
-// these moments (ZeRO's gathered units) takes the largest sum.
+// (1 the first, L the last; 0: none, only what comes before), in bytes:
+// the output stage and the blocks after j are freed, the saved tensors of
+// blocks 1 to j are held, beside one op's working buffers (the MLP's,
+// and what it widened from 2 bytes); a fully recomputed block (the first
+// K) rebuilds its saved tensors there, in float32, beside the output it
+// kept. A strategy that holds other buffers at each of these moments
+// (ZeRO's gathered units) takes the largest sum.
 func (p PassActs) BlockMoment(j int) int64 {
 	a := p.Block
-	kept, work := a.Saved, a.Work
+	work := 4 * a.Work
 	if p.Selective {
-		kept -= a.Drop
-		work += a.Bump
+		work += 4 * a.Bump
 	}
 	recomputed := min(j, p.K)
-	if j >= 1 && j <= p.K {
-		work += a.Saved
+	switch {
+	case j >= 1 && j <= p.K:
+		work += 4 * a.Saved
+	case j >= 1:
+		work += (4 - p.E) * a.Widened
 	}
-	return p.Pre + int64(recomputed)*a.Out + int64(j-recomputed)*kept + work
+	return 4*p.Pre + int64(recomputed)*p.E*a.Out + int64(j-recomputed)*p.kept() + work
 }
 
 // RecomputeFLOPsPerToken is the compute full recomputation adds to a

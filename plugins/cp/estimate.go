@@ -39,7 +39,7 @@ func (e *estimator) EstimateMemory(in trainer.EstimateInput, m *trainer.MemoryEs
 	C := int64(mc.KVHeads() * mc.HeadSize() / max(1, in.Cfg.Parallel.TP)) // the key (or value) width: n_embd for GPT-2
 	local := mc
 	local.BlockSize = mc.BlockSize / e.n
-	act := trainer.ActivationBytes(in.Cfg, local, trainer.ActLayout{TP: in.Cfg.Parallel.TP, SP: in.Cfg.TP.SequenceParallel, Ring: e.ring})
+	act := trainer.ActivationBytes(in.Cfg, local, trainer.ActLayout{TP: in.Cfg.Parallel.TP, SP: in.Cfg.TP.SequenceParallel, Ring: e.ring, CP: true})
 	if !e.ring {
 		// A fully recomputed block keeps no keys and values but while
 		// its backward runs.

@@ -127,11 +127,11 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 		p.Pre = btc
 	}
 	if !last {
-		p.Head, p.Grad, p.HeldHead = 0, btc, btc
+		p.Head, p.Grad, p.HeldHead, p.HeadHalf = 0, btc, btc, 0
 	}
 	saved, full = p.Saved(), p.Peak()
 	if !last {
-		full += btc // the received gradient, beside the backward's copy
+		full += 4 * btc // the received gradient, beside the backward's copy
 	}
 	p.DeferredPass = true
 	held = p.Peak()
@@ -161,7 +161,7 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 }
 
 // play runs rank r's list as RunStep does and returns the activation
-// peak in floats and the most input gradients (B·T·C each, counted as
+// peak in bytes and the most input gradients (B·T·C each, counted as
 // gradients: they are the received leaves' gradients) alive at once.
 func (e *Estimator) play(cfg config.Config, m nn.GPTConfig, r int) (peak int64, inGrads int) {
 	s := e.sched
@@ -223,7 +223,7 @@ func (e *Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.Memory
 		m.BlockSize /= cp
 	}
 	peak, inGrads := e.play(in.Cfg, m, r)
-	est.ActPeak = 4*peak + 1024
+	est.ActPeak = peak + 1024
 	est.GradsBytes += 4 * int64(inGrads) * int64(B) * int64(m.BlockSize) * int64(m.NEmbd)
 	est.PeakBytes = est.ParamsBytes + est.GradsBytes + est.OptimBytes + est.ActPeak + est.CommBytes
 	return nil

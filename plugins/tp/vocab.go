@@ -260,7 +260,19 @@ func CrossEntropy(c *Comm, logits, targets *tensor.Tensor, lo, v int) (*tensor.T
 			return nil, fmt.Errorf("tp: target %d at position %d is outside the vocabulary of %d", y, i, v)
 		}
 	}
-	return tensor.Apply("tp.cross_entropy", &crossEntropyFn{c: c, lo: lo, targets: append([]int32(nil), targets.I32()...)}, logits)
+	// Under mixed precision, as in tensor.CrossEntropy: the logits are
+	// rounded to the compute dtype, the loss computed from them in
+	// float32, and the backward keeps them in 2 bytes with each row's
+	// maximum and sum instead of the probabilities, which it forms again.
+	half := logits.DType() == tensor.Float32 && c.alloc().Compute() != tensor.Float32
+	if half {
+		tensor.RoundHalf(logits)
+	}
+	out, err := tensor.Apply("tp.cross_entropy", &crossEntropyFn{c: c, lo: lo, targets: append([]int32(nil), targets.I32()...), half: half}, logits)
+	if err == nil && half {
+		tensor.StoreHalf(out, logits)
+	}
+	return out, err
 }
 
 type crossEntropyFn struct {
@@ -268,6 +280,7 @@ type crossEntropyFn struct {
 	lo      int
 	targets []int32
 	count   int
+	half    bool // keep the logits and the rows' statistics, not the probabilities
 }
 
 func (f *crossEntropyFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Tensor, error) {
@@ -332,16 +345,26 @@ func crossEntropyForward[T cpu.Float](f *crossEntropyFn, ctx *tensor.FuncCtx, lo
 		f.count++
 		total += math.Log(float64(s[r])) + float64(m[r]) - float64(s[rows+r])
 	}
-	cpu.ParallelFor(rows, max(1, 4096/max(w, 1)), func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			inv := 1 / s[r]
-			for i := range p[r*w : (r+1)*w] {
-				p[r*w+i] *= inv
+	if f.half {
+		// The rows' maximum and sum, float32, for the backward.
+		probs.Release()
+		ms := a.NewUninit(tensor.Activations, logits.DType(), 2*rows)
+		copy(floats[T](ms), m)
+		copy(floats[T](ms)[rows:], s[:rows])
+		ctx.Save(logits, ms)
+		ctx.Own(ms)
+	} else {
+		cpu.ParallelFor(rows, max(1, 4096/max(w, 1)), func(r0, r1 int) {
+			for r := r0; r < r1; r++ {
+				inv := 1 / s[r]
+				for i := range p[r*w : (r+1)*w] {
+					p[r*w+i] *= inv
+				}
 			}
-		}
-	})
-	ctx.Save(probs)
-	ctx.Own(probs)
+		})
+		ctx.Save(probs)
+		ctx.Own(probs)
+	}
 	out := a.New(tensor.Activations, logits.DType(), 1)
 	out.Set(0, total/math.Max(1, float64(f.count)))
 	return out, nil
@@ -353,7 +376,21 @@ func (f *crossEntropyFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*ten
 	rows := probs.Numel() / max(1, w)
 	d := g.At(0) / math.Max(1, float64(f.count))
 	gl := backAlloc(ctx).NewUninit(tensor.Activations, probs.DType(), probs.Shape()...)
-	if probs.DType() == tensor.Float32 {
+	if f.half {
+		// The forward's probabilities again, bitwise, from the logits
+		// widened and the rows' statistics, written into gl.
+		l, ms := probs.F32(), ctx.Saved()[1].F32()
+		p := gl.F32()
+		cpu.ParallelFor(rows, max(1, 4096/max(w, 1)), func(r0, r1 int) {
+			for r := r0; r < r1; r++ {
+				inv := 1 / ms[rows+r]
+				for i, x := range l[r*w : (r+1)*w] {
+					p[r*w+i] = float32(math.Exp(float64(x-ms[r]))) * inv
+				}
+			}
+		})
+		crossEntropyBackward(p, p, f.targets, f.lo, rows, w, float32(d))
+	} else if probs.DType() == tensor.Float32 {
 		crossEntropyBackward(probs.F32(), gl.F32(), f.targets, f.lo, rows, w, float32(d))
 	} else {
 		crossEntropyBackward(probs.F64(), gl.F64(), f.targets, f.lo, rows, w, d)

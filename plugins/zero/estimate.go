@@ -266,7 +266,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 			}
 			// The activations at the moment, as the layout's estimate
 			// counts them (ActPeak at the pass's peak).
-			b := e.ActPeak - 4*(pass.Peak()-acts) + 4*mo.grads
+			b := e.ActPeak - (pass.Peak() - acts) + 4*mo.grads
 			switch {
 			case mixed && z.stage == 3:
 				b += (2 + 4) * mo.gathered // the gathered 2-byte copies, widened
