@@ -25,6 +25,14 @@ type mpLayout struct {
 	b     ptest.Bounds
 }
 
+// zeroMixed is the bound of a ZeRO row under mixed precision against one
+// process: a ZeRO rank knows the other ranks' parameters only through
+// their 2-byte copies, so every op (embeddings, norms, biases) reads the
+// masters rounded, where one process rounds only the products' operands
+// (docs/mixed-precision.md). Measured over 4 steps, bf16: losses 7.7e-5,
+// gradient norms 1.4e-3, weights 1.1e-2.
+var zeroMixed = ptest.Bounds{Loss: 3e-3, Weights: 3e-2}
+
 // TestEquivalenceMixedPrecision runs the layouts of the matrix in bf16 and
 // fp16 against one process in the same precision on the same global batch.
 //
@@ -68,7 +76,7 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 	f32 := ptest.Float32Bounds
 	f32.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
 	wire := ptest.Bounds{Loss: 1e-3, Weights: 3e-2}
-	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2}
+	zero := zeroMixed
 	cpWire := wire
 	cpWire.Wider = map[string]float64{".attn.c_attn.bias": 0.6}
 	layouts := []mpLayout{
@@ -134,7 +142,8 @@ func TestEquivalenceReduceDType(t *testing.T) {
 	f32 := ptest.Float32Bounds
 	f32.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
 	bf16 := ptest.Bounds{Loss: 1e-3, Weights: 1e-2, Wider: map[string]float64{".attn.c_attn.bias": 5e-2}}
-	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2, Wider: bf16.Wider}
+	zero := zeroMixed
+	zero.Wider = bf16.Wider
 	for _, l := range []struct {
 		name, reduce, mode string
 		b                  ptest.Bounds
@@ -167,7 +176,7 @@ func TestEquivalenceReduceDType(t *testing.T) {
 // within ZeRO's bounds of TestEquivalenceMixedPrecision against one
 // process's uninterrupted run.
 func TestMixedPrecisionZeroResume(t *testing.T) {
-	zero := ptest.Bounds{Loss: 3e-3, Weights: 3e-2}
+	zero := zeroMixed
 	for _, mp := range []string{"bf16", "fp16"} {
 		single := layouts[0]
 		run := func(l layout, steps int, resume string) (ptest.Result, string) {
@@ -200,10 +209,10 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 	}
 }
 
-// A MoE GPT under bf16 (its experts' buffers, the router's and the
-// combine's stored in 2 bytes with the rest of the block) trains under
-// data parallel and ZeRO-1 as one process does, at the float32 bounds of
-// the data-parallel rows of TestEquivalenceMixedPrecision.
+// A MoE GPT under bf16 (its attention part stored in 2 bytes, its MoE
+// layer's buffers in float32) trains under data parallel and ZeRO-1 as
+// one process does: data parallel at the float32 bounds of the
+// data-parallel rows of TestEquivalenceMixedPrecision, ZeRO-1 at zeroMixed.
 func TestMoEMixedPrecision(t *testing.T) {
 	b := ptest.Float32Bounds
 	b.Wider = map[string]float64{".attn.c_attn.bias": 1e-3}
@@ -217,6 +226,10 @@ func TestMoEMixedPrecision(t *testing.T) {
 		cfg.Zero.Stage = zero
 		cfg.Train.BatchSize = single.Train.BatchSize / 2
 		got := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
-		ptest.CheckWithin(t, want, got, fmt.Sprintf("moe bf16 dp 2 zero %d", zero), b)
+		bounds := b
+		if zero > 0 {
+			bounds = zeroMixed
+		}
+		ptest.CheckWithin(t, want, got, fmt.Sprintf("moe bf16 dp 2 zero %d", zero), bounds)
 	}
 }

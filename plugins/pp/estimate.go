@@ -104,7 +104,7 @@ func (e *Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []
 //
 // Under tensor parallel over n ranks the head- and MLP-internal parts
 // divide by n (trainer.BlockActsOf). A chunk's MoE blocks add
-// trainer.MoEBlockFloats each to all three.
+// trainer.MoEBlockFloats each to all three, in float32 bytes.
 func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (saved, full, held int64) {
 	first, last := c == 0, c == e.sched.Chunks()-1
 	l := trainer.ActLayout{TP: cfg.Parallel.TP, SP: cfg.TP.SequenceParallel}
@@ -152,8 +152,8 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 			blocks++
 		}
 	}
-	moe := blocks * trainer.MoEBlockFloats(m, bt, cfg.Parallel.EP)
-	deferred := moe + blocks*trainer.MoEDeferredFloats(m, bt, cfg.Parallel.EP)
+	moe := 4 * blocks * trainer.MoEBlockFloats(m, bt, cfg.Parallel.EP) // float32 in every precision
+	deferred := moe + 4*blocks*trainer.MoEDeferredFloats(m, bt, cfg.Parallel.EP)
 	if e.sched.Split {
 		return saved + moe, full + deferred, held + deferred
 	}
