@@ -15,6 +15,7 @@ import (
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/mesh"
+	"github.com/tinyacc/tinyacc/core/tensor"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/ptest"
 )
@@ -350,6 +351,36 @@ func TestExpertParallelWithTensorParallel(t *testing.T) {
 	}
 }
 
+// rankParams builds cfg's trainer on each of world goroutine ranks and
+// returns, per rank, what describe says of each of its model's parameters
+// (in order; "" leaves one out).
+func rankParams(t *testing.T, cfg config.Config, world int, describe func(tr *trainer.Trainer, p *tensor.Tensor) (string, error)) [][]string {
+	t.Helper()
+	got := make([][]string, world)
+	err := comm.RunLocal(world, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := Build(cfg, g)
+		if err != nil {
+			return err
+		}
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: world})
+		if err != nil {
+			return err
+		}
+		for _, p := range tr.Model.Params() {
+			d, err := describe(tr, p)
+			if err != nil {
+				return err
+			}
+			if d != "" {
+				got[g.Rank()] = append(got[g.Rank()], d)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return got
+}
+
 // Under ep 2 × tp 2 (dp 2) rank (dp d, tp r) holds experts 2d and 2d+1,
 // each expert's c_fc columns [64r, 64(r+1)) of 128 and c_proj rows alike;
 // the router whole.
@@ -358,24 +389,12 @@ func TestExpertParallelTensorParallelPlacesExperts(t *testing.T) {
 	cfg.Model.NLayer = 1
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.TP, cfg.Parallel.DP, cfg.Parallel.EP = 2, 2, 2
-	got := make([][]string, 4)
-	err := comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
-		ps, m, err := Build(cfg, g)
-		if err != nil {
-			return err
+	got := rankParams(t, cfg, 4, func(_ *trainer.Trainer, p *tensor.Tensor) (string, error) {
+		if strings.Contains(p.Name, "mlp.") && !strings.HasSuffix(p.Name, "bias") {
+			return fmt.Sprintf("%s %v", p.Spec, p.Shape()), nil
 		}
-		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 4})
-		if err != nil {
-			return err
-		}
-		for _, p := range tr.Model.Params() {
-			if strings.Contains(p.Name, "mlp.") && !strings.HasSuffix(p.Name, "bias") {
-				got[g.Rank()] = append(got[g.Rank()], fmt.Sprintf("%s %v", p.Spec, p.Shape()))
-			}
-		}
-		return nil
+		return "", nil
 	})
-	require.NoError(t, err)
 	at := func(d, r int) []string {
 		e0, e1, c := 2*d, 2*d+1, fmt.Sprintf("[%d:%d)", 64*r, 64*(r+1))
 		return []string{
@@ -397,24 +416,12 @@ func TestExpertParallelPlacesExperts(t *testing.T) {
 	cfg.Model.NLayer = 1
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.DP, cfg.Parallel.EP = 4, 2
-	got := make([][]string, 4)
-	err := comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
-		ps, m, err := Build(cfg, g)
-		if err != nil {
-			return err
+	got := rankParams(t, cfg, 4, func(_ *trainer.Trainer, p *tensor.Tensor) (string, error) {
+		if strings.Contains(p.Name, "experts") && strings.HasSuffix(p.Name, "c_fc.weight") {
+			return p.Spec.String(), nil
 		}
-		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 4})
-		if err != nil {
-			return err
-		}
-		for _, p := range tr.Model.Params() {
-			if strings.Contains(p.Name, "experts") && strings.HasSuffix(p.Name, "c_fc.weight") {
-				got[g.Rank()] = append(got[g.Rank()], p.Spec.String())
-			}
-		}
-		return nil
+		return "", nil
 	})
-	require.NoError(t, err)
 	low := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp held[0 2]", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp held[0 2]"}
 	high := []string{"h.0.mlp.experts.2.c_fc.weight [32 128]: dp held[1 3]", "h.0.mlp.experts.3.c_fc.weight [32 128]: dp held[1 3]"}
 	assert.Equal(t, [][]string{low, high, low, high}, got)
@@ -433,32 +440,20 @@ func TestExpertParallelZeROShardsExpertsOverReplicas(t *testing.T) {
 	cfg.Model.NLayer = 1
 	cfg.Model.MoE.Experts = 4
 	cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = 4, 2, 3
-	got := make([][]string, 4)
-	err := comm.RunLocal(4, comm.Options{}, func(g comm.Group) error {
-		ps, m, err := Build(cfg, g)
+	got := rankParams(t, cfg, 4, func(tr *trainer.Trainer, p *tensor.Tensor) (string, error) {
+		if !strings.Contains(p.Name, "experts") || !strings.HasSuffix(p.Name, "c_fc.weight") {
+			return "", nil
+		}
+		h, err := tr.Holding(p)
 		if err != nil {
-			return err
+			return "", err
 		}
-		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: 4})
-		if err != nil {
-			return err
+		n := 0
+		if h.Value.Data != nil {
+			n = h.Value.Data.Numel()
 		}
-		for _, p := range tr.Model.Params() {
-			if strings.Contains(p.Name, "experts") && strings.HasSuffix(p.Name, "c_fc.weight") {
-				h, err := tr.Holding(p)
-				if err != nil {
-					return err
-				}
-				n := 0
-				if h.Value.Data != nil {
-					n = h.Value.Data.Numel()
-				}
-				got[g.Rank()] = append(got[g.Rank()], fmt.Sprintf("%s (%d)", h.Value.Spec, n))
-			}
-		}
-		return nil
+		return fmt.Sprintf("%s (%d)", h.Value.Spec, n), nil
 	})
-	require.NoError(t, err)
 	first := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp flat[0:4096) (4096)", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp flat[0:0) (0)"}
 	second := []string{"h.0.mlp.experts.0.c_fc.weight [32 128]: dp flat[8352:8352) (0)", "h.0.mlp.experts.1.c_fc.weight [32 128]: dp flat[0:4096) (4096)"}
 	rename := func(ss []string) []string {

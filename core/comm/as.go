@@ -22,13 +22,13 @@ func carried(x *tensor.Tensor, d tensor.DType) bool {
 // toWire returns x rounded to d in a new communication buffer.
 func toWire(x *tensor.Tensor, d tensor.DType) *tensor.Tensor {
 	w := tensor.Default.NewUninit(tensor.Comm, d, x.Numel())
-	narrow(d, w.U16(), x.F32())
+	tensor.NarrowHalf(d, w.U16(), x.F32())
 	return w
 }
 
 // fromWire widens w into the float32 x and gives w back.
 func fromWire(x, w *tensor.Tensor) {
-	widen(w.DType(), x.F32(), w.U16())
+	tensor.WidenHalf(w.DType(), x.F32(), w.U16())
 	w.Release()
 }
 

@@ -4,7 +4,6 @@ import (
 	"unsafe"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
-	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // Half-precision collectives (bfloat16 and float16 tensors). Gathers,
@@ -39,24 +38,6 @@ func u16s(b []byte) []uint16 {
 	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
 }
 
-// widen sets dst[i] to the float32 value of half src[i] (exact).
-func widen(dt tensor.DType, dst []float32, src []uint16) {
-	if dt == tensor.BFloat16 {
-		cpu.BF16ToF32s(dst, src)
-	} else {
-		cpu.F16ToF32s(dst, src)
-	}
-}
-
-// narrow rounds src into the half dst, to nearest even.
-func narrow(dt tensor.DType, dst []uint16, src []float32) {
-	if dt == tensor.BFloat16 {
-		cpu.BF16FromF32s(dst, src)
-	} else {
-		cpu.F16FromF32s(dst, src)
-	}
-}
-
 // foldHalfGo is foldHalf in Go: per tile, the sources widened and combined
 // in float32 in source order, divided by nsrc for Avg, rounded once.
 func foldHalfGo(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, stride, nsrc int) {
@@ -69,10 +50,10 @@ func foldHalfGo(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, s
 		for k := 0; k < nsrc; k++ {
 			s := u16s(src(base, stride, k, 2*i0, 2*m))
 			if k == 0 {
-				widen(dt, a, s)
+				tensor.WidenHalf(dt, a, s)
 				continue
 			}
-			widen(dt, w[:m], s)
+			tensor.WidenHalf(dt, w[:m], s)
 			combine(op, a, a, w[:m])
 		}
 		if op == Avg {
@@ -81,7 +62,7 @@ func foldHalfGo(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, s
 				a[i] /= n
 			}
 		}
-		narrow(dt, out[i0:i0+m], a)
+		tensor.NarrowHalf(dt, out[i0:i0+m], a)
 	}
 }
 

@@ -116,7 +116,7 @@ func (g *mpiGroup) avgFinish(op ReduceOp, dt tensor.DType, buf []byte) func() {
 // that divides by the group size for Avg and rounds into dst once.
 func (g *mpiGroup) mpiWide(op ReduceOp, dt tensor.DType, src, dst []byte, wideOut int) (in, out []float32, finish func()) {
 	in = make([]float32, len(src)/2)
-	widen(dt, in, u16s(src))
+	tensor.WidenHalf(dt, in, u16s(src))
 	out = in
 	if wideOut != len(in) {
 		out = make([]float32, wideOut)
@@ -125,7 +125,7 @@ func (g *mpiGroup) mpiWide(op ReduceOp, dt tensor.DType, src, dst []byte, wideOu
 		if op == Avg {
 			scaleBytes(tensor.Float32, f32Bytes(out), len(g.ranks))
 		}
-		narrow(dt, u16s(dst), out)
+		tensor.NarrowHalf(dt, u16s(dst), out)
 	}
 }
 

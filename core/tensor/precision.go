@@ -96,11 +96,7 @@ func halfOf(w *Tensor, d DType) *Tensor {
 		a = Default
 	}
 	h := a.NewUninit(Params, d, w.shape...)
-	if d == Float16 {
-		cpu.F16FromF32s(h.u16, w.f32)
-	} else {
-		cpu.BF16FromF32s(h.u16, w.f32)
-	}
+	NarrowHalf(d, h.u16, w.f32)
 	w.half = h
 	return h
 }
@@ -120,6 +116,27 @@ func (t *Tensor) dropHalf() {
 func DropHalf(params []*Tensor) {
 	for _, p := range params {
 		p.dropHalf()
+	}
+}
+
+// NarrowHalf rounds src into dst, the 2-byte dtype d's bits (BFloat16 or
+// Float16), to nearest even: the one conversion every half-precision
+// copy, wire and stored activation uses.
+func NarrowHalf(d DType, dst []uint16, src []float32) {
+	if d == Float16 {
+		cpu.F16FromF32s(dst, src)
+	} else {
+		cpu.BF16FromF32s(dst, src)
+	}
+}
+
+// WidenHalf sets dst to the float32 values of src, the 2-byte dtype d's
+// bits (BFloat16 or Float16): exact, every half value being a float32.
+func WidenHalf(d DType, dst []float32, src []uint16) {
+	if d == Float16 {
+		cpu.F16ToF32s(dst, src)
+	} else {
+		cpu.BF16ToF32s(dst, src)
 	}
 }
 
@@ -231,13 +248,7 @@ func storeHalf(t *Tensor) {
 		a = Default
 	}
 	h := a.NewUninit(Activations, d, t.shape...)
-	convGrain(len(t.f32), func(lo, hi int) {
-		if d == Float16 {
-			cpu.F16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
-		} else {
-			cpu.BF16FromF32s(h.u16[lo:hi], t.f32[lo:hi])
-		}
-	})
+	convGrain(len(t.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], t.f32[lo:hi]) })
 	t.releaseStorage()
 	t.half = h
 	t.dropView()
@@ -251,14 +262,8 @@ func widen(t *Tensor) {
 		a = Default
 	}
 	n := a.NewUninit(t.cat, Float32, t.shape...)
-	f16 := t.half.dtype == Float16
-	convGrain(len(n.f32), func(lo, hi int) {
-		if f16 {
-			cpu.F16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
-		} else {
-			cpu.BF16ToF32s(n.f32[lo:hi], t.half.u16[lo:hi])
-		}
-	})
+	d := t.half.dtype
+	convGrain(len(n.f32), func(lo, hi int) { WidenHalf(d, n.f32[lo:hi], t.half.u16[lo:hi]) })
 	t.dropHalf()
 	t.f32, t.alloc = n.f32, a
 	t.refilled = true

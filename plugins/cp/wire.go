@@ -65,11 +65,7 @@ func (w *ringWire) send(x *tensor.Tensor, to int) comm.Handle {
 		return w.g.SendAsync(x, to)
 	}
 	t := w.twinOf(x)
-	if w.d == tensor.BFloat16 {
-		cpu.BF16FromF32s(t.U16(), x.F32())
-	} else {
-		cpu.F16FromF32s(t.U16(), x.F32())
-	}
+	tensor.NarrowHalf(w.d, t.U16(), x.F32())
 	return w.g.SendAsync(t, to)
 }
 
@@ -102,11 +98,7 @@ type widening struct {
 func (r *widening) Wait() error {
 	r.once.Do(func() {
 		if r.err = r.h.Wait(); r.err == nil {
-			if r.t.DType() == tensor.BFloat16 {
-				cpu.BF16ToF32s(r.x.F32(), r.t.U16())
-			} else {
-				cpu.F16ToF32s(r.x.F32(), r.t.U16())
-			}
+			tensor.WidenHalf(r.t.DType(), r.x.F32(), r.t.U16())
 		}
 	})
 	return r.err

@@ -5,7 +5,6 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/tensor"
-	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // Mixed precision (train.mixed_precision bf16 or fp16 on float32 masters).
@@ -68,7 +67,7 @@ func (z *Zero) layOutMixed(u *unitState, described bool) error {
 	}
 	u.shard.CopyFrom(flat.Span(lo, lo+u.Shard))
 	if u.copy != nil {
-		roundTo(z.half, u.copy.U16(), flat.F32())
+		tensor.NarrowHalf(z.half, u.copy.U16(), flat.F32())
 	}
 	for _, r := range u.Ranges {
 		r.Param.Alias(flat, r.Offset) // releases the parameter's own buffer
@@ -91,15 +90,15 @@ func (z *Zero) startMixed(u *unitState) *op {
 	}
 	flat := u.flat
 	if z.stage <= 2 {
-		widenFrom(z.half, flat.F32(), u.copy.U16())
+		tensor.WidenHalf(z.half, flat.F32(), u.copy.U16())
 		return nil
 	}
 	send := a.NewUninit(tensor.Comm, z.half, u.Shard)
-	roundTo(z.half, send.U16(), u.shard.F32())
+	tensor.NarrowHalf(z.half, send.U16(), u.shard.F32())
 	u.wire = a.NewUninit(tensor.Params, z.half, u.Size)
 	wire := u.wire
 	return z.issue(u.g, "all_gather "+u.Name, wire.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(send, wire) }, func() {
-		widenFrom(z.half, flat.F32(), wire.U16())
+		tensor.WidenHalf(z.half, flat.F32(), wire.U16())
 		send.Release()
 	})
 }
@@ -118,7 +117,7 @@ func (z *Zero) refresh() error {
 	for i, u := range z.units {
 		lo := z.lay.Lo(u.Unit)
 		mine := u.copy.Span(lo, lo+u.Shard)
-		roundTo(z.half, mine.U16(), u.shard.F32())
+		tensor.NarrowHalf(z.half, mine.U16(), u.shard.F32())
 		ops[i] = z.issue(u.g, "all_gather "+u.Name, u.copy.Bytes(), func() comm.Handle { return u.g.AllGatherAsync(mine, u.copy) }, nil)
 	}
 	for i, o := range ops {
@@ -127,22 +126,4 @@ func (z *Zero) refresh() error {
 		}
 	}
 	return nil
-}
-
-// roundTo rounds src to the 2-byte dtype d (to nearest even) into dst.
-func roundTo(d tensor.DType, dst []uint16, src []float32) {
-	if d == tensor.Float16 {
-		cpu.F16FromF32s(dst, src)
-	} else {
-		cpu.BF16FromF32s(dst, src)
-	}
-}
-
-// widenFrom widens the 2-byte dtype d's src into dst, exactly.
-func widenFrom(d tensor.DType, dst []float32, src []uint16) {
-	if d == tensor.Float16 {
-		cpu.F16ToF32s(dst, src)
-	} else {
-		cpu.BF16ToF32s(dst, src)
-	}
 }
