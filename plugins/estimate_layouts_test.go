@@ -53,15 +53,7 @@ func TestEstimateMatchesMeasuredModelLayouts(t *testing.T) {
 				cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.BlockSize, cfg.Model.NHead = shape[0], shape[1], shape[2], shape[3]
 				cfg.Train.Steps = 2
 				l.set(&cfg)
-				if cfg.Model.NHead%cfg.Parallel.TP != 0 {
-					t.Skipf("%d heads do not split over tp %d", cfg.Model.NHead, cfg.Parallel.TP)
-				}
-				if cfg.Parallel.PP > 1 {
-					cfg.Train.GradAccum = 4
-				}
-				est, err := Estimate(cfg, l.world)
-				require.NoError(t, err)
-				got := measure(t, cfg, l.world)
+				est, got := estimateAndMeasure(t, cfg, l.world)
 				require.Len(t, est, l.world)
 				for r, m := range got {
 					e := est[r]

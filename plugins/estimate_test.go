@@ -40,6 +40,23 @@ var estimateLayouts = []struct {
 	{"cp 4 ring contiguous", 4, 0, 1, "", "ring contiguous"},
 }
 
+// estimateAndMeasure runs a row of the estimate tests: cfg on world
+// goroutine ranks under the rows' rules (a head count tensor parallel
+// does not split skips the row; a pipeline runs 4 micro-batches), and
+// returns the estimate of each rank beside what its allocator measured.
+func estimateAndMeasure(t *testing.T, cfg config.Config, world int) ([]trainer.MemoryEstimate, []trainer.MemoryReport) {
+	t.Helper()
+	if cfg.Model.NHead%cfg.Parallel.TP != 0 {
+		t.Skipf("%d heads do not split over tp %d", cfg.Model.NHead, cfg.Parallel.TP)
+	}
+	if cfg.Parallel.PP > 1 {
+		cfg.Train.GradAccum = 4
+	}
+	est, err := Estimate(cfg, world)
+	require.NoError(t, err)
+	return est, measure(t, cfg, world)
+}
+
 // measure trains cfg on world goroutine ranks through Build and returns
 // every rank's memory report.
 func measure(t *testing.T, cfg config.Config, world int) []trainer.MemoryReport {

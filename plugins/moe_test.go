@@ -37,6 +37,22 @@ func checkMoEMetrics(t *testing.T, want []map[string]any, path, what string) {
 	}
 }
 
+// moeReference is the MoE GPT of the equivalence rows in float64 (2
+// layers, 32 wide, 4 experts top-2, aux and z losses large enough that
+// their gradients show, 2 micro-batches a step) and one process's run of
+// it: its result and its logged metrics.
+func moeReference(t *testing.T) (config.Config, ptest.Result, []map[string]any) {
+	t.Helper()
+	base := ptest.Config64()
+	base.Model.NLayer, base.Model.NEmbd = 2, 32
+	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
+	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
+	base.Train.GradAccum = 2
+	one := base
+	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
+	return base, ptest.Single(t, one), moeMetrics(t, one.MetricsFile)
+}
+
 func moeMetrics(t *testing.T, path string) []map[string]any {
 	f, err := os.Open(path)
 	require.NoError(t, err)
@@ -63,15 +79,7 @@ func moeMetrics(t *testing.T, path string) []map[string]any {
 // and expert_load equal one process's too (expert_load is summed over the
 // ranks).
 func TestMoEDataParallelEqualsOneProcess(t *testing.T) {
-	base := ptest.Config64()
-	base.Model.NLayer, base.Model.NEmbd = 2, 32
-	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
-	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
-	base.Train.GradAccum = 2
-	one := base
-	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
-	want := ptest.Single(t, one)
-	wantM := moeMetrics(t, one.MetricsFile)
+	base, want, wantM := moeReference(t)
 	for _, row := range []struct {
 		dp, cp, zero int
 	}{{2, 1, 0}, {4, 1, 0}, {2, 1, 1}, {2, 1, 3}, {1, 2, 0}, {2, 2, 1}} {
@@ -223,15 +231,7 @@ func TestMoEEstimateUnderPipeline(t *testing.T) {
 // 2 over dp 4, one at ep 4), the rest over dp.
 // The logged aux_loss, z_loss and expert_load equal one process's.
 func TestExpertParallelEqualsOneProcess(t *testing.T) {
-	base := ptest.Config64()
-	base.Model.NLayer, base.Model.NEmbd = 2, 32
-	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
-	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
-	base.Train.GradAccum = 2
-	one := base
-	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
-	want := ptest.Single(t, one)
-	wantM := moeMetrics(t, one.MetricsFile)
+	base, want, wantM := moeReference(t)
 	for _, row := range []struct {
 		dp, cp, ep, zero int
 		mode             string
@@ -322,15 +322,7 @@ func TestExpertParallelCapacityDropsPerRank(t *testing.T) {
 // the tcp backend, equal one process in float64 to 1e-9 with the logged
 // aux_loss, z_loss and expert_load.
 func TestExpertParallelWithTensorParallel(t *testing.T) {
-	base := ptest.Config64()
-	base.Model.NLayer, base.Model.NEmbd = 2, 32
-	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
-	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
-	base.Train.GradAccum = 2
-	one := base
-	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
-	want := ptest.Single(t, one)
-	wantM := moeMetrics(t, one.MetricsFile)
+	base, want, wantM := moeReference(t)
 	for _, row := range []struct {
 		dp, pp, ep, zero int
 		backend          string
@@ -562,15 +554,7 @@ func TestExpertParallelUnderRecompute(t *testing.T) {
 // z_loss and expert_load cover every stage's blocks (summed over the
 // pipeline group) and equal one process's.
 func TestExpertParallelWithPipeline(t *testing.T) {
-	base := ptest.Config64()
-	base.Model.NLayer, base.Model.NEmbd = 2, 32
-	base.Model.MoE.Experts, base.Model.MoE.TopK = 4, 2
-	base.Model.MoE.AuxLossCoef, base.Model.MoE.ZLossCoef = 0.5, 0.05
-	base.Train.GradAccum = 2
-	one := base
-	one.MetricsFile = filepath.Join(t.TempDir(), "one.jsonl")
-	want := ptest.Single(t, one)
-	wantM := moeMetrics(t, one.MetricsFile)
+	base, want, wantM := moeReference(t)
 	for _, row := range []struct {
 		dp, ep, zero int
 		sched        string
