@@ -152,13 +152,7 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 		rows[i].Ratio = rows[i].TinyaccMS / best(rows[i].Precision, true).TorchMS
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, r := range rows {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writeJSONLines(stdout, rows)
 	}
 	fmt.Fprintf(stdout, "%8s %10s %16s %16s %18s %22s\n", "threads", "precision", "tinyacc ms/step", "pytorch ms/step", "tinyacc tokens/s", "tinyacc/best pytorch")
 	for _, r := range rows {
@@ -275,4 +269,16 @@ func gptFlags(fs *flag.FlagSet, m *nn.GPTConfig, def nn.GPTConfig) {
 	fs.IntVar(&m.NEmbd, "n_embd", def.NEmbd, "")
 	fs.IntVar(&m.BlockSize, "block_size", def.BlockSize, "")
 	fs.IntVar(&m.VocabSize, "vocab_size", def.VocabSize, "")
+}
+
+// writeJSONLines writes each of rows as one JSON object a line: the
+// --json form of the bench, estimate and plan tables.
+func writeJSONLines[T any](w io.Writer, rows []T) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
 }

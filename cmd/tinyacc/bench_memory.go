@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -268,13 +267,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, r := range out {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writeJSONLines(stdout, out)
 	}
 	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",

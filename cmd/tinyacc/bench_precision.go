@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -94,13 +93,7 @@ func benchPrecision(args []string, stdout, stderr io.Writer) error {
 		out = append(out, r)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, r := range out {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writeJSONLines(stdout, out)
 	}
 	fmt.Fprintf(stdout, "demo model (the defaults%s), %d steps per precision, same seed and data\n", strings.Join(append([]string{""}, extra...), " "), *steps)
 	fmt.Fprintf(stdout, "%-10s %12s %12s %12s %12s %12s %10s %8s\n", "precision", "final loss", "mean last10", "vs fp32", "eval loss", "vs fp32", "ms/step", "within")

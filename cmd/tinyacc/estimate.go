@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -39,13 +38,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, e := range es {
-			if err := enc.Encode(e); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writeJSONLines(stdout, es)
 	}
 	trainer.WriteEstimateTable(stdout, es)
 	if extra := trainer.RecomputeFLOPsPerToken(r.Config); extra > 0 {
