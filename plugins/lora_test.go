@@ -321,12 +321,11 @@ func TestLoRAMixedPrecision(t *testing.T) {
 			what := fmt.Sprintf("lora tp 2 sp=%v mixed_precision=%s", sp, mp)
 			t.Logf("%s: %s", what, ptest.CheckWithin(t, want, got, what, b))
 		}
-		// ZeRO shards the adapters' masters and reads their 2-byte copies
-		// in every operation (TestEquivalenceMixedPrecision's ZeRO rows);
-		// the frozen base stays whole, as in one process. The adapters
-		// are read by products only, which round them in one process
-		// too, so these rows keep float32's bounds (measured in bf16:
-		// losses 4.3e-8, weights 6.3e-8).
+		// ZeRO shards the adapters' masters and reads their 2-byte copies,
+		// as every layout reads every parameter (TestEquivalenceMixedPrecision's
+		// data-parallel rows); the frozen base stays whole, as in one
+		// process. These rows keep float32's bounds (measured in bf16:
+		// losses 4.3e-8, weights 6.4e-8).
 		for _, stage := range []int{2, 3} {
 			c := cfg
 			c.Zero.Stage, c.Train.BatchSize = stage, cfg.Train.BatchSize/2

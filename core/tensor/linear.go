@@ -29,7 +29,9 @@ func Linear(x, w, b *Tensor) *Tensor {
 	if x.dtype == Float32 {
 		gemmW(d, false, false, rows, out, in, x.f32, in, w, out, 0, y.f32, out)
 		if b != nil {
-			cpu.AddBias(y.f32, b.f32, rows, out)
+			bv, done := ReadParam(b) // the bias's copy (precision.go)
+			cpu.AddBias(y.f32, bv.f32, rows, out)
+			done()
 		}
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)

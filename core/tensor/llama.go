@@ -24,14 +24,18 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 	out := like(x, x.shape...)
 	rstd := like(x, rows)
 	if x.dtype == Float32 {
-		cpu.RMSNormForward(x.f32, w.f32, out.f32, rstd.f32, rows, C, eps)
+		wv, done := ReadParam(w) // the weight's copy (precision.go)
+		cpu.RMSNormForward(x.f32, wv.f32, out.f32, rstd.f32, rows, C, eps)
+		done()
 	} else {
 		cpu.RMSNormForward(x.f64, w.f64, out.f64, rstd.f64, rows, C, eps)
 	}
 	record(out, "rmsnorm", func(_ *Backprop, g *Tensor) []*Tensor {
 		gx, gw := zerosLike(x, x.shape...), zerosLike(w, w.shape...)
 		if x.dtype == Float32 {
-			cpu.RMSNormBackward(g.f32, x.f32, w.f32, rstd.f32, gx.f32, gw.f32, rows, C)
+			wv, done := ReadParam(w)
+			cpu.RMSNormBackward(g.f32, x.f32, wv.f32, rstd.f32, gx.f32, gw.f32, rows, C)
+			done()
 		} else {
 			cpu.RMSNormBackward(g.f64, x.f64, w.f64, rstd.f64, gx.f64, gw.f64, rows, C)
 		}
@@ -47,7 +51,9 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 		// (the statistics, equal to the kept ones, are left alone).
 		r := like(x, rows)
 		if x.dtype == Float32 {
-			cpu.RMSNormForward(x.f32, w.f32, out.f32, r.f32, rows, C, eps)
+			wv, done := ReadParam(w)
+			cpu.RMSNormForward(x.f32, wv.f32, out.f32, r.f32, rows, C, eps)
+			done()
 		} else {
 			cpu.RMSNormForward(x.f64, w.f64, out.f64, r.f64, rows, C, eps)
 		}

@@ -225,6 +225,7 @@ func Embedding(w, idx *Tensor) *Tensor {
 	out := like(w, append(clone(idx.shape), C)...)
 	if w.dtype == Float32 {
 		embedFwd(w.f32, idx.i32, out.f32, C)
+		ParamRound(w, out.f32) // the rows of the table's copy (precision.go)
 	} else {
 		embedFwd(w.f64, idx.i32, out.f64, C)
 	}
@@ -281,7 +282,17 @@ func AddPositions(x, wpe *Tensor, pos []int) *Tensor {
 		}
 	}
 	out := like(x, x.shape...)
-	if x.dtype == Float32 {
+	if x.dtype == Float32 && computeOf(wpe) != Float32 {
+		// The rows at pos of the table's copy (precision.go), in order.
+		rows := like(x, T, C)
+		for t := 0; t < T; t++ {
+			q := position(pos, t)
+			copy(rows.f32[t*C:(t+1)*C], wpe.f32[q*C:(q+1)*C])
+		}
+		ParamRound(wpe, rows.f32)
+		addPosFwd(x.f32, rows.f32, out.f32, nil, B, T, C)
+		rows.Release()
+	} else if x.dtype == Float32 {
 		addPosFwd(x.f32, wpe.f32, out.f32, pos, B, T, C)
 	} else {
 		addPosFwd(x.f64, wpe.f64, out.f64, pos, B, T, C)
@@ -351,7 +362,11 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 	out := like(x, x.shape...)
 	mean, rstd := like(x, rows), like(x, rows)
 	if x.dtype == Float32 {
-		cpu.LayerNormForward(x.f32, w.f32, b.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps))
+		wv, doneW := ReadParam(w) // the copies (precision.go)
+		bv, doneB := ReadParam(b)
+		cpu.LayerNormForward(x.f32, wv.f32, bv.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps))
+		doneW()
+		doneB()
 	} else {
 		cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, mean.f64, rstd.f64, rows, C, eps)
 	}
@@ -360,7 +375,9 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		gw, _, retW := gradBuffer(bp, w)
 		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
-			cpu.LayerNormBackward(g.f32, x.f32, w.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			wv, done := ReadParam(w)
+			cpu.LayerNormBackward(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			done()
 		} else {
 			cpu.LayerNormBackward(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
 		}
@@ -372,7 +389,11 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		// (and statistics equal to the kept ones, which are left alone).
 		m, r := like(x, rows), like(x, rows)
 		if x.dtype == Float32 {
-			cpu.LayerNormForward(x.f32, w.f32, b.f32, out.f32, m.f32, r.f32, rows, C, float32(eps))
+			wv, doneW := ReadParam(w)
+			bv, doneB := ReadParam(b)
+			cpu.LayerNormForward(x.f32, wv.f32, bv.f32, out.f32, m.f32, r.f32, rows, C, float32(eps))
+			doneW()
+			doneB()
 		} else {
 			cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, m.f64, r.f64, rows, C, eps)
 		}

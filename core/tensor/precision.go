@@ -28,7 +28,8 @@ import (
 // The weights are stored twice, as in Megatron: the float32 master the
 // optimizer updates, counted with the optimizer state (accountAs), and a
 // 2-byte copy in the compute dtype, counted as the parameters, which the
-// products read. The copy is made when a product first reads the
+// products read (the other ops that read a parameter round what they read
+// to the same values: "Parameters in every op" below). The copy is made when a product first reads the
 // parameter and dropped whenever the master changes (DropHalf after an
 // optimizer step, Release, Alias, DropStorage), so it always holds the
 // latest master rounded to nearest even: the numbers are those of
@@ -117,6 +118,53 @@ func DropHalf(params []*Tensor) {
 	for _, p := range params {
 		p.dropHalf()
 	}
+}
+
+// Parameters in every op. Under mixed precision the parameters the
+// forward and backward read are the half-precision copies of the float32
+// masters, in every op, as Megatron's model parameters are (the masters
+// are only the optimizer's): the products read the stored 2-byte copy
+// (halfOf) and the ops that read a parameter otherwise (the embedding
+// lookups, LayerNorm's and RMSNorm's weights and biases, a Linear's bias,
+// a strategy's own forms of them) round what they read to the compute
+// dtype (ParamRound, ReadParam): the same values. So one process reads
+// what a ZeRO rank, which knows the other ranks' parameters only through
+// their 2-byte copies, reads, and every layout computes with the same
+// parameter values. A parameter's gradient is the gradient of its copy,
+// accumulated in float32. Rounding a value that is already a copy (ZeRO's
+// widened units) leaves it unchanged.
+
+// ParamRound rounds vals, values an op read from parameter p (a table's
+// rows, a copy of a vector), in place to p's compute dtype, which is what
+// p's 2-byte copy holds; a no-op outside mixed precision and for float64.
+func ParamRound(p *Tensor, vals []float32) {
+	if p.dtype != Float32 {
+		return
+	}
+	switch computeOf(p) {
+	case BFloat16:
+		convGrain(len(vals), func(lo, hi int) { cpu.RoundBF16(vals[lo:hi]) })
+	case Float16:
+		convGrain(len(vals), func(lo, hi int) { cpu.RoundF16(vals[lo:hi]) })
+	}
+}
+
+// ReadParam returns the values an op reads of parameter p (a norm's
+// weight or bias, a bias: vectors) and the function that gives them back:
+// p itself and a no-op outside mixed precision; under it a transient
+// float32 activation holding p rounded to the compute dtype.
+func ReadParam(p *Tensor) (*Tensor, func()) {
+	if p == nil || p.dtype != Float32 || computeOf(p) == Float32 {
+		return p, func() {}
+	}
+	a := p.home
+	if a == nil {
+		a = Default
+	}
+	v := a.NewUninit(Activations, Float32, p.shape...)
+	copy(v.f32, p.f32)
+	ParamRound(p, v.f32)
+	return v, v.Release
 }
 
 // NarrowHalf rounds src into dst, the 2-byte dtype d's bits (BFloat16 or

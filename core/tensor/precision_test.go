@@ -74,8 +74,8 @@ func TestMixedPrecisionLinear(t *testing.T) {
 			require.Greater(t, e, 0.0, "%s %s: the half path changed nothing", c.d, name)
 		}
 		// The same computation by hand in float64 on rounded operands:
-		// y = x̂ŵ + b, z = ŷ v̂ᵀ, dz = r, dy = r̂ v̂, dv = r̂ᵀ ŷ,
-		// dx = dŷ ŵᵀ, dw = x̂ᵀ dŷ, db = Σ dy.
+		// y = x̂ŵ + b̂, z = ŷ v̂ᵀ, dz = r, dy = r̂ v̂, dv = r̂ᵀ ŷ,
+		// dx = dŷ ŵᵀ, dw = x̂ᵀ dŷ, db = Σ dy, with b̂ the bias's copy.
 		rd := func(a []float32) []float64 {
 			out := make([]float64, len(a))
 			for i, f := range a {
@@ -123,7 +123,7 @@ func TestMixedPrecisionLinear(t *testing.T) {
 		}
 		y := mm(rd(x), 6, 40, false, rd(w), 40, 24, false)
 		for i := range y {
-			y[i] += float64(b[i%24])
+			y[i] += float64(c.round(b[i%24])) // the bias's copy, as every op reads a parameter
 		}
 		yr := rd(f32(y))
 		wantZ := mm(yr, 6, 24, false, rd(v), 10, 24, true)
@@ -311,4 +311,70 @@ func TestCrossEntropyHalf(t *testing.T) {
 	require.Equal(t, lossF32, lossHalf)
 	require.Equal(t, gradF32, gradHalf)
 	require.Equal(t, heldF32-heldHalf, int64(2*12*50+4*12*50), "the probabilities (4 bytes) not kept, the logits stored in 2")
+}
+
+// TestOpsReadParamCopies: under mixed precision every op reads a parameter
+// as its 2-byte copy (precision.go): a small model of every op that reads
+// parameters (the lookups, LayerNorm, RMSNorm, Linear with its bias, the
+// tied head) gives bitwise the same output and gradients on float32
+// parameters as on the same parameters rounded to the compute dtype
+// beforehand, which a ZeRO rank's widened copies are.
+func TestOpsReadParamCopies(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	const V, T, C, B = 11, 4, 8, 2
+	shapes := map[string][]int{"wte": {V, C}, "wpe": {T + 2, C}, "ln.w": {C}, "ln.b": {C}, "rms.w": {C}, "fc.w": {C, C}, "fc.b": {C}}
+	values := map[string][]float32{}
+	for name, sh := range shapes {
+		n := 1
+		for _, d := range sh {
+			n *= d
+		}
+		values[name] = make([]float32, n)
+		for i := range values[name] {
+			values[name][i] = float32(rng.NormFloat64())
+		}
+	}
+	r := make([]float32, B*T*V)
+	for i := range r {
+		r[i] = float32(rng.NormFloat64())
+	}
+	run := func(d DType, round func([]float32)) []float64 {
+		a := NewAllocator()
+		a.SetCompute(d)
+		ps := map[string]*Tensor{}
+		for name, sh := range shapes {
+			p := a.New(Params, Float32, sh...)
+			copy(p.F32(), values[name])
+			round(p.F32())
+			p.Name = name
+			ps[name] = p.RequiresGrad()
+		}
+		idx := a.New(Activations, Int32, B, T)
+		for i := range idx.I32() {
+			idx.I32()[i] = int32((7 * i) % V)
+		}
+		x := AddPositions(Embedding(ps["wte"], idx), ps["wpe"], []int{2, 0, 5, 3})
+		x = LayerNorm(x, ps["ln.w"], ps["ln.b"], 1e-5)
+		x = Linear(RMSNorm(x, ps["rms.w"], 1e-6), ps["fc.w"], ps["fc.b"])
+		z := MatMulT(x, ps["wte"])
+		rt := a.New(Activations, Float32, B, T, V)
+		copy(rt.F32(), r)
+		if _, err := Backward(Sum(Mul(z, rt)), nil, BackwardOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out := z.Float64s()
+		for _, name := range []string{"wte", "wpe", "ln.w", "ln.b", "rms.w", "fc.w", "fc.b"} {
+			out = append(out, ps[name].Grad.Float64s()...)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		d     DType
+		round func([]float32)
+	}{{BFloat16, cpu.RoundBF16}, {Float16, cpu.RoundF16}} {
+		got := run(c.d, func([]float32) {})
+		want := run(c.d, c.round)
+		require.Equal(t, want, got, "%s: the ops read the parameters' copies", c.d)
+		require.NotEqual(t, run(Float32, func([]float32) {}), got, "%s: the half path changed nothing", c.d)
+	}
 }

@@ -7,9 +7,9 @@ import (
 
 // Mixed precision in the loop (train.mixed_precision). The parameters stay
 // the float32 masters that the optimizer (sharded by ZeRO like any state)
-// updates; the rank's allocator gets the compute dtype, so every matrix
-// product reads half-precision copies of them (tensor/precision.go), and
-// gradients arrive and accumulate in float32.
+// updates; the rank's allocator gets the compute dtype, so every op reads
+// half-precision copies of them (tensor/precision.go), and gradients
+// arrive and accumulate in float32.
 //
 // fp16 needs the loss scaled (config/precision.go): backward starts from
 // scale·dL instead of dL, so gradients too small for fp16 stay

@@ -13,7 +13,10 @@ import (
 )
 
 // The engine's bf16 training against PyTorch's autocast bf16 on the same
-// weights and batches (tools/torchref/gpt2_ref.py --autocast bf16). The two
+// weights and batches (tools/torchref/gpt2_ref.py --autocast bf16
+// --param_copies bf16). The reference reads the parameters as the engine
+// does, as bf16 copies of float32 masters in every op (autocast alone keeps
+// the embeddings, LayerNorm and the biases in float32). The two still
 // round in different places (autocast also runs the attention's two
 // products in bf16 and stores the products' outputs and weight gradients
 // in bf16; the engine keeps attention, product outputs and weight
@@ -30,7 +33,7 @@ func TestPyTorchAutocastBF16(t *testing.T) {
 	in := filepath.Join(dir, "in.safetensors")
 	writeFixtureInput(t, in)
 	out := filepath.Join(dir, "out.safetensors")
-	cmd := exec.Command("/usr/bin/python3", "../../tools/torchref/gpt2_ref.py", "--in", in, "--out", out, "--autocast", "bf16")
+	cmd := exec.Command("/usr/bin/python3", "../../tools/torchref/gpt2_ref.py", "--in", in, "--out", out, "--autocast", "bf16", "--param_copies", "bf16")
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "gpt2_ref.py: %s", b)
 

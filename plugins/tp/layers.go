@@ -140,7 +140,9 @@ func (f *addBiasFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Te
 		return nil, fmt.Errorf("tp: bias of %d added to rows of %d", C, y.Dim(-1))
 	}
 	if y.DType() == tensor.Float32 {
-		cpu.AddBias(y.F32(), b.F32(), y.Numel()/C, C)
+		bv, done := tensor.ReadParam(b) // the bias's copy under mixed precision
+		cpu.AddBias(y.F32(), bv.F32(), y.Numel()/C, C)
+		done()
 	} else {
 		cpu.AddBias(y.F64(), b.F64(), y.Numel()/C, C)
 	}
@@ -192,11 +194,7 @@ func (f *layerNormFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tenso
 	a := f.l.C.alloc()
 	y := a.NewUninit(tensor.Activations, x.DType(), x.Shape()...)
 	mean, rstd := a.NewUninit(tensor.Activations, x.DType(), rows), a.NewUninit(tensor.Activations, x.DType(), rows)
-	if x.DType() == tensor.Float32 {
-		cpu.LayerNormForward(x.F32(), w.F32(), b.F32(), y.F32(), mean.F32(), rstd.F32(), rows, C, float32(nn.LayerNormEps))
-	} else {
-		cpu.LayerNormForward(x.F64(), w.F64(), b.F64(), y.F64(), mean.F64(), rstd.F64(), rows, C, nn.LayerNormEps)
-	}
+	layerNormForward(x, w, b, y, mean, rstd)
 	// x is kept for backward; w is read then, through the parameter
 	// (ZeRO-3 gathers it again before this module's backward).
 	ctx.Save(x, mean, rstd)
@@ -214,13 +212,25 @@ func (f *layerNormFn) Refill(ctx *tensor.FuncCtx, y *tensor.Tensor) {
 	rows := x.Numel() / C
 	a := f.l.C.alloc()
 	mean, rstd := a.NewUninit(tensor.Activations, x.DType(), rows), a.NewUninit(tensor.Activations, x.DType(), rows)
+	layerNormForward(x, w, b, y, mean, rstd)
+	mean.Release()
+	rstd.Release()
+}
+
+// layerNormForward is the forward of the forward and of Refill, reading
+// the parameters' copies under mixed precision (tensor.ReadParam).
+func layerNormForward(x, w, b, y, mean, rstd *tensor.Tensor) {
+	C := x.Dim(-1)
+	rows := x.Numel() / C
 	if x.DType() == tensor.Float32 {
-		cpu.LayerNormForward(x.F32(), w.F32(), b.F32(), y.F32(), mean.F32(), rstd.F32(), rows, C, float32(nn.LayerNormEps))
+		wv, doneW := tensor.ReadParam(w)
+		bv, doneB := tensor.ReadParam(b)
+		cpu.LayerNormForward(x.F32(), wv.F32(), bv.F32(), y.F32(), mean.F32(), rstd.F32(), rows, C, float32(nn.LayerNormEps))
+		doneW()
+		doneB()
 	} else {
 		cpu.LayerNormForward(x.F64(), w.F64(), b.F64(), y.F64(), mean.F64(), rstd.F64(), rows, C, nn.LayerNormEps)
 	}
-	mean.Release()
-	rstd.Release()
 }
 
 // OutputUnread implements tensor.Refiller: the backward reads x and the
@@ -237,7 +247,9 @@ func (f *layerNormFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor
 	gx := a.New(tensor.Activations, x.DType(), x.Shape()...)
 	gw, gb := a.New(tensor.Activations, w.DType(), C), a.New(tensor.Activations, b.DType(), C)
 	if x.DType() == tensor.Float32 {
-		cpu.LayerNormBackward(g.F32(), x.F32(), w.F32(), mean.F32(), rstd.F32(), gx.F32(), gw.F32(), gb.F32(), rows, C)
+		wv, done := tensor.ReadParam(w)
+		cpu.LayerNormBackward(g.F32(), x.F32(), wv.F32(), mean.F32(), rstd.F32(), gx.F32(), gw.F32(), gb.F32(), rows, C)
+		done()
 	} else {
 		cpu.LayerNormBackward(g.F64(), x.F64(), w.F64(), mean.F64(), rstd.F64(), gx.F64(), gw.F64(), gb.F64(), rows, C)
 	}

@@ -159,7 +159,9 @@ func (f *rmsNormFn) Forward(ctx *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.
 	y := a.NewUninit(tensor.Activations, x.DType(), x.Shape()...)
 	rstd := a.NewUninit(tensor.Activations, x.DType(), rows)
 	if x.DType() == tensor.Float32 {
-		cpu.RMSNormForward(x.F32(), w.F32(), y.F32(), rstd.F32(), rows, C, f.l.Eps)
+		wv, done := tensor.ReadParam(w) // the weight's copy under mixed precision
+		cpu.RMSNormForward(x.F32(), wv.F32(), y.F32(), rstd.F32(), rows, C, f.l.Eps)
+		done()
 	} else {
 		cpu.RMSNormForward(x.F64(), w.F64(), y.F64(), rstd.F64(), rows, C, f.l.Eps)
 	}
@@ -177,7 +179,9 @@ func (f *rmsNormFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*tensor.T
 	gx := a.New(tensor.Activations, x.DType(), x.Shape()...)
 	gw := a.New(tensor.Activations, w.DType(), C)
 	if x.DType() == tensor.Float32 {
-		cpu.RMSNormBackward(g.F32(), x.F32(), w.F32(), rstd.F32(), gx.F32(), gw.F32(), rows, C)
+		wv, done := tensor.ReadParam(w)
+		cpu.RMSNormBackward(g.F32(), x.F32(), wv.F32(), rstd.F32(), gx.F32(), gw.F32(), rows, C)
+		done()
 	} else {
 		cpu.RMSNormBackward(g.F64(), x.F64(), w.F64(), rstd.F64(), gx.F64(), gw.F64(), rows, C)
 	}

@@ -82,6 +82,9 @@ func (f *lookupFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Ten
 			copyRange(out, i*C, w, l*C, C)
 		}
 	}
+	if out.DType() == tensor.Float32 {
+		tensor.ParamRound(w, out.F32()) // the rows of the table's copy under mixed precision
+	}
 	return out, nil
 }
 
@@ -148,11 +151,24 @@ func (f *addPosFn) Forward(_ *tensor.FuncCtx, in ...*tensor.Tensor) (*tensor.Ten
 			return nil, fmt.Errorf("tp: position %d exceeds the %d positions of the table (raise model.block_size)", q, wpe.Dim(0))
 		}
 	}
-	for b := 0; b < B; b++ {
+	table, pos := wpe, f.pos
+	if a := f.c.alloc(); x.DType() == tensor.Float32 && a.Compute() != tensor.Float32 {
+		// The rows at pos of the table's copy, in order (mixed precision).
+		table, pos = a.NewUninit(tensor.Activations, tensor.Float32, T, C), nil
+		defer table.Release()
 		for t, q := range f.pos {
-			r := (b*T + t) * C
+			copy(table.F32()[t*C:(t+1)*C], wpe.F32()[q*C:(q+1)*C])
+		}
+		tensor.ParamRound(wpe, table.F32())
+	}
+	for b := 0; b < B; b++ {
+		for t := range f.pos {
+			q, r := t, (b*T+t)*C
+			if pos != nil {
+				q = pos[t]
+			}
 			if x.DType() == tensor.Float32 {
-				cpu.Axpy(float32(1), wpe.F32()[q*C:(q+1)*C], x.F32()[r:r+C])
+				cpu.Axpy(float32(1), table.F32()[q*C:(q+1)*C], x.F32()[r:r+C])
 			} else {
 				cpu.Axpy(1.0, wpe.F64()[q*C:(q+1)*C], x.F64()[r:r+C])
 			}

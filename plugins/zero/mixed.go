@@ -24,12 +24,11 @@ import (
 // The operations read float32 tensors, so a unit's parameters are aliased,
 // for its forward and its backward only (the module hooks of stage3.go, in
 // every stage), to a float32 buffer (flat) widened from the 2-byte copy,
-// counted as communication: it holds nothing but the copy's values. So
-// every operation, the products and also the lookups, LayerNorm and the
-// biases, reads the masters rounded to the compute dtype, Megatron's
-// parameters; a product rounding such an operand again leaves it
-// unchanged. One process, data parallel and the other layouts keep whole
-// masters and round only the operands of products (tensor/precision.go).
+// counted as communication: it holds nothing but the copy's values. Every
+// op reads a parameter as its copy in every layout (tensor/precision.go):
+// one process and the others keep whole masters and round what an op
+// reads of them, which rounding a ZeRO unit's values again leaves
+// unchanged, so ZeRO computes with the values one process does.
 //
 // Per parameter and rank (N ranks, P padded elements):
 //

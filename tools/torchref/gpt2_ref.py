@@ -260,7 +260,7 @@ def global_grad_norm(model):
     return torch.norm(torch.stack(norms), 2)
 
 
-def train_step(model, opt, x, y, grad_clip, on_grads=None, autocast=None):
+def train_step(model, opt, x, y, grad_clip, on_grads=None, autocast=None, param_copies=None):
     """One step: zero_grad, forward, backward, optional clip, AdamW update.
 
     `on_grads`, if given, sees the model after backward and before clipping,
@@ -268,14 +268,32 @@ def train_step(model, opt, x, y, grad_clip, on_grads=None, autocast=None):
     `autocast="bf16"` runs the forward under torch.autocast("cpu",
     torch.bfloat16) (matrix products in bf16, softmax, LayerNorm and the
     loss in float32; parameters and gradients stay float32).
+    `param_copies="bf16"` runs forward and backward on the parameters
+    rounded to bfloat16, Megatron's model parameters: every op reads the
+    copy, the embeddings, LayerNorm and the biases too (autocast alone
+    rounds only the operands of the products), while the float32 values
+    are the masters the optimizer updates with the copies' gradients.
     Returns (loss, pre-clip global grad norm) as Python floats.
     """
     if autocast not in (None, "bf16"):
         raise ValueError("autocast=%r: use None or \"bf16\" (torch's CPU autocast is bf16 only)" % (autocast,))
+    if param_copies not in (None, "bf16"):
+        raise ValueError("param_copies=%r: use None or \"bf16\"" % (param_copies,))
     opt.zero_grad(set_to_none=True)
+    params = list(model.parameters())
+    masters = None
+    if param_copies == "bf16":
+        with torch.no_grad():
+            masters = [p.detach().clone() for p in params]
+            for p in params:
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "bf16"):
         _, loss = model(x, y)
     loss.backward()
+    if masters is not None:
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)
     if on_grads is not None:
         on_grads(model)
     if grad_clip > 0:
@@ -354,10 +372,10 @@ def _batches(tensors, cfg):
     return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
 
-def run_reference(tensors, metadata, autocast=None):
+def run_reference(tensors, metadata, autocast=None, param_copies=None):
     """Train on the batches in `tensors`; return (out tensors, out metadata).
 
-    `autocast` is train_step's: None, or "bf16" for torch's autocast."""
+    `autocast` and `param_copies` are train_step's: None, or "bf16"."""
     cfg, train = _parse_metadata(metadata)
     if "wte.weight" not in tensors:
         raise ValueError("input lacks wte.weight, so the parameter dtype is unknown")
@@ -376,10 +394,10 @@ def run_reference(tensors, metadata, autocast=None):
             raise ValueError("%s is %s but wte.weight is %s; use one dtype for all parameters"
                              % (name, tensors[name].dtype, np_dtype))
     load_params_(model, tensors)
-    return train_and_record(model, tensors, metadata, cfg, train, autocast)
+    return train_and_record(model, tensors, metadata, cfg, train, autocast, param_copies)
 
 
-def train_and_record(model, tensors, metadata, cfg, train, autocast=None):
+def train_and_record(model, tensors, metadata, cfg, train, autocast=None, param_copies=None):
     """Train `model` with AdamW on the batches in `tensors`; return (out, meta).
 
     out holds loss and grad_norm per step, grad.<name> of every trainable
@@ -402,7 +420,7 @@ def train_and_record(model, tensors, metadata, cfg, train, autocast=None):
     losses, norms = [], []
     for s in range(xs.shape[0]):
         loss, norm = train_step(model, opt, xs[s], ys[s], train["grad_clip"], record_grads if s == grad_step else None,
-                                autocast)
+                                autocast, param_copies)
         losses.append(loss)
         norms.append(norm)
     for name, p in model.named_parameters():
@@ -424,13 +442,16 @@ def main(argv=None):
                     help="torch intra-op threads (default 1, for repeatable runs)")
     ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
                     help="run the forward under torch.autocast(\"cpu\", torch.bfloat16)")
+    ap.add_argument("--param_copies", choices=["none", "bf16"], default="none",
+                    help="run forward and backward on the parameters rounded to bfloat16 (float32 masters)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     try:
         tensors, metadata = safetensors_np.load_file(args.in_path)
-        out, meta = run_reference(tensors, metadata, None if args.autocast == "none" else args.autocast)
+        out, meta = run_reference(tensors, metadata, None if args.autocast == "none" else args.autocast,
+                                  None if args.param_copies == "none" else args.param_copies)
     except (OSError, ValueError) as e:
         print("gpt2_ref: %s: %s" % (args.in_path, e), file=sys.stderr)
         return 2

@@ -358,3 +358,32 @@ def test_script_runs_as_a_program(tmp_path):
     out, _ = st.load_file(str(tmp_path / "out.st"))
     assert out["loss"].shape == (2,)
     assert out["loss"][1] < out["loss"][0]  # same batch twice: the update must help
+
+
+def test_param_copies_read_bf16_and_keep_float32_masters():
+    """train_step(param_copies="bf16") computes the loss and the gradients of
+    a model whose parameters were rounded to bfloat16 beforehand, and steps
+    the float32 masters: after a step at learning rate 0 they are bitwise
+    the values given, not their rounding."""
+    params = random_params(TINY, seed=7, std=0.3, dtype=np.float32)
+    rounded = {k: torch.from_numpy(v).to(torch.bfloat16).float().numpy() for k, v in params.items()}
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.integers(0, TINY["vocab_size"], (2, 5)))
+    y = torch.from_numpy(rng.integers(0, TINY["vocab_size"], (2, 5)))
+    runs = []
+    for values, copies in ((params, "bf16"), (rounded, None)):
+        model = torch_model(TINY, values, torch.float32)
+        opt = gpt2_ref.make_optimizer(model, 0.0, 0.9, 0.95, 1e-8, 0.0)
+        grads = {}
+
+        def grab(m, grads=grads):
+            grads.update({n: p.grad.detach().clone() for n, p in m.named_parameters()})
+
+        loss, _ = gpt2_ref.train_step(model, opt, x, y, 0.0, grab, param_copies=copies)
+        runs.append((loss, grads, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}))
+    (loss, grads, after), (want_loss, want_grads, _) = runs
+    assert loss == want_loss
+    for name in grads:
+        assert torch.equal(grads[name], want_grads[name]), name
+        np.testing.assert_array_equal(after[name], params[name])
+    assert any(not np.array_equal(params[n], rounded[n]) for n in params)
