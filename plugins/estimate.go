@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/cp"
@@ -9,6 +10,26 @@ import (
 	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
+
+// EstimateProcesses is Estimate of a run of world ranks, nproc of them
+// processes of this host (train --nproc; 0 for goroutine ranks or one
+// process): on the tcp backend each of those also maps the shared-memory
+// rings to the other nproc-1 (comm.RingBytes), its SharedBytes, the same
+// in every layout of those processes. Train's memory check, the layouts
+// it names and the planner all count a process's need from here.
+func EstimateProcesses(cfg config.Config, world, nproc int) ([]trainer.MemoryEstimate, error) {
+	es, err := Estimate(cfg, world)
+	if err != nil || nproc < 2 || cfg.Comm.Backend != "tcp" {
+		return es, err
+	}
+	// The rings are sized by the transport's chunk, which no config key
+	// changes.
+	shared := comm.RingBytes(nproc-1, comm.Options{Backend: cfg.Comm.Backend})
+	for i := range es {
+		es[i].SharedBytes = shared
+	}
+	return es, nil
+}
 
 // Estimate predicts every rank's memory for a run of cfg on world ranks,
 // before any rank starts: it checks the layout as Build would lay it out

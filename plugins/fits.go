@@ -23,17 +23,18 @@ func (f Fit) String() string {
 
 // Fits lists the layouts of world ranks (MeshDims: every split into tp ×
 // pp × cp × dp, with each ZeRO stage where dp > 1) that the config
-// accepts and whose estimate gives every rank at most perRank bytes,
-// least memory first. Each is named by the flags that differ from cfg's:
-// what a refused run can be changed to, computed rather than guessed.
-func Fits(cfg config.Config, world int, perRank int64) []Fit {
+// accepts and whose need (Need, nproc of the ranks processes of this
+// host) is at most perRank bytes, least memory first. Each is named by
+// the flags that differ from cfg's: what a refused run can be changed to,
+// computed rather than guessed.
+func Fits(cfg config.Config, world, nproc int, perRank int64) []Fit {
 	var out []Fit
 	for _, l := range Layouts(cfg, world, MeshDims()) {
 		flags := changedFlags(cfg, l.Config)
 		if flags == "" || l.Err != nil {
 			continue // the run itself
 		}
-		need, err := Need(l.Config, world)
+		need, err := Need(l.Config, world, nproc)
 		if err != nil {
 			continue // a layout the config refuses
 		}
@@ -45,14 +46,16 @@ func Fits(cfg config.Config, world int, perRank int64) []Fit {
 	return out
 }
 
-// Need is the most bytes a rank of cfg on world ranks is estimated to
-// need (ProcessBytes), or why the config or the layout is refused: what
-// train checks before any work, but the memory limit.
-func Need(cfg config.Config, world int) (int64, error) {
+// Need is the most bytes a rank of cfg on world ranks, nproc of them
+// processes of this host, is estimated to need (ProcessBytes of
+// EstimateProcesses: the transport's shared-memory rings included), or
+// why the config or the layout is refused: what train checks before any
+// work, but the memory limit.
+func Need(cfg config.Config, world, nproc int) (int64, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
-	es, err := Estimate(cfg, world)
+	es, err := EstimateProcesses(cfg, world, nproc)
 	if err != nil {
 		return 0, err
 	}
@@ -94,24 +97,19 @@ func divisors(n int) []int {
 // maxFits is how many layouts a refusal names.
 const maxFits = 4
 
-// CheckMemory refuses a run of cfg on world ranks whose estimate es does
-// not fit memory.limit (limit bytes shared by the local ranks of a host,
+// CheckMemory refuses a run of cfg on world ranks, nproc of them
+// processes of this host, whose estimate es (EstimateProcesses) does not
+// fit memory.limit (limit bytes shared by the local ranks of a host,
 // source saying where it came from): trainer.CheckMemory's line naming the
 // rank and the biggest item, then a line naming the layouts of the same
-// ranks that would fit (at most maxFits, least memory first), or saying
-// that none does.
-func CheckMemory(cfg config.Config, world int, es []trainer.MemoryEstimate, limit int64, local int, source string) error {
+// ranks and processes that would fit (at most maxFits, least memory
+// first), or saying that none does.
+func CheckMemory(cfg config.Config, world, nproc int, es []trainer.MemoryEstimate, limit int64, local int, source string) error {
 	err := trainer.CheckMemory(es, limit, local, source)
 	if err == nil {
 		return nil
 	}
-	// The transport's shared memory (SharedBytes) is the same in every
-	// layout of these processes.
-	shared := es[0].SharedBytes
-	fits := Fits(cfg, world, limit/int64(max(local, 1))-shared)
-	for i := range fits {
-		fits[i].PerRank += shared
-	}
+	fits := Fits(cfg, world, nproc, limit/int64(max(local, 1)))
 	if len(fits) == 0 {
 		return fmt.Errorf("%w\nfits: no layout of %d ranks; a smaller model or batch, more ranks, or more memory", err, world)
 	}

@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,12 +53,12 @@ func TestMemoryLimitNamesTheLayoutsThatFit(t *testing.T) {
 
 	es, err := Estimate(cfg, 4)
 	require.NoError(t, err)
-	err = CheckMemory(cfg, 4, es, 4*perRank, 4, "test")
+	err = CheckMemory(cfg, 4, 0, es, 4*perRank, 4, "test")
 	require.Error(t, err)
 	lines := strings.Split(err.Error(), "\n")
 	require.Len(t, lines, 2, err.Error())
 	require.True(t, strings.HasPrefix(lines[0], "memory: rank 0 needs about "+trainer.FormatBytes(own)), lines[0])
-	fits := Fits(cfg, 4, perRank)
+	fits := Fits(cfg, 4, 0, perRank)
 	var names []string
 	for _, f := range fits {
 		names = append(names, f.String())
@@ -74,7 +75,64 @@ func TestMemoryLimitNamesTheLayoutsThatFit(t *testing.T) {
 	require.Greater(t, len(fits), 4)
 	require.Equal(t, "fits: "+strings.Join(names[:4], ", ")+" (and "+strconv.Itoa(len(fits)-4)+" more)", lines[1])
 
-	require.NoError(t, CheckMemory(cfg, 4, es, 4*own, 4, "test"), "a run under the limit starts")
+	require.NoError(t, CheckMemory(cfg, 4, 0, es, 4*own, 4, "test"), "a run under the limit starts")
+}
+
+// TestNeedCountsTheRingsOfTheProcesses: as 4 processes of the tcp
+// backend, each rank's process needs beside its own bytes the
+// shared-memory rings to the other 3 (one each way per peer, a header
+// page and 2 MiB each: 12 MiB and 24 KiB); as goroutine ranks, or on the
+// local backend, none. The layouts train's refusal of the processes
+// names count the rings: under a limit a layout's ranks meet without
+// their rings it is left out; with them it is listed at its need with
+// the rings.
+func TestNeedCountsTheRingsOfTheProcesses(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the rings are shared memory of Linux")
+	}
+	const rings = 6 * (4096 + 2<<20)
+	cfg := ptest.Config()
+	cfg.Model.NLayer, cfg.Model.NEmbd, cfg.Model.NHead, cfg.Model.VocabSize = 8, 256, 4, 256
+	cfg.Train.BatchSize, cfg.Data.MaxBytes = 1, 1<<16
+	cfg.Comm.Backend = "tcp"
+	z3 := cfg
+	z3.Zero.Stage = 3
+	ranks := need(t, z3, 4)
+	for _, n := range []int{0, 1} {
+		got, err := Need(z3, 4, n)
+		require.NoError(t, err)
+		require.Equal(t, ranks, got, "nproc %d: no rings", n)
+	}
+	got, err := Need(z3, 4, 4)
+	require.NoError(t, err)
+	require.Equal(t, ranks+rings, got, "4 processes: the rings to 3 peers")
+	local := z3
+	local.Comm.Backend = "local"
+	got, err = Need(local, 4, 4)
+	require.NoError(t, err)
+	require.Equal(t, ranks, got, "the local backend maps no rings")
+
+	es, err := EstimateProcesses(cfg, 4, 4)
+	require.NoError(t, err)
+	for _, e := range es {
+		require.Equal(t, int64(rings), e.SharedBytes, "rank %d", e.Rank)
+	}
+	named := func(fits []Fit) []string {
+		var names []string
+		for _, f := range fits {
+			names = append(names, f.String())
+		}
+		return names
+	}
+	fits := named(Fits(cfg, 4, 4, ranks+rings))
+	require.Contains(t, fits, "zero.stage=3 ("+trainer.FormatBytes(ranks+rings)+" per rank)")
+	for _, f := range Fits(cfg, 4, 4, ranks+rings-1) {
+		require.NotEqual(t, "zero.stage=3", f.Flags, "its ranks fit, its rings do not")
+	}
+	err = CheckMemory(cfg, 4, 4, es, 4*(ranks+rings), 4, "test")
+	require.Error(t, err)
+	require.Greater(t, len(fits), 4)
+	require.Equal(t, "fits: "+strings.Join(fits[:4], ", ")+" (and "+strconv.Itoa(len(fits)-4)+" more)", strings.Split(err.Error(), "\n")[1])
 }
 
 // TestMeshDimsSplitExpertsWhereThereAreExperts: a mixture of experts on 4

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/plugins"
 )
 
 // memoryRow is one layout of `bench memory`. flags may hold %d, the
@@ -232,7 +233,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		es, err := estimateProcesses(cfg, procs, procs)
+		es, err := plugins.EstimateProcesses(cfg, procs, procs)
 		if err != nil {
 			return fmt.Errorf("bench memory: row %q: %w", name, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"runtime"
 
-	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins"
@@ -33,7 +32,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	world := max(nproc, localRanks, 1)
-	es, err := estimateProcesses(r.Config, world, nproc)
+	es, err := plugins.EstimateProcesses(r.Config, world, nproc)
 	if err != nil {
 		return err
 	}
@@ -55,7 +54,7 @@ func cmdEstimate(args []string, stdout, stderr io.Writer) error {
 	} else {
 		fmt.Fprintln(stdout, "memory.limit=0: no check")
 	}
-	return plugins.CheckMemory(r.Config, world, es, limit, world, source)
+	return plugins.CheckMemory(r.Config, world, nproc, es, limit, world, source)
 }
 
 // memoryLimit is memory.limit in bytes (0: no check) and how it was found.
@@ -76,7 +75,7 @@ func memoryLimit(cfg config.Config) (int64, string, error) {
 // memory.limit (the local ranks share the host's limit), and a warning
 // when more processes than cores are asked for.
 func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Writer) error {
-	es, err := estimateProcesses(cfg, world, nproc)
+	es, err := plugins.EstimateProcesses(cfg, world, nproc)
 	if err != nil {
 		return err
 	}
@@ -84,29 +83,13 @@ func checkBeforeWork(cfg config.Config, world, local, nproc int, stderr io.Write
 	if err != nil {
 		return err
 	}
-	if err := plugins.CheckMemory(cfg, world, es, limit, local, source); err != nil {
+	if err := plugins.CheckMemory(cfg, world, nproc, es, limit, local, source); err != nil {
 		return err
 	}
 	if n := runtime.NumCPU(); nproc > n {
 		fmt.Fprintf(stderr, "tinyacc: warning: --nproc %d starts more processes than the %d cores of this machine; they will share them and run slower\n", nproc, n)
 	}
 	return nil
-}
-
-// estimateProcesses is plugins.Estimate of a run of world ranks, nproc
-// of them processes of this host on the tcp backend (train --nproc; 0
-// for goroutine ranks or one process): each of those also maps the
-// shared-memory rings to the other nproc-1 (comm.RingBytes).
-func estimateProcesses(cfg config.Config, world, nproc int) ([]trainer.MemoryEstimate, error) {
-	es, err := plugins.Estimate(cfg, world)
-	if err != nil || nproc < 2 || cfg.Comm.Backend != "tcp" {
-		return es, err
-	}
-	shared := comm.RingBytes(nproc-1, commOptions(cfg))
-	for i := range es {
-		es[i].SharedBytes = shared
-	}
-	return es, nil
 }
 
 // limitHeap bounds this process's Go heap to the estimate of the ranks it

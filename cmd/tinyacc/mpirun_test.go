@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -12,7 +14,8 @@ import (
 // `mpirun -np 2 tinyacc train` with no tinyacc launch in between: on the mpi
 // backend (DDP bucketed, ZeRO-3) and on the tcp backend (rendezvous on
 // loopback, as mpirun on one host gives no MASTER_ADDR), losses match one
-// process with the same global batch.
+// process with the same global batch. The mpi backend is Linux's, as are
+// the train flags it shares with the namespace tests (netnsTrain).
 func TestTrainUnderMpirun(t *testing.T) {
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {

@@ -18,55 +18,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/internal/netnstest"
 )
 
-// Two "hosts" on one machine: two network namespaces joined by a veth pair,
-// each with its own host identity (TINYACC_HOST_ID) and two ranks. Only the
-// private addresses of the pair, which exist inside these namespaces alone,
-// are ever used.
-
-// netnsPair creates the namespaces and the link, or skips with the reason.
-// Cleanup removes both namespaces (and with them the link) however the test
-// ends.
-func netnsPair(t *testing.T) (nsA, nsB, linkA string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) to create network namespaces")
-	}
-	tag := strconv.Itoa(os.Getpid())
-	nsA, nsB = "tinyacc-"+tag+"-a", "tinyacc-"+tag+"-b"
-	linkA, linkB := "tac"+tag+"a", "tac"+tag+"b"
-	ip := func(args ...string) error {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-		}
-		return nil
-	}
-	for _, ns := range []string{nsA, nsB} {
-		if err := ip("netns", "add", ns); err != nil {
-			t.Skipf("network namespaces are unavailable here: %v", err)
-		}
-		t.Cleanup(func() { _ = ip("netns", "delete", ns) })
-	}
-	if err := ip("link", "add", linkA, "netns", nsA, "type", "veth", "peer", "name", linkB, "netns", nsB); err != nil {
-		t.Skipf("veth links are unavailable here: %v", err)
-	}
-	for _, c := range [][]string{
-		{"-n", nsA, "addr", "add", "10.200.0.1/24", "dev", linkA},
-		{"-n", nsB, "addr", "add", "10.200.0.2/24", "dev", linkB},
-		{"-n", nsA, "link", "set", "lo", "up"},
-		{"-n", nsB, "link", "set", "lo", "up"},
-		{"-n", nsA, "link", "set", linkA, "up"},
-		{"-n", nsB, "link", "set", linkB, "up"},
-	} {
-		require.NoError(t, ip(c...))
-	}
-	return nsA, nsB, linkA
-}
+// Two "hosts" on one machine (netnstest.Pair), each with its own host
+// identity (TINYACC_HOST_ID) and two ranks.
 
 // nsRank is one rank process running inside a namespace.
 type nsRank struct {
@@ -74,21 +31,23 @@ type nsRank struct {
 	out bytes.Buffer
 }
 
-// startNetnsJob starts 4 ranks of `tinyacc train`: ranks 0 and 1 in nsA
-// (host "hostA", rank 0 hosts the store at 10.200.0.1), ranks 2 and 3 in nsB.
-// stdout0, when not nil, receives rank 0's standard output as it comes.
-func startNetnsJob(t *testing.T, ctx context.Context, bin, nsA, nsB string, args []string, stdout0 io.Writer) []*nsRank {
+// startNetnsJob starts 4 ranks of `tinyacc train`: ranks 0 and 1 in p.A
+// (host "hostA", rank 0 hosts the store at netnstest.AddrA), ranks 2 and 3
+// in p.B. stdout0, when not nil, receives rank 0's standard output as it
+// comes.
+func startNetnsJob(t *testing.T, ctx context.Context, bin string, p netnstest.Pair, args []string, stdout0 io.Writer) []*nsRank {
 	t.Helper()
 	ranks := make([]*nsRank, 4)
 	for r := range ranks {
-		ns, host := nsA, "hostA"
+		ns, host := p.A, "hostA"
 		if r >= 2 {
-			ns, host = nsB, "hostB"
+			ns, host = p.B, "hostB"
 		}
-		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+		argv := netnstest.Exec(ns, append([]string{bin}, args...)...)
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1",
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE=4", "LOCAL_RANK="+strconv.Itoa(r%2), "LOCAL_WORLD_SIZE=2",
-			"MASTER_ADDR=10.200.0.1", "MASTER_PORT=29500", "TINYACC_JOB_TOKEN=netns-test-token",
+			"MASTER_ADDR="+netnstest.AddrA, "MASTER_PORT=29500", "TINYACC_JOB_TOKEN=netns-test-token",
 			"TINYACC_HOST_ID="+host)
 		rk := &nsRank{cmd: cmd}
 		cmd.Stdout, cmd.Stderr = &rk.out, &rk.out
@@ -126,7 +85,7 @@ var netnsTrain = []string{"train", "--model.n_layer=2", "--model.n_embd=32", "--
 // batch, and the cross-host pairs used tcp while same-host pairs shared
 // memory.
 func TestTrainAcrossNetnsHosts(t *testing.T) {
-	nsA, nsB, _ := netnsPair(t)
+	p := netnstest.New(t)
 	bin := tinyaccBinary(t)
 	dir := t.TempDir()
 	single := filepath.Join(dir, "single.jsonl")
@@ -140,7 +99,7 @@ func TestTrainAcrossNetnsHosts(t *testing.T) {
 	multi := filepath.Join(dir, "multi.jsonl")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ranks := startNetnsJob(t, ctx, bin, nsA, nsB, append(args, "--train.batch_size=2", "--comm.timeout=30s", "--metrics_file="+multi), nil)
+	ranks := startNetnsJob(t, ctx, bin, p, append(args, "--train.batch_size=2", "--comm.timeout=30s", "--metrics_file="+multi), nil)
 	errs := waitAll(ranks)
 	for r, rk := range ranks {
 		require.NoError(t, errs[r], "rank %d:\n%s", r, rk.out.String())
@@ -158,26 +117,24 @@ func TestTrainAcrossNetnsHosts(t *testing.T) {
 
 // Dropping hostA's link in the middle of training ends every rank within
 // the communication deadline, each naming the ranks on the other side.
+// The drop lands on whichever all-reduce of the step is in flight: the
+// gradients' (group "dp") or the gradient norm's (the world).
 func TestTrainAcrossNetnsLinkDown(t *testing.T) {
-	nsA, nsB, linkA := netnsPair(t)
+	p := netnstest.New(t)
 	bin := tinyaccBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pr, pw := io.Pipe()
 	args := append(append([]string{}, netnsTrain...), "--train.steps=100000", "--train.batch_size=2",
 		"--train.log_every=1", "--comm.timeout=3s")
-	ranks := startNetnsJob(t, ctx, bin, nsA, nsB, args, pw)
+	ranks := startNetnsJob(t, ctx, bin, p, args, pw)
 	// Drop the link once rank 0 has logged its third step.
 	dropped := make(chan error, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			if strings.HasPrefix(sc.Text(), "step      3/") {
-				out, err := exec.Command("ip", "-n", nsA, "link", "set", linkA, "down").CombinedOutput()
-				if err != nil {
-					err = fmt.Errorf("%v: %s", err, out)
-				}
-				dropped <- err
+				dropped <- netnstest.IP("-n", p.A, "link", "set", p.LinkA, "down")
 				break
 			}
 		}
@@ -196,7 +153,7 @@ func TestTrainAcrossNetnsLinkDown(t *testing.T) {
 	for r, rk := range ranks {
 		require.Error(t, errs[r], "rank %d finished despite the dropped link:\n%s", r, rk.out.String())
 		a, b := other[r][0], other[r][1]
-		line := regexp.MustCompile(fmt.Sprintf(`(?m)^tinyacc: rank %d: step \d+: .*comm: all_reduce on group "dp" seq \d+ failed after 3s: ranks \[[0-3 ]*\] did not arrive \((.*)\)$`, r)).FindStringSubmatch(rk.out.String())
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^tinyacc: rank %d: step \d+: .*comm: all_reduce on group "(?:dp|world)" seq \d+ failed after 3s: ranks \[[0-3 ]*\] did not arrive \((.*)\)$`, r)).FindStringSubmatch(rk.out.String())
 		if !assert.NotNil(t, line, "rank %d:\n%s", r, rk.out.String()) {
 			continue
 		}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/plan"
 )
@@ -94,15 +93,8 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// train --nproc checks each process with the shared-memory rings it
-	// maps (estimateProcesses), the same in every layout of these
-	// processes.
-	var shared int64
-	if f.nproc > 1 && cfg.Comm.Backend == "tcp" {
-		shared = comm.RingBytes(f.nproc-1, commOptions(cfg))
-	}
 	perRank := limit / int64(f.nproc)
-	res := plan.Search(cfg, f.nproc, perRank, shared, prof)
+	res := plan.Search(cfg, f.nproc, perRank, prof)
 	top := res.Fits[:min(f.top, len(res.Fits))]
 	global := cfg.Train.BatchSize * cfg.Train.GradAccum
 	if f.asJSON {

@@ -95,13 +95,16 @@ func TestPlanPrintsWhatTrainAccepts(t *testing.T) {
 // 2 and 2 more, predicted against measured, then the Spearman line, the
 // median error and the first choice; each measured column is what the
 // run's own metrics file says (the median step_ms of steps 3 to 5, the
-// largest resident peak of its ranks).
+// largest allocator and resident peaks of its ranks), and the predicted
+// peak is the allocator's as `tinyacc estimate --json` gives it for the
+// layout's flags (the largest peak_bytes + setup_peak_bytes of its
+// ranks), not the process's need, so that the two peaks are alike.
 func TestPlanVerify(t *testing.T) {
 	bin := tinyaccBinary(t)
 	keep := t.TempDir()
-	args := ([]string{"plan", "--nproc", "2", "--verify", "2", "--keep", keep, "--profile", planProfile,
-		"--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--model.vocab_size=256",
-		"--train.batch_size=4", "--data.max_bytes=100000", "--memory.limit=0"})
+	model := []string{"--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--model.vocab_size=256",
+		"--train.batch_size=4", "--data.max_bytes=100000", "--memory.limit=0"}
+	args := append([]string{"plan", "--nproc", "2", "--verify", "2", "--keep", keep, "--profile", planProfile}, model...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 	var stdout, stderr bytes.Buffer
@@ -112,8 +115,18 @@ func TestPlanVerify(t *testing.T) {
 	require.True(t, ok, out)
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	require.Len(t, lines, 1+4+3, table)
-	require.Equal(t, []string{"#", "layout", "pred", "ms", "meas", "ms", "error", "pred", "peak", "meas", "peak"}, strings.Fields(lines[0]))
-	row := regexp.MustCompile(`^(\d) +(.+?) +([\d.]+) +([\d.]+) +[+-]\d+% +([\d.]+ [KMG]iB) +([\d.]+ [KMG]iB)$`)
+	require.Equal(t, []string{"#", "layout", "pred", "ms", "meas", "ms", "error", "pred", "alloc", "meas", "alloc", "meas", "rss"}, strings.Fields(lines[0]))
+
+	// Each layout's flags by its name, as plan --json prints them.
+	code, js, errOut := runCLI(append([]string{"plan", "--nproc", "2", "--json", "--top", "100000", "--profile", planProfile}, model...)...)
+	require.Equal(t, 0, code, errOut)
+	flags := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(js), "\n") {
+		var r planRow
+		require.NoError(t, json.Unmarshal([]byte(line), &r))
+		flags[r.Layout] = r.Flags
+	}
+	row := regexp.MustCompile(`^(\d) +(.+?) +([\d.]+) +([\d.]+) +[+-]\d+% +([\d.]+ [KMG]iB) +([\d.]+ [KMG]iB) +([\d.]+ [KMG]iB)$`)
 	for i, line := range lines[1:5] {
 		m := row.FindStringSubmatch(line)
 		require.NotNil(t, m, "row %q", line)
@@ -121,19 +134,35 @@ func TestPlanVerify(t *testing.T) {
 		got, err := readMetrics(filepath.Join(keep, fmt.Sprintf("verify-%d.jsonl", i+1)))
 		require.NoError(t, err)
 		var steps []float64
-		var rss float64
+		var alloc, rss float64
 		for _, l := range got {
 			if l.Kind == "train" && l.Step >= 3 {
 				steps = append(steps, l.StepMS)
 			}
 			if l.Kind == "memory" {
-				rss = max(rss, l.RSS)
+				alloc, rss = max(alloc, l.Peak), max(rss, l.RSS)
 			}
 		}
 		slices.Sort(steps)
 		require.Len(t, steps, 3)
 		require.Equal(t, fmt.Sprintf("%.1f", steps[1]), m[4], line)
-		require.Equal(t, fmt.Sprintf("%.1f MiB", rss/(1<<20)), m[6], line)
+		require.Equal(t, fmt.Sprintf("%.1f MiB", alloc/(1<<20)), m[6], line)
+		require.Equal(t, fmt.Sprintf("%.1f MiB", rss/(1<<20)), m[7], line)
+
+		f, ok := flags[m[2]]
+		require.True(t, ok, "plan --json names %q", m[2])
+		code, est, errOut := runCLI(append([]string{"estimate", "--json", "--nproc", "2"}, f...)...)
+		require.Equal(t, 0, code, errOut)
+		var pred int64
+		for _, l := range strings.Split(strings.TrimSpace(est), "\n") {
+			var e struct {
+				Peak  int64 `json:"peak_bytes"`
+				Setup int64 `json:"setup_peak_bytes"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(l), &e))
+			pred = max(pred, e.Peak+e.Setup)
+		}
+		require.Equal(t, fmt.Sprintf("%.1f MiB", float64(pred)/(1<<20)), m[5], line)
 	}
 	require.Regexp(t, `^Spearman: -?[\d.]+$`, lines[5])
 	require.Regexp(t, `^median absolute error: [\d.]+%$`, lines[6])

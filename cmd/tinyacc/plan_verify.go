@@ -12,6 +12,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/launch"
 	"github.com/tinyacc/tinyacc/core/trainer"
+	"github.com/tinyacc/tinyacc/plugins"
 	"github.com/tinyacc/tinyacc/plugins/plan"
 )
 
@@ -20,10 +21,12 @@ import (
 const verifySteps, verifyUntimed = 5, 2
 
 // measured is what one verified run reports: the median step time of its
-// timed steps (rank 0's step_ms) and its ranks' largest resident peak.
+// timed steps (rank 0's step_ms), its ranks' largest allocator peak
+// (peak_bytes) and their largest resident peak (rss_peak_bytes).
 type measured struct {
-	stepMS  float64
-	rssPeak int64
+	stepMS    float64
+	allocPeak int64
+	rssPeak   int64
 }
 
 // verifyPick is the top k of fits (fastest predicted first) and k more
@@ -47,6 +50,16 @@ func verifyPick(fits []plan.Candidate, k int) []plan.Candidate {
 // layouts taking turns so that a busy machine's load falls on all alike,
 // and takes the median run. --keep DIR keeps each run's metrics file
 // (verify-I.jsonl for row I, verify-I-roundR.jsonl for later rounds).
+//
+// The peaks compared are the allocator's: the largest of the ranks'
+// estimates (AllocPeakBytes) against the largest peak_bytes they report,
+// which is what one layout changes against another. A process's estimate
+// (the plan's peak/rank) adds the corpus, the runtime and the rings, the
+// same in every layout and bounds rather than measures (the corpus at
+// data.max_bytes when its size is known only once read), so it would be
+// tens of MiB off the resident peak whatever the layout; the table gives
+// the measured resident peak (rss_peak_bytes) beside, the figure
+// memory.limit bounds.
 func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stderr io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -62,6 +75,12 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		return err
 	}
 	pick := verifyPick(fits, f.verify)
+	preds := make([]int64, len(pick))
+	for i, c := range pick {
+		if preds[i], err = allocPeak(c); err != nil {
+			return fmt.Errorf("plan verify: %s: %w", c.Name(), err)
+		}
+	}
 	runs := make([][]measured, len(pick))
 	for round := 1; round <= f.rounds; round++ {
 		for i, c := range pick {
@@ -90,6 +109,7 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		var steps []float64
 		for _, r := range rs {
 			steps = append(steps, r.stepMS)
+			ms[i].allocPeak = max(ms[i].allocPeak, r.allocPeak)
 			ms[i].rssPeak = max(ms[i].rssPeak, r.rssPeak)
 		}
 		ms[i].stepMS = median(steps)
@@ -100,7 +120,7 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 	}
 	fmt.Fprintf(stdout, "verify: %d steps per layout (the first %d not timed), %d processes each%s\n", verifySteps, verifyUntimed, f.nproc, rounds)
 	n := nameWidth(pick)
-	fmt.Fprintf(stdout, "%-4s %-*s %12s %12s %8s %12s %12s\n", "#", n, "layout", "pred ms", "meas ms", "error", "pred peak", "meas peak")
+	fmt.Fprintf(stdout, "%-4s %-*s %12s %12s %8s %12s %12s %12s\n", "#", n, "layout", "pred ms", "meas ms", "error", "pred alloc", "meas alloc", "meas rss")
 	var pred, meas, errs []float64
 	best := 0
 	for i, c := range pick {
@@ -110,8 +130,8 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 		if m < ms[best].stepMS {
 			best = i
 		}
-		fmt.Fprintf(stdout, "%-4d %-*s %12.1f %12.1f %+7.0f%% %12s %12s\n", i+1, n, c.Name(), p, m, 100*(p-m)/m,
-			trainer.FormatBytes(c.PerRank), trainer.FormatBytes(ms[i].rssPeak))
+		fmt.Fprintf(stdout, "%-4d %-*s %12.1f %12.1f %+7.0f%% %12s %12s %12s\n", i+1, n, c.Name(), p, m, 100*(p-m)/m,
+			trainer.FormatBytes(preds[i]), trainer.FormatBytes(ms[i].allocPeak), trainer.FormatBytes(ms[i].rssPeak))
 	}
 	fmt.Fprintf(stdout, "Spearman: %.3f\n", spearman(pred, meas))
 	fmt.Fprintf(stdout, "median absolute error: %.1f%%\n", 100*median(errs))
@@ -120,8 +140,22 @@ func planVerify(fits []plan.Candidate, f planFlags, blockSize int, stdout, stder
 	return nil
 }
 
+// allocPeak is the largest allocator peak a rank of c is estimated to
+// reach (AllocPeakBytes).
+func allocPeak(c plan.Candidate) (int64, error) {
+	es, err := plugins.Estimate(c.Config, c.World)
+	if err != nil {
+		return 0, err
+	}
+	var peak int64
+	for _, e := range es {
+		peak = max(peak, e.AllocPeakBytes())
+	}
+	return peak, nil
+}
+
 // readVerifyMetrics is a run's median step_ms over its timed steps and
-// the largest rss_peak_bytes of its ranks' memory lines.
+// the largest peak_bytes and rss_peak_bytes of its ranks' memory lines.
 func readVerifyMetrics(path string) (measured, error) {
 	var out measured
 	lines, err := readMetrics(path)
@@ -134,6 +168,7 @@ func readVerifyMetrics(path string) (measured, error) {
 		case m.Kind == "train" && m.Step > verifyUntimed:
 			steps = append(steps, m.StepMS)
 		case m.Kind == "memory":
+			out.allocPeak = max(out.allocPeak, int64(m.Peak))
 			out.rssPeak = max(out.rssPeak, int64(m.RSS))
 		}
 	}

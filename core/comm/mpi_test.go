@@ -12,57 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/tinyacc/tinyacc/core/tensor"
 )
-
-// checkSuite is what a backend under test runs as real processes: every
-// collective in every dtype against the serial reference, the same on a
-// sub-group in reverse rank order, and a send/recv ring.
-func checkSuite(g Group) error {
-	all := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Int32, tensor.BFloat16, tensor.Float16}
-	if err := checkAllOps(g, all); err != nil {
-		return err
-	}
-	n, me := g.Size(), g.Rank()
-	var rev []int
-	for r := n - 1; r >= 1; r-- {
-		rev = append(rev, r)
-	}
-	sub, err := g.NewNamedGroup("rev", rev)
-	if err != nil {
-		return err
-	}
-	if (sub == nil) != (me == 0) {
-		return fmt.Errorf("rank %d: sub-group %v is %v", me, rev, sub)
-	}
-	if sub != nil {
-		if want := n - 1 - me; sub.Rank() != want || sub.WorldRank(sub.Rank()) != me {
-			return fmt.Errorf("rank %d: sub-group rank %d, want %d", me, sub.Rank(), want)
-		}
-		if err := checkAllOps(sub, []tensor.DType{tensor.Float32}); err != nil {
-			return fmt.Errorf("sub-group: %w", err)
-		}
-		if err := sub.Close(); err != nil {
-			return err
-		}
-	}
-	for round := range 3 {
-		cnt := []int{0, 5, 20000}[round]
-		if err := g.Send(filled(tensor.Float32, me, cnt, round), (me+1)%n); err != nil {
-			return err
-		}
-		prev := (me + n - 1) % n
-		got := tensor.Default.New(tensor.Comm, tensor.Float32, cnt)
-		if err := g.Recv(got, prev); err != nil {
-			return err
-		}
-		if err := expectEq(fmt.Sprintf("recv round %d", round), got, filled(tensor.Float32, prev, cnt, round).Float64s()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // mpirunArgs is how the tests start ranks: as root Open MPI wants
 // --allow-run-as-root, and 4 ranks on a 2-core machine need --oversubscribe.

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tinyacc/tinyacc/core/tensor"
+	"github.com/tinyacc/tinyacc/internal/netnstest"
 )
 
 // spreadScenario runs every collective at a size of many segment rounds on
@@ -68,54 +69,19 @@ func spreadScenario(g Group) {
 
 func init() { scenarios["spread"] = spreadScenario }
 
-// netns runs ip with args, or says why it could not.
-func netns(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
 // Two "hosts" that are two network namespaces joined by a veth pair (only
 // the pair's private addresses, which exist inside these namespaces alone,
 // are used), two rank processes in each, TINYACC_HOST_ID telling the hosts
 // apart: every collective's results equal, bit for bit, those of the four
 // ranks on one host, and the world group found the two hosts.
 func TestSpreadAcrossNetnsHostsMatchesOneHost(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) to create network namespaces")
-	}
-	tag := strconv.Itoa(os.Getpid())
-	nsA, nsB, linkA, linkB := "tinyacc-comm-"+tag+"-a", "tinyacc-comm-"+tag+"-b", "tcm"+tag+"a", "tcm"+tag+"b"
-	for _, ns := range []string{nsA, nsB} {
-		if err := netns("netns", "add", ns); err != nil {
-			t.Skipf("network namespaces are unavailable here: %v", err)
-		}
-		t.Cleanup(func() { _ = netns("netns", "delete", ns) })
-	}
-	if err := netns("link", "add", linkA, "netns", nsA, "type", "veth", "peer", "name", linkB, "netns", nsB); err != nil {
-		t.Skipf("veth links are unavailable here: %v", err)
-	}
-	for _, c := range [][]string{
-		{"-n", nsA, "addr", "add", "10.200.0.1/24", "dev", linkA},
-		{"-n", nsB, "addr", "add", "10.200.0.2/24", "dev", linkB},
-		{"-n", nsA, "link", "set", "lo", "up"},
-		{"-n", nsB, "link", "set", "lo", "up"},
-		{"-n", nsA, "link", "set", linkA, "up"},
-		{"-n", nsB, "link", "set", linkB, "up"},
-	} {
-		require.NoError(t, netns(c...))
-	}
+	p := netnstest.New(t)
 
 	// run starts the 4 ranks, inside the namespaces when spread.
 	run := func(spread bool) []string {
 		addr, port := "127.0.0.1", 0
 		if spread {
-			addr, port = "10.200.0.1", 29500
+			addr, port = netnstest.AddrA, 29500
 		} else {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
@@ -130,11 +96,11 @@ func TestSpreadAcrossNetnsHostsMatchesOneHost(t *testing.T) {
 				"RANK=" + strconv.Itoa(r), "WORLD_SIZE=4", "LOCAL_RANK=" + strconv.Itoa(r), "LOCAL_WORLD_SIZE=4",
 				"MASTER_ADDR=" + addr, "MASTER_PORT=" + strconv.Itoa(port), "TINYACC_JOB_TOKEN=process-test-token"}
 			if spread {
-				ns, host := nsA, "hostA"
+				ns, host := p.A, "hostA"
 				if r >= 2 {
-					ns, host = nsB, "hostB"
+					ns, host = p.B, "hostB"
 				}
-				argv = append([]string{"ip", "netns", "exec", ns}, argv...)
+				argv = netnstest.Exec(ns, argv...)
 				env = append(env, "TINYACC_HOST_ID="+host, "LOCAL_RANK="+strconv.Itoa(r%2), "LOCAL_WORLD_SIZE=2")
 			}
 			cmd := exec.Command(argv[0], argv[1:]...)

@@ -109,11 +109,17 @@ type MemoryEstimate struct {
 	SharedBytes int64 `json:"shared_bytes"`
 }
 
-// ProcessBytes is what the rank's process needs at most: the training
-// peak, the set-up's excess, the data, the runtime and the shared memory
-// of its transport.
+// AllocPeakBytes is the most the rank's allocator holds at once: the
+// training peak and the set-up's excess, what the run's memory row
+// reports as peak_bytes (construction and the steps, nothing reset).
+func (e MemoryEstimate) AllocPeakBytes() int64 {
+	return e.PeakBytes + e.SetupPeakBytes
+}
+
+// ProcessBytes is what the rank's process needs at most: the allocator's
+// peak, the data, the runtime and the shared memory of its transport.
 func (e MemoryEstimate) ProcessBytes() int64 {
-	return e.PeakBytes + e.SetupPeakBytes + e.DataBytes + e.RuntimeBytes + e.SharedBytes
+	return e.AllocPeakBytes() + e.DataBytes + e.RuntimeBytes + e.SharedBytes
 }
 
 // RuntimeBytes is the stated overhead of a process beside its ranks'

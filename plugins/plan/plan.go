@@ -85,11 +85,10 @@ type Result struct {
 // those train would refuse (plugins.Need: config validation and the
 // layout against the world), excludes those whose largest rank needs
 // more than perRank bytes (0: no limit), and predicts the rest's step
-// time on p. shared is what each rank's process maps beside the rank's
-// own bytes, the same in every layout (the tcp transport's shared-memory
-// rings, comm.RingBytes), counted in each layout's need as train's
-// memory check counts it.
-func Search(cfg config.Config, world int, perRank, shared int64, p *Profile) Result {
+// time on p. Each rank is a process of train --nproc world, its need
+// counted as train's memory check counts it (plugins.Need: the
+// transport's shared-memory rings included).
+func Search(cfg config.Config, world int, perRank int64, p *Profile) Result {
 	global := cfg.Train.BatchSize * cfg.Train.GradAccum
 	var res Result
 	counts := map[string]int{}
@@ -108,8 +107,7 @@ func Search(cfg config.Config, world int, perRank, shared int64, p *Profile) Res
 		err := l.Err
 		var need int64
 		if err == nil {
-			need, err = plugins.Need(l.Config, world)
-			need += shared
+			need, err = plugins.Need(l.Config, world, world)
 		}
 		if err != nil {
 			line, _, _ := strings.Cut(err.Error(), "\n")

@@ -71,14 +71,14 @@ func TestSearchExcludesByMemory(t *testing.T) {
 	cfg := tinyConfig()
 	base := cfg
 	base.Parallel.DP, base.Train.BatchSize = 4, 2
-	plain, err := plugins.Need(base, 4)
+	plain, err := plugins.Need(base, 4, 4)
 	require.NoError(t, err)
 	base.Zero.Stage = 3
-	z3, err := plugins.Need(base, 4)
+	z3, err := plugins.Need(base, 4, 4)
 	require.NoError(t, err)
 	require.Less(t, z3, plain)
 
-	res := Search(cfg, 4, z3, 0, golden(t))
+	res := Search(cfg, 4, z3, golden(t))
 	find(t, res, "dp4 z3 m1×b2")
 	for _, c := range res.Fits {
 		require.NotEqual(t, "dp4 m1×b2", c.Name())
@@ -104,7 +104,7 @@ func TestSearchExcludesByMemory(t *testing.T) {
 // 4096-token vocabulary, several times a block's work, and the formula
 // assumes equal chunks.
 func TestSimulatorOrdersUnlikeNaiveSum(t *testing.T) {
-	res := Search(tinyConfig(), 4, 0, 0, golden(t))
+	res := Search(tinyConfig(), 4, 0, golden(t))
 	il := find(t, res, "dp1 pp2 cp2 interleaved/v2 m8×b1")
 	ofob := find(t, res, "dp2 pp2 1f1b m4×b1")
 	require.Less(t, il.Pred.Naive, ofob.Pred.Naive)

@@ -8,9 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -96,9 +94,7 @@ func Start(path string, o Options) (*Plugin, error) {
 	p.stderr = newPrefixWriter(o.Stderr, prefix(name))
 	p.cmd = exec.Command(path)
 	p.cmd.Env = append(os.Environ(), o.Env...)
-	if runtime.GOOS == "linux" {
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	}
+	p.cmd.SysProcAttr = pluginProcAttr()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("process plugin %s: making the notice pipe: %w", path, err)
