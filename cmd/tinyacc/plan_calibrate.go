@@ -39,8 +39,10 @@ var calibSizes = []int64{4 << 10, 1 << 20}
 // part is the per-block overhead; the same step in 1, 2 … --nproc
 // processes at once against what the rates predict (the efficiency); each
 // collective of calibOps at two sizes on groups of 2 up to --nproc ranks
-// as processes over tcp (commbench, median of 10), and what a small one
-// adds between compute (measureBusy, median of three); and the overlap: how
+// as processes over tcp (commbench, median of 10), what a small one
+// adds between compute (measureBusy, median of three) and what one of two
+// of the ranks adds while the others compute (measureContended, median
+// of three); and the overlap: how
 // much of an all-reduce runs hidden while the same ranks multiply
 // matrices. It writes the profile to --profile (default
 // plan.DefaultPath).
@@ -134,7 +136,11 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("plan calibrate: %s: %w", out, err)
 		}
 		for _, c := range m.Costs {
-			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs (%7.1f µs between compute), bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, 1e6*c.Busy, c.BusBW/1e9)
+			contended := ""
+			if n > 2 {
+				contended = fmt.Sprintf(", %7.1f µs for 2 of them while the others compute", 1e6*c.Contended)
+			}
+			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs (%7.1f µs between compute%s), bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, 1e6*c.Busy, contended, c.BusBW/1e9)
 		}
 		prof.Collectives = append(prof.Collectives, m.Costs...)
 		if n == 2 {

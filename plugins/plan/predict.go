@@ -54,14 +54,37 @@ type Prediction struct {
 // waits for the scheduler to give it a core back, and that depends on
 // how many ranks compete for the cores, not on the group.
 //
-// Communication inside a micro-batch. Tensor parallel's all-reduces (or,
-// with sequence parallel, all-gathers and reduce-scatters) of one
-// activation, two per block forward and two backward, cannot overlap:
-// they add to the chunk's forward and backward. Context parallel's ring
-// passes cp-1 key/value blocks per block forward and 2cp-1 backward, of
-// which the profile's overlap share hides behind the attention; its
-// all-gather variant hides nothing. Pipeline messages (one activation
-// per micro-batch and chunk) are the latency of the pipeline's play.
+// Communication inside a micro-batch (innerComm). Tensor parallel's
+// all-reduces (or, with sequence parallel, all-gathers and
+// reduce-scatters) of one activation, two per block forward and two
+// backward, the embedding's and the head's, and the cross-entropy's two
+// small ones, cannot overlap: they add to the chunk's forward and
+// backward. Context parallel's ring passes cp-1 key/value blocks per
+// block forward and 2cp-1 backward, of which the profile's overlap share
+// hides behind the attention; its all-gather variant hides nothing.
+// Pipeline messages (one activation per micro-batch and chunk) are the
+// latency of the pipeline's play.
+//
+// Those collectives wait longer while other pipeline stages compute
+// (Profile.contendedIn): the other stages' ranks do not wait in step
+// with this group, so a member that waits for its peer gets a core back
+// only when one of them gives its own up, at their next collective (on
+// average half their compute between two) or when the scheduler preempts
+// them (the contended latency calibrate measures: a pair's all-reduce
+// while the other ranks multiply matrices). Data-parallel peers run the
+// same collectives at the same points, as calibrate's busy latency does,
+// and without a pipeline nothing else computes; a stage computing alone
+// pays the busy latency.
+//
+// Split backward (zb1). B keeps backward's input gradients, element-wise
+// kernels and collectives; W the weight-gradient half of the matrix
+// products' backward FLOPs (pp.BlockProductFLOPs, and the head's), and
+// it reads each product's input and output gradient once more from
+// memory (pp.BlockProductWidths, at the kernel rate), where the fused
+// backward has them in cache from the input gradient's product just
+// before. On a machine whose cores the stages share, filling the bubble
+// with W gains little (a waiting stage lends its cores anyway), so with
+// one micro-batch zb1 is 1F1B plus that second read.
 //
 // Expert parallel's exchanges (expertExchange) add to the forward and
 // backward of every mixture-of-experts block: all-to-alls of the rank's
