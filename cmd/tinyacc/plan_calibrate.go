@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinyacc/tinyacc/core/comm"
@@ -38,8 +39,10 @@ var calibSizes = []int64{4 << 10, 1 << 20}
 // part is the per-block overhead; the same step in 1, 2 … --nproc
 // processes at once against what the rates predict (the efficiency); each
 // collective of calibOps at two sizes on groups of 2 up to --nproc ranks
-// as processes over tcp (commbench, median of 10), and what a small one
-// adds between compute (measureBusy, median of three); and the overlap: how
+// as processes over tcp (commbench, median of 10), what a small one
+// adds between compute (measureBusy, median of three) and what one of two
+// of the ranks adds while the others compute (measureContended, median
+// of three); and the overlap: how
 // much of an all-reduce runs hidden while the same ranks multiply
 // matrices. It writes the profile to --profile (default
 // plan.DefaultPath).
@@ -133,7 +136,11 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("plan calibrate: %s: %w", out, err)
 		}
 		for _, c := range m.Costs {
-			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs (%7.1f µs between compute), bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, 1e6*c.Busy, c.BusBW/1e9)
+			contended := ""
+			if n > 2 {
+				contended = fmt.Sprintf(", %7.1f µs for 2 of them while the others compute", 1e6*c.Contended)
+			}
+			fmt.Fprintf(stdout, "%-14s on %d ranks (tcp): latency %7.1f µs (%7.1f µs between compute%s), bus bandwidth %6.2f GB/s\n", c.Op, c.N, 1e6*c.Latency, 1e6*c.Busy, contended, c.BusBW/1e9)
 		}
 		prof.Collectives = append(prof.Collectives, m.Costs...)
 		if n == 2 {
@@ -252,8 +259,17 @@ func calibrateRank(out string) error {
 		}
 		busy = append(busy, b)
 	}
+	var contended []float64
+	for range 3 {
+		c, err := measureContended(g)
+		if err != nil {
+			return err
+		}
+		contended = append(contended, c)
+	}
 	for i := range res.Costs {
 		res.Costs[i].Busy = median(busy)
+		res.Costs[i].Contended = median(contended)
 	}
 	if n == 2 {
 		var ovs []float64
@@ -284,32 +300,100 @@ func calibrateRank(out string) error {
 // The rounds span many of the scheduler's time slices, so a rank that
 // loses its core while it waits is in the figure.
 func measureBusy(g comm.Group) (float64, error) {
-	const d, rounds = 128, 100
-	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
-	t := tensor.Default.New(tensor.Comm, tensor.Float32, 1024)
-	run := func(sync bool) (float64, error) {
+	var t [2]float64
+	for i, sync := range []bool{false, true} {
 		if err := g.Barrier(); err != nil {
 			return 0, err
 		}
-		start := time.Now()
-		for range rounds {
-			for range 8 {
-				cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d)
-			}
-			if sync {
-				if err := g.AllReduce(t, comm.Sum); err != nil {
-					return 0, err
-				}
+		var err error
+		if t[i], err = busyRounds(g, sync); err != nil {
+			return 0, err
+		}
+	}
+	return max(0, t[1]-t[0]) / busyRoundCount, nil
+}
+
+// busyRoundCount is how many rounds busyRounds runs.
+const busyRoundCount = 100
+
+// busyRounds times busyRoundCount rounds of 8 products of 128³, each
+// round followed by a 4 KiB all-reduce over g when sync is set.
+func busyRounds(g comm.Group, sync bool) (float64, error) {
+	const d = 128
+	a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
+	t := tensor.Default.New(tensor.Comm, tensor.Float32, 1024)
+	defer t.Release()
+	start := time.Now()
+	for range busyRoundCount {
+		for range 8 {
+			cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d)
+		}
+		if sync {
+			if err := g.AllReduce(t, comm.Sum); err != nil {
+				return 0, err
 			}
 		}
-		return time.Since(start).Seconds(), nil
 	}
-	alone, err := run(false)
+	return time.Since(start).Seconds(), nil
+}
+
+// measureContended is measureBusy for a group of two inside the world
+// while the world's other ranks compute without waiting for it, as
+// another pipeline stage does: ranks 0 and 1 run the rounds alone and
+// then with an all-reduce over the two, while the others multiply
+// matrices until rank 0 tells them the pair is done. A member that
+// waits gives its core to those ranks and gets one back only when the
+// scheduler takes it from one of them, which ranks that wait for each
+// other in step (measureBusy) do not see. 0 with fewer than 3 ranks.
+func measureContended(g comm.Group) (float64, error) {
+	n := g.Size()
+	if n < 3 {
+		return 0, nil
+	}
+	pair, err := g.NewGroup([]int{0, 1})
 	if err != nil {
 		return 0, err
 	}
-	with, err := run(true)
-	return max(0, with-alone) / rounds, err
+	var t [2]float64
+	for i, sync := range []bool{false, true} {
+		if err := g.Barrier(); err != nil {
+			return 0, err
+		}
+		flag := tensor.Default.New(tensor.Comm, tensor.Float32, 1)
+		switch g.Rank() {
+		case 0, 1:
+			if t[i], err = busyRounds(pair, sync); err != nil {
+				return 0, err
+			}
+			if g.Rank() == 0 {
+				for r := 2; r < n; r++ {
+					if err := g.Send(flag, r); err != nil {
+						return 0, err
+					}
+				}
+			}
+		default:
+			const d = 128
+			a, b, c := make([]float32, d*d), make([]float32, d*d), make([]float32, d*d)
+			var done atomic.Bool
+			var werr error
+			h := g.RecvAsync(flag, 0)
+			go func() { werr = h.Wait(); done.Store(true) }()
+			for !done.Load() {
+				cpu.Gemm(false, false, d, d, d, 1, a, d, b, d, 0, c, d)
+			}
+			if werr != nil {
+				return 0, werr
+			}
+		}
+		flag.Release()
+	}
+	if pair != nil {
+		if err := pair.Close(); err != nil {
+			return 0, err
+		}
+	}
+	return max(0, t[1]-t[0]) / busyRoundCount, nil
 }
 
 // measureOverlap times, on every rank, matrix products alone, all-reduces

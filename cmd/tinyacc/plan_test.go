@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tinyacc/tinyacc/core/comm"
 	"github.com/tinyacc/tinyacc/plugins"
 	"github.com/tinyacc/tinyacc/plugins/plan"
 )
@@ -205,4 +206,20 @@ func TestPlanCalibrateWritesWhatPlanReads(t *testing.T) {
 	code, _, stderr = runCLI(append([]string{"plan", "--nproc", "2", "--profile", missing}, tiny...)...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stderr, "tinyacc: plan: no profile at "+missing+": predicting from train.peak_flops")
+}
+
+// The contended latency's measurement on 3 ranks: the pair times its
+// rounds while the third multiplies matrices until rank 0 tells it the
+// pair is done, for both runs, and ends with the others (a rank that
+// missed the word would never return); only the pair measures.
+func TestMeasureContendedStopsTheOthers(t *testing.T) {
+	got := make([]float64, 3)
+	err := comm.RunLocal(3, comm.Options{}, func(g comm.Group) error {
+		c, err := measureContended(g)
+		got[g.Rank()] = c
+		return err
+	})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, got[0], 0.0)
+	require.Zero(t, got[2])
 }

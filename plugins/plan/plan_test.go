@@ -222,3 +222,95 @@ func TestProfileMeasuredBusy(t *testing.T) {
 		"a block's fixed cost came out 0",
 	}, p.Busy())
 }
+
+// The split backward of zb1 with one micro-batch on the golden machine
+// (whose rates grow with the cores a rank gets, so running two stages at
+// once gains nothing over one after the other), worked out by hand: the
+// play does the same products as 1F1B, and W reads each product's input
+// and output gradient once more: per block 4 bytes × 256 tokens × (4C +
+// 12C) widths, and the head's input and logits' gradient, 4 × 256 × (C +
+// V), at the 4 GB/s a stage computing alone has (all 4 cores, its peer
+// waiting). The one thing W gains is the message of the last stage's
+// input gradient: W runs while it travels, where 1F1B's ranks both wait.
+// So zb1 is slower than 1F1B by W's bytes less one message.
+func TestPredictSplitBackwardOneMicroBatchSlower(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Parallel.PP, cfg.PP.Schedule = 2, "1f1b"
+	ofob, err := Predict(cfg, 2, golden(t))
+	require.NoError(t, err)
+	cfg.PP.Schedule = "zb1"
+	zb, err := Predict(cfg, 2, golden(t))
+	require.NoError(t, err)
+	C, V, L, rows := 64.0, 4096.0, 4.0, 8.0*32
+	reread := L*4*rows*(4*C+12*C) + 4*rows*(C+V)
+	msg := 1e-4 + 4*rows*C/1e9 // broadcast on 2 ranks: one activation gradient
+	want := reread/4e9 - msg
+	require.Positive(t, want)
+	require.InDelta(t, want, zb.Step-ofob.Step, 1e-9*want)
+	require.InDelta(t, zb.Step, zb.Compute+zb.Comm+zb.Bubble, 1e-12)
+}
+
+// Tensor parallel over 2 ranks, one micro-batch on the golden machine,
+// worked out by hand: what the rank waits for is per block two
+// all-reduces of one activation (256 tokens × 64 floats) forward and two
+// backward, the embedding's sum forward, the head's input gradient
+// backward, and the cross-entropy's row maximum (a float a token) and
+// sums (two), each an all-reduce on 2 ranks (100 µs + bytes at 1 GB/s),
+// and the loss's and gradient norm's all-reduces.
+func TestPredictTensorParallelCollectivesByHand(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Parallel.TP = 2
+	pred, err := Predict(cfg, 2, golden(t))
+	require.NoError(t, err)
+	ar := func(bytes float64) float64 { return 1e-4 + bytes/1e9 }
+	rows, C := 8.0*32, 64.0
+	one := ar(4 * rows * C)
+	want := 4*4*one + one + one + ar(4*rows) + ar(8*rows) + 2*ar(16)
+	require.InDelta(t, want, pred.Comm, 1e-12)
+}
+
+// Tensor parallel inside a pipeline: while the other stage computes, a
+// member of a tensor-parallel pair that waits for its peer gets a core
+// back only when one of that stage's ranks gives its own up, which the
+// profile's contended latency bounds. With one micro-batch the stages
+// never compute at once, and data-parallel peers wait in step, so only
+// the pipeline of several micro-batches pays for it; a collective costs
+// the contended latency where the other ranks compute long enough
+// between their own waits, and the profile's busy latency where not.
+func TestPredictTensorParallelInsidePipelineContended(t *testing.T) {
+	calm := golden(t)
+	busy := golden(t)
+	for i := range busy.Collectives {
+		if busy.Collectives[i].N == 4 {
+			busy.Collectives[i].Contended = 5e-3
+		}
+	}
+	predict := func(p *Profile, tp, pp, m int, sched string) Prediction {
+		cfg := tinyConfig()
+		cfg.Parallel.TP, cfg.Parallel.PP, cfg.PP.Schedule = tp, pp, sched
+		cfg.Train.BatchSize, cfg.Train.GradAccum = 8/m, m
+		pred, err := Predict(cfg, 4, p)
+		require.NoError(t, err)
+		return pred
+	}
+	alone := func(p Prediction) Prediction { p.Naive = 0; return p } // the naive sum has every stage computing
+	require.Equal(t, alone(predict(calm, 2, 2, 1, "1f1b")), alone(predict(busy, 2, 2, 1, "1f1b")))
+	require.Equal(t, predict(calm, 2, 1, 4, "1f1b"), predict(busy, 2, 1, 4, "1f1b"))
+	for _, sched := range []string{"afab", "1f1b"} {
+		c, b := predict(calm, 2, 2, 4, sched), predict(busy, 2, 2, 4, sched)
+		require.Greater(t, b.Step, c.Step, sched)
+		require.Greater(t, b.Comm, c.Comm, sched)
+	}
+
+	// The price of one collective on 2 of the 4 ranks: its own latency
+	// (100 µs; the golden profile has no busy latency), raised to the
+	// contended one, or to the wake-up the other ranks' own waits give
+	// when that comes sooner; a profile without a contended latency
+	// keeps the first.
+	bytes := 1e6
+	require.InDelta(t, 1e-4+bytes/1e9, busy.collectiveIn("tcp", "all_reduce", 2, 4, bytes), 1e-15)
+	require.InDelta(t, 5e-3+bytes/1e9, busy.contendedIn("tcp", "all_reduce", 2, 4, bytes, 1), 1e-15)
+	require.InDelta(t, 1e-3+bytes/1e9, busy.contendedIn("tcp", "all_reduce", 2, 4, bytes, 1e-3), 1e-15)
+	require.InDelta(t, 1e-4+bytes/1e9, busy.contendedIn("tcp", "all_reduce", 2, 4, bytes, 1e-5), 1e-15)
+	require.InDelta(t, 1e-4+bytes/1e9, calm.contendedIn("tcp", "all_reduce", 2, 4, bytes, 1), 1e-15)
+}

@@ -7,6 +7,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"sort"
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
@@ -53,14 +54,37 @@ type Prediction struct {
 // waits for the scheduler to give it a core back, and that depends on
 // how many ranks compete for the cores, not on the group.
 //
-// Communication inside a micro-batch. Tensor parallel's all-reduces (or,
-// with sequence parallel, all-gathers and reduce-scatters) of one
-// activation, two per block forward and two backward, cannot overlap:
-// they add to the chunk's forward and backward. Context parallel's ring
-// passes cp-1 key/value blocks per block forward and 2cp-1 backward, of
-// which the profile's overlap share hides behind the attention; its
-// all-gather variant hides nothing. Pipeline messages (one activation
-// per micro-batch and chunk) are the latency of the pipeline's play.
+// Communication inside a micro-batch (innerComm). Tensor parallel's
+// all-reduces (or, with sequence parallel, all-gathers and
+// reduce-scatters) of one activation, two per block forward and two
+// backward, the embedding's and the head's, and the cross-entropy's two
+// small ones, cannot overlap: they add to the chunk's forward and
+// backward. Context parallel's ring passes cp-1 key/value blocks per
+// block forward and 2cp-1 backward, of which the profile's overlap share
+// hides behind the attention; its all-gather variant hides nothing.
+// Pipeline messages (one activation per micro-batch and chunk) are the
+// latency of the pipeline's play.
+//
+// Those collectives wait longer while other pipeline stages compute
+// (Profile.contendedIn): the other stages' ranks do not wait in step
+// with this group, so a member that waits for its peer gets a core back
+// only when one of them gives its own up, at their next collective (on
+// average half their compute between two) or when the scheduler preempts
+// them (the contended latency calibrate measures: a pair's all-reduce
+// while the other ranks multiply matrices). Data-parallel peers run the
+// same collectives at the same points, as calibrate's busy latency does,
+// and without a pipeline nothing else computes; a stage computing alone
+// pays the busy latency.
+//
+// Split backward (zb1). B keeps backward's input gradients, element-wise
+// kernels and collectives; W the weight-gradient half of the matrix
+// products' backward FLOPs (pp.BlockProductFLOPs, and the head's), and
+// it reads each product's input and output gradient once more from
+// memory (pp.BlockProductWidths, at the kernel rate), where the fused
+// backward has them in cache from the input gradient's product just
+// before. On a machine whose cores the stages share, filling the bubble
+// with W gains little (a waiting stage lends its cores anyway), so with
+// one micro-batch zb1 is 1F1B plus that second read.
 //
 // Expert parallel's exchanges (expertExchange) add to the forward and
 // backward of every mixture-of-experts block: all-to-alls of the rank's
@@ -131,44 +155,56 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	actBytes := 4 * rows * (float64(whole) + float64(splitW)/float64(tp)) // one block's activations
 	logitBytes := 4 * rows * 3 * V / float64(tp)
 	bf, hf := pp.BlockFLOPs(m), pp.HeadFLOPs(m)
+	// A split backward's weight-gradient pass (W): the weight-gradient
+	// halves of the matrix products' backward FLOPs, and the bytes of
+	// the products' inputs and output gradients it reads again.
+	wWhole, wSplit := pp.BlockProductWidths(m)
+	wfl := rows * pp.BlockProductFLOPs(m) / float64(tp)
+	wBytes := 4 * rows * (wWhole + wSplit/float64(tp))
 	ov := min(1, max(0, p.Overlap))
 
-	// Per block and micro-batch: the communication inside it.
-	var tpF, tpB, cpF, cpB float64
-	if tp > 1 {
-		one := 4 * rows * C
-		if cfg.TP.SequenceParallel {
-			c := coll("all_gather", tp, one) + coll("reduce_scatter", tp, one)
-			tpF, tpB = 2*c, 2*c
-		} else {
-			c := coll("all_reduce", tp, one)
-			tpF, tpB = 2*c, 2*c
-		}
-	}
-	if cp > 1 {
-		blk := 2 * 4 * rows * C // one rank's keys and values
-		if cfg.CP.Attention == "allgather" {
-			c := coll("all_gather", cp, blk*float64(cp)) + coll("reduce_scatter", cp, blk*float64(cp))
-			cpF, cpB = c, c
-		} else {
-			msg := coll("broadcast", 2, blk)
-			cpF, cpB = (1-ov)*float64(cp-1)*msg, (1-ov)*float64(2*cp-1)*msg
-		}
-	}
-	epF, epB := expertExchange(cfg, coll, rows)
-	last := len(split) - 1
-	commOf := make([]float64, len(split)) // per chunk and micro-batch, forward + backward (the same for every n below)
 	// The efficiency of the world, whichever ranks compute (see Bubble).
 	eff := p.efficiency(world)
-	// costsWith are the chunks' costs while n ranks compute at once and
-	// share the machine's cores (cores/n each).
-	costsWith := func(n int) []pp.Costs {
+	// rates are the products' and kernels' rates and a block's fixed cost
+	// while n ranks compute at once and share the machine's cores
+	// (cores/n each). The fixed cost runs on one core; ranks beyond the
+	// cores share them.
+	rates := func(n int) (mmRate, elRate, over float64) {
 		share := float64(p.Host.Cores) / float64(n)
-		mmRate := eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
-		elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
-		// The fixed cost of a block on a micro-batch runs on one core;
-		// ranks beyond the cores share them.
-		over := p.BlockOverhead * max(1, float64(n)/float64(p.Host.Cores))
+		mmRate = eff * p.matmulRate(math.Cbrt(rows*C*C/float64(tp)), share)
+		elRate = eff * scaled(p.Elementwise.One, p.Elementwise.All, share)
+		return mmRate, elRate, p.BlockOverhead * max(1, float64(n)/float64(p.Host.Cores))
+	}
+
+	// Per block and micro-batch: the communication inside it (inner),
+	// priced once with the other pipeline stages waiting and once with
+	// them computing (contended: see Predict's doc). Those stages wait
+	// for their own collectives between their compute, a block's forward
+	// and backward cut into as many pieces as the block has collectives;
+	// on average a waiting member of this group gets its core back half
+	// a piece later, or after the profile's contended latency if sooner.
+	calm := innerComm(cfg, rows, tp, cp, ov, coll)
+	mmW, elW, overW := rates(world)
+	wake := 3*rows*bf/float64(tp)/mmW + 3*actBytes/elW + overW
+	if waits := waitsPerBlock(cfg, tp, cp); waits > 0 {
+		wake /= 2 * float64(waits)
+	}
+	busyOthers := innerComm(cfg, rows, tp, cp, ov, func(op string, n int, bytes float64) float64 {
+		return p.contendedIn(backend, op, n, world, bytes, wake)
+	})
+	epF, epB := expertExchange(cfg, coll, rows)
+	last := len(split) - 1
+	// Per chunk and micro-batch, forward + backward: the communication
+	// while only the chunk's stage computes, and while every stage does.
+	commAlone, commAll := make([]float64, len(split)), make([]float64, len(split))
+	per := world / ppN // the ranks of a stage
+	// costsWith are the chunks' costs while n ranks compute at once.
+	costsWith := func(n int) []pp.Costs {
+		mmRate, elRate, over := rates(n)
+		in := calm
+		if n > per {
+			in = busyOthers
+		}
 		costs := make([]pp.Costs, len(split))
 		for c, nb := range split {
 			L := float64(nb)
@@ -183,25 +219,50 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 			if c == last {
 				blocks++ // the head and the loss
 			}
-			inF := L*(tpF+cpF) + moe*epF // communication inside a forward
+			inF := L*(in.tpF+in.cpF) + moe*epF // communication inside a forward
+			inB := L*(in.tpB+in.cpB) + moe*epB
+			if c == 0 {
+				inF, inB = inF+in.embF, inB+in.embB
+			}
+			if c == last {
+				inF, inB = inF+in.headF, inB+in.headB
+			}
 			f := fl/mmRate + el/elRate + blocks*over/3
-			back := 2*fl/mmRate + 2*el/elRate + L*(tpB+cpB) + moe*epB + 2*blocks*over/3
+			back := 2*fl/mmRate + 2*el/elRate + inB + 2*blocks*over/3
 			if cfg.Recompute.Granularity == "selective" {
 				back += L * actBytes / 3 / elRate
 			}
-			comm := inF + L*(tpB+cpB) + moe*epB
+			comm := inF + inB
 			if k := trainer.RecomputedBlocks(cfg, nb); k > 0 {
-				back += float64(k) * (rows*bf/float64(tp)/mmRate + actBytes/elRate + tpF + cpF)
-				comm += float64(k) * (tpF + cpF)
+				back += float64(k) * (rows*bf/float64(tp)/mmRate + actBytes/elRate + in.tpF + in.cpF)
+				comm += float64(k) * (in.tpF + in.cpF)
 				if moe > 0 { // the recomputed blocks' share of the exchanges
 					back += moe * float64(k) / L * epF
 					comm += moe * float64(k) / L * epF
 				}
 			}
-			commOf[c] = comm
+			if n == per {
+				commAlone[c] = comm
+			}
+			if n == world {
+				commAll[c] = comm
+			}
 			costs[c] = pp.Costs{F: f + inF, B: back, W: 0}
 			if s.Split {
-				costs[c].B, costs[c].W = back/2, back/2
+				// W computes the weight gradients of the chunk's
+				// products (and the head's), after B, which keeps the
+				// rest of backward: the input gradients, the element-
+				// wise kernels, the collectives. W reads each
+				// product's input and output gradient once more from
+				// memory (the fused backward has them in cache from the
+				// input gradient's product just before), at the kernel
+				// rate.
+				wf, wb := L*wfl, L*wBytes
+				if c == last {
+					wf += rows * hf / float64(tp)
+					wb += 4 * rows * (C + V/float64(tp))
+				}
+				costs[c].B, costs[c].W = back-wf/mmRate, wf/mmRate+wb/elRate
 			}
 			if ppN > 1 {
 				costs[c].L = coll("broadcast", 2, 4*rows*C)
@@ -213,7 +274,6 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	// the stages that wait in the bubble leave their cores to the others
 	// (pp.SimulateShared). Every one of the world/pp ranks of a stage
 	// (its dp, tp and cp peers) computes when the stage does.
-	per := world / ppN
 	byBusy := make([][]pp.Costs, ppN+1)
 	for k := 1; k <= ppN; k++ {
 		byBusy[k] = costsWith(k * per)
@@ -224,23 +284,28 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		return out, err
 	}
 	// The busiest rank's work with every rank computing: the naive sum's
-	// and the exposed-communication shares' measure.
-	busy, busyComm, busiest := 0.0, 0.0, 0
+	// measure.
+	busy, busiest := 0.0, 0
 	for r := range ppN {
-		b, bc := 0.0, 0.0
+		b := 0.0
 		for c := r; c < len(split); c += ppN {
 			b += float64(M) * (all[c].F + all[c].B + all[c].W)
-			bc += float64(M) * commOf[c]
 		}
 		if b > busy {
-			busy, busyComm, busiest = b, bc, r
+			busy, busiest = b, r
 		}
 	}
 	// What that rank spends on its actions in the shared play (faster
-	// where other stages waited; its communication takes as long).
+	// where other stages waited), and of that its communication: as
+	// contended as the share of its time other stages computed too.
 	played := 0.0
 	for _, sp := range sim.Spans[busiest] {
 		played += sp.End - sp.Start
+	}
+	together := sharedShare(sim.Spans, busiest)
+	busyComm := 0.0
+	for c := busiest; c < len(split); c += ppN {
+		busyComm += float64(M) * ((1-together)*commAlone[c] + together*commAll[c])
 	}
 	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, float64(p.Host.Cores)/float64(world))
 
@@ -310,6 +375,110 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	}
 	out.Naive = busy*(1+formula) + gradComm + optim + small
 	return out, nil
+}
+
+// inner is the communication inside one micro-batch's chunk on one
+// rank (seconds): tensor and context parallel's per block, forward and
+// backward, and tensor parallel's at the model's ends: the embedding's
+// on the first chunk, the head's and the cross-entropy's on the last.
+type inner struct {
+	tpF, tpB, cpF, cpB       float64
+	embF, embB, headF, headB float64
+}
+
+// innerComm prices inner with coll, for micro-batches of rows tokens a
+// rank. Tensor parallel: two all-reduces of one activation per block
+// forward and two backward (under sequence parallel an all-gather and a
+// reduce-scatter each); the embedding's sum over the group forward
+// (sequence parallel: a reduce-scatter, and its gradient's all-gather);
+// the head's input gradient backward (sequence parallel: the hidden
+// state's all-gather forward, its gradient's reduce-scatter); the
+// cross-entropy's row maximum (a float a token) and sums (two) forward.
+// Context parallel: the ring passes cp-1 key/value blocks forward and
+// 2cp-1 backward, of which the overlap share ov hides behind attention;
+// the all-gather variant hides nothing.
+func innerComm(cfg config.Config, rows float64, tp, cp int, ov float64, coll func(op string, n int, bytes float64) float64) inner {
+	var in inner
+	C := float64(cfg.Model.NEmbd)
+	if tp > 1 {
+		one := 4 * rows * C
+		if cfg.TP.SequenceParallel {
+			ag, rs := coll("all_gather", tp, one), coll("reduce_scatter", tp, one)
+			in.tpF, in.tpB = 2*(ag+rs), 2*(ag+rs)
+			in.embF, in.embB, in.headF, in.headB = rs, ag, ag, rs
+		} else {
+			ar := coll("all_reduce", tp, one)
+			in.tpF, in.tpB = 2*ar, 2*ar
+			in.embF, in.headB = ar, ar
+		}
+		in.headF += coll("all_reduce", tp, 4*rows) + coll("all_reduce", tp, 8*rows)
+	}
+	if cp > 1 {
+		blk := 2 * 4 * rows * C // one rank's keys and values
+		if cfg.CP.Attention == "allgather" {
+			c := coll("all_gather", cp, blk*float64(cp)) + coll("reduce_scatter", cp, blk*float64(cp))
+			in.cpF, in.cpB = c, c
+		} else {
+			msg := coll("broadcast", 2, blk)
+			in.cpF, in.cpB = (1-ov)*float64(cp-1)*msg, (1-ov)*float64(2*cp-1)*msg
+		}
+	}
+	return in
+}
+
+// sharedShare is the share of rank r's time on its actions in the play
+// during which another rank computed too (0 for a rank without any).
+func sharedShare(spans [][]pp.Span, r int) float64 {
+	mine, both := 0.0, 0.0
+	for _, a := range spans[r] {
+		mine += a.End - a.Start
+		// The union of the other ranks' spans inside a.
+		var cuts [][2]float64
+		for q := range spans {
+			if q == r {
+				continue
+			}
+			for _, b := range spans[q] {
+				if lo, hi := max(a.Start, b.Start), min(a.End, b.End); hi > lo {
+					cuts = append(cuts, [2]float64{lo, hi})
+				}
+			}
+		}
+		sort.Slice(cuts, func(i, j int) bool { return cuts[i][0] < cuts[j][0] })
+		end := a.Start
+		for _, c := range cuts {
+			if c[1] > end {
+				both += c[1] - max(c[0], end)
+				end = c[1]
+			}
+		}
+	}
+	if mine == 0 {
+		return 0
+	}
+	return both / mine
+}
+
+// waitsPerBlock is how many collectives a block's forward and backward
+// wait for on one micro-batch: tensor parallel's four (eight under
+// sequence parallel), context parallel's ring messages (3cp-2, or two
+// collectives with the all-gather variant).
+func waitsPerBlock(cfg config.Config, tp, cp int) int {
+	n := 0
+	if tp > 1 {
+		n += 4
+		if cfg.TP.SequenceParallel {
+			n += 4
+		}
+	}
+	if cp > 1 {
+		if cfg.CP.Attention == "allgather" {
+			n += 4
+		} else {
+			n += 3*cp - 2
+		}
+	}
+	return n
 }
 
 // moeBlocks is how many of chunk c's blocks (split: blocks per chunk, in

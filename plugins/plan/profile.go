@@ -110,14 +110,19 @@ type MatMulRate struct {
 // the buffer as commbench counts it. Latency is measured between idle
 // ranks; Busy is what a small one adds between the ranks' compute, as in
 // a step: on a machine with fewer cores than ranks, a rank that waits is
-// woken only when the scheduler gives it a core back.
+// woken only when the scheduler gives it a core back. Contended is what
+// a small one of two ranks adds while the other N-2 compute without
+// waiting for them (another pipeline stage): the ranks that compute hold
+// the cores until the scheduler preempts them (0 when not measured: N <
+// 3, or a profile made before calibrate measured it).
 type CollectiveCost struct {
-	Backend string  `json:"backend"`
-	Op      string  `json:"op"`
-	N       int     `json:"n"`
-	Latency float64 `json:"latency_s"`
-	Busy    float64 `json:"busy_latency_s"`
-	BusBW   float64 `json:"busbw_bytes_per_s"`
+	Backend   string  `json:"backend"`
+	Op        string  `json:"op"`
+	N         int     `json:"n"`
+	Latency   float64 `json:"latency_s"`
+	Busy      float64 `json:"busy_latency_s"`
+	Contended float64 `json:"contended_latency_s,omitempty"`
+	BusBW     float64 `json:"busbw_bytes_per_s"`
 }
 
 // DefaultPath is where calibrate writes and plan reads a profile unless
@@ -268,6 +273,21 @@ func scaled(one, all, share float64) float64 {
 // many ranks compete for the cores (the busy latency measured with world
 // ranks), not on how many are in the group.
 func (p *Profile) collectiveIn(backend, op string, n, world int, bytes float64) float64 {
+	return p.collective(backend, op, n, world, bytes, -1)
+}
+
+// contendedIn is collectiveIn for a collective while ranks outside its
+// group compute without waiting for it (another pipeline stage): a
+// member that waits gets a core back when one of those ranks gives its
+// own up, at the latest after the contended latency measured with world
+// ranks (whose outsiders never wait), or after wake when they wait for
+// their own collectives sooner.
+func (p *Profile) contendedIn(backend, op string, n, world int, bytes, wake float64) float64 {
+	return p.collective(backend, op, n, world, bytes, wake)
+}
+
+// collective is collectiveIn, and contendedIn for wake >= 0.
+func (p *Profile) collective(backend, op string, n, world int, bytes, wake float64) float64 {
 	if n < 2 {
 		return 0
 	}
@@ -282,23 +302,28 @@ func (p *Profile) collectiveIn(backend, op string, n, world int, bytes float64) 
 		}
 	}
 	if best == nil && backend != "tcp" {
-		return p.collectiveIn("tcp", op, n, world, bytes)
+		return p.collective("tcp", op, n, world, bytes, wake)
 	}
 	if best == nil && op == "all_to_all" && p.measured("all_gather") {
 		// A profile from before calibrate measured all-to-all: an
 		// all-gather moves the same bytes between the same ranks.
-		return p.collectiveIn(backend, "all_gather", n, world, bytes)
+		return p.collective(backend, "all_gather", n, world, bytes, wake)
 	}
 	lat, bw := 50e-6, 1e9
 	if best != nil {
-		lat, bw = max(best.Latency, p.busyLatency(best.Backend, op, world)), best.BusBW
+		w := p.withWorld(best.Backend, op, world)
+		lat, bw = max(best.Latency, w.Busy), best.BusBW
+		if wake >= 0 {
+			lat = max(lat, min(w.Contended, wake))
+		}
 	}
 	return lat + bytes*busFactor(op, n)/bw
 }
 
-// busyLatency is the busy latency of op measured with the number of ranks
-// nearest world on the machine (0 when none was).
-func (p *Profile) busyLatency(backend, op string, world int) float64 {
+// withWorld is the entry of op measured with the number of ranks nearest
+// world on the machine, whose busy and contended latencies a group
+// inside the world waits (zero when none was measured).
+func (p *Profile) withWorld(backend, op string, world int) CollectiveCost {
 	var best *CollectiveCost
 	for i := range p.Collectives {
 		c := &p.Collectives[i]
@@ -307,9 +332,9 @@ func (p *Profile) busyLatency(backend, op string, world int) float64 {
 		}
 	}
 	if best == nil {
-		return 0
+		return CollectiveCost{}
 	}
-	return best.Busy
+	return *best
 }
 
 // measured says whether the profile holds op on some group.

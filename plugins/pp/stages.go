@@ -19,13 +19,35 @@ import (
 // a Llama's q|k|v C·(H+2K)·hs, o_proj C·H·hs and three C·I for gate, up
 // and down.
 func blockCost(c nn.GPTConfig) float64 {
-	C, T, hs := float64(c.NEmbd), float64(c.BlockSize), float64(c.HeadSize())
+	return BlockProductFLOPs(c) + 4*float64(c.BlockSize)*float64(c.NEmbd)
+}
+
+// BlockProductFLOPs is the part of BlockFLOPs in the block's matrix
+// products (its linear layers), the rest being attention's.
+func BlockProductFLOPs(c nn.GPTConfig) float64 {
+	C, hs := float64(c.NEmbd), float64(c.HeadSize())
 	q, kv := float64(c.NHead)*hs, float64(c.KVHeads())*hs
 	mlp := 2.0 // c_fc, mlp.c_proj
 	if c.Llama != nil {
 		mlp = 3 // gate, up, down
 	}
-	return 2*(C*(q+2*kv)+q*C+mlp*C*float64(c.FFN())) + 4*T*C
+	return 2 * (C*(q+2*kv) + q*C + mlp*C*float64(c.FFN()))
+}
+
+// BlockProductWidths is, per token, the widths of the inputs and outputs
+// of one block's matrix products, summed: those of width C (whole on
+// every rank of a tensor-parallel group) and those split over it (the
+// column layers' outputs, the row layers' inputs). A product's weight
+// gradient reads its input and its output's gradient, these widths.
+func BlockProductWidths(c nn.GPTConfig) (whole, split float64) {
+	C, hs, I := float64(c.NEmbd), float64(c.HeadSize()), float64(c.FFN())
+	q, kv := float64(c.NHead)*hs, float64(c.KVHeads())*hs
+	if c.Llama != nil {
+		// q|k|v and o_proj; gate, up and down.
+		return 2*C + 3*C, (q + 2*kv) + q + 3*I
+	}
+	// c_attn and attn.c_proj; c_fc and mlp.c_proj.
+	return 2*C + 2*C, (q + 2*kv) + q + 2*I
 }
 
 func headCost(c nn.GPTConfig) float64 { return 2 * float64(c.VocabSize) * float64(c.NEmbd) }
