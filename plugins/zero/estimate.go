@@ -247,6 +247,9 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		default:
 			held += 4 * shards
 		}
+		// Construction holds these alone: no unit is gathered and no
+		// full gradient exists before the step.
+		e.HeldBytes = held
 		pass := trainer.RankPass(in.Cfg, in.Model)
 		var most int64
 		// A module's units (a block's and its experts') are one unit of
