@@ -107,8 +107,9 @@ func (z *Zero) releaseUses(u *unitState) error {
 func (z *Zero) preBackward(u *unitState) error {
 	z.ensureGrads(u)
 	if !z.transient() {
-		// The units it reads stay gathered: their gradient buffers
-		// are given now (with their values released first, NeedGrad).
+		// Stage 2 in float32: the units it reads stay gathered, and
+		// their gradient buffers are given now, beside them (stage 3
+		// gives them in NeedGrad, once their values are released).
 		for _, v := range u.Uses {
 			z.ensureGrads(z.units[v])
 		}
