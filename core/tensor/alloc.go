@@ -39,6 +39,7 @@ type Allocator struct {
 	total  int64
 	tpeak  int64
 	wpeak  int64 // the most bytes in use since StartWindow
+	fresh  int64 // storage taken from the Go heap: FreshBytes
 	free   map[poolKey][]any
 	noPool bool
 	// backing, when set, supplies the storage of new tensors (see
@@ -97,6 +98,9 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 		a.free[k] = l[:len(l)-1]
 	}
 	b := int64(n) * int64(dtype.Size())
+	if buf == nil {
+		a.fresh += b
+	}
 	a.cur[t.acct] += b
 	a.total += b
 	if a.cur[t.acct] > a.peak[t.acct] {
@@ -247,6 +251,18 @@ func (a *Allocator) PooledBytes() int64 {
 		n += int64(len(l)) * int64(k.n) * int64(k.dt.Size())
 	}
 	return n
+}
+
+// FreshBytes is the storage the allocator has taken from the Go heap
+// since it was made: every buffer it handed out that came neither from
+// its free lists nor from a backing. Once a training loop has run a step,
+// the next ones take none: each buffer they need, a released activation,
+// gathered unit or gradient, is on the free lists already. Storage taken
+// anew is the heap's to grow by, and the garbage of a buffer it replaced.
+func (a *Allocator) FreshBytes() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.fresh
 }
 
 // DropPool frees the cached buffers to the garbage collector.

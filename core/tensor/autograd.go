@@ -112,6 +112,13 @@ type BackwardOptions struct {
 	// pass is final: after its last contribution, so a leaf used twice (the
 	// tied wte) fires once. Calls happen in the deterministic backward order.
 	GradReady func(p *Tensor, info PassInfo)
+	// NeedGrad is called when an op is about to add the first
+	// contribution of this pass to leaf p's gradient and p has no Grad:
+	// the owner of p's storage may give it one now (ZeRO, a view of the
+	// unit's flat gradient buffer, allocated at its first use rather than
+	// beside the values its reader still needs). Left without one, p gets
+	// a zeroed buffer from Alloc, as without the hook.
+	NeedGrad func(p *Tensor, info PassInfo)
 	// DeferWeightGrads makes linear layers compute only their input gradient
 	// now and queue the weight gradient; run the queue with Deferred.Run.
 	// Zero-bubble pipeline schedules use this.
@@ -160,6 +167,9 @@ var accumulated = &Tensor{}
 func (b *Backprop) leafGrad(t *Tensor) *Tensor {
 	if t == nil || !t.requiresGrad || t.node != nil {
 		return nil
+	}
+	if t.Grad == nil && b.opts.NeedGrad != nil {
+		b.opts.NeedGrad(t, b.Info)
 	}
 	if t.Grad == nil {
 		t.Grad = b.alloc.New(Grads, t.dtype, t.shape...)

@@ -113,7 +113,10 @@ func linearFwd[T cpu.Float](x, w, b, y []T, rows, in, out int) {
 
 // MatMulT returns x·wᵀ for x of shape [..., in] and w of shape [out, in]:
 // the GPT-2 output head, which reuses the token embedding table [V, C].
-// Like Linear, it can defer its weight gradient.
+// Like Linear, it can defer its weight gradient. Its backward computes
+// x's gradient, its last read of w, before it asks for w's gradient
+// buffer (BackwardOptions.NeedGrad), so the owner of a gathered w (ZeRO-3)
+// may release w's values there and give the gradient their storage.
 func MatMulT(x, w *Tensor) *Tensor {
 	checkFloat("MatMulT", x, w)
 	in := x.Dim(-1)

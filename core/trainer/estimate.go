@@ -98,6 +98,12 @@ type MemoryEstimate struct {
 	// straight into place, so this is 0 unless those alone exceed the
 	// training peak.
 	SetupPeakBytes int64 `json:"setup_peak_bytes"`
+	// HeldBytes, set by an estimator whose parameter and gradient columns
+	// include buffers only the step holds (ZeRO's gathered units and full
+	// gradients), is what the rank holds from construction on: its parts,
+	// their gradient buffers and the optimizer state. 0 means those three
+	// columns together.
+	HeldBytes int64 `json:"-"`
 	// DataBytes is the corpus held in memory (text and its tokens; 0 for
 	// memory-mapped token shards, whose pages the kernel may drop).
 	DataBytes int64 `json:"data_bytes"`
@@ -243,7 +249,11 @@ func EstimateMemory(cfg config.Config, world, dpSize int, estimators func(rank i
 		if !laysOutMasters(ests) {
 			halfCopies(in, &e)
 		}
-		e.SetupPeakBytes = max(0, e.ParamsBytes+e.GradsBytes+e.OptimBytes-e.PeakBytes)
+		held := e.ParamsBytes + e.GradsBytes + e.OptimBytes
+		if e.HeldBytes > 0 {
+			held = e.HeldBytes
+		}
+		e.SetupPeakBytes = max(0, held-e.PeakBytes)
 		out[r] = e
 	}
 	return out, nil

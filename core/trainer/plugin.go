@@ -15,12 +15,12 @@ import (
 // rewriters first (tensor parallel, then context parallel), then the step
 // owner (pipeline parallel), then data parallel (DDP or ZeRO). Then:
 //
-//   - Side-effect hooks (Preparer, PreForwarder, GradReadier, PostGrader,
-//     PreStepper, PostStepper, Finisher) all run, in plugin order. The
-//     first error ends the hook and the step, except GradReady: every
-//     readier is told of every parameter during backward (collectives
-//     started there must be issued alike on every rank), and the first
-//     error is returned once backward is done.
+//   - Side-effect hooks (Preparer, PreForwarder, GradReadier, GradNeeder,
+//     PostGrader, PreStepper, PostStepper, Finisher) all run, in plugin
+//     order. The first error ends the hook and the step, except GradReady
+//     and NeedGrad: every plugin is told of every parameter during
+//     backward (collectives started there must be issued alike on every
+//     rank), and the first error is returned once backward is done.
 //   - Value hooks compose. LossReducer: each reduces the value the
 //     previous one returned, so a loss is reduced once over each group
 //     that splits the batch (data parallel over dp, or dp × cp; context
@@ -55,6 +55,15 @@ type PreForwarder interface {
 // returned by the step once backward is done.
 type GradReadier interface {
 	GradReady(t *Trainer, p *tensor.Tensor, info tensor.PassInfo) error
+}
+
+// GradNeeder is told, during backward, that an op is about to add the
+// first contribution of the pass to parameter p's gradient while p has
+// no Grad: it may give p one (Backprop's NeedGrad). ZeRO allocates a tied
+// table's gradient there, after the head's last read of the table's
+// gathered values, so the gradient takes their buffer.
+type GradNeeder interface {
+	NeedGrad(t *Trainer, p *tensor.Tensor, info tensor.PassInfo) error
 }
 
 // PostGrader runs after each micro-batch's backward.

@@ -791,6 +791,21 @@ func (t *Trainer) backward(root, gradOut *tensor.Tensor, info tensor.PassInfo, s
 			}
 		}
 	}
+	var needers []GradNeeder
+	for _, p := range t.Plugins {
+		if n, ok := p.(GradNeeder); ok {
+			needers = append(needers, n)
+		}
+	}
+	if len(needers) > 0 {
+		opts.NeedGrad = func(p *tensor.Tensor, info tensor.PassInfo) {
+			for _, n := range needers {
+				if err := n.NeedGrad(t, p, info); err != nil && t.gradErr == nil {
+					t.gradErr = fmt.Errorf("trainer: gradient buffer for %s: %w", p.Name, err)
+				}
+			}
+		}
+	}
 	span := t.Trace.Begin("backward", "compute", trace.Compute).With("micro", info.Micro)
 	d, err := tensor.Backward(root, gradOut, opts)
 	span.End()

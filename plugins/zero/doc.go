@@ -59,12 +59,20 @@
 // order during backward) is issued asynchronously so it overlaps the
 // unit's compute. Every unit is released between its uses, the embed unit
 // included: the head, which reads the tied wte, gathers it for its
-// logits, keeps it through its backward (which immediately follows its
-// forward) and releases it when that is done (PostBackward); the
-// embedding's own backward reads no weight (a lookup's gradient is a
-// scatter), so the embed unit is not gathered for it. Only wte's
-// gradient buffer lives from the head's backward to the embedding's, the
-// head's contribution waiting for the embedding's. Traffic per
+// logits and keeps it into its backward (which immediately follows its
+// forward) until the logits' matmul has computed its input's gradient,
+// its last read of wte; when the matmul then asks for wte's gradient
+// buffer (NeedGrad), wte is released and the buffer, of the same size,
+// takes its storage from the allocator's free lists, so the table's
+// values and its gradient never exist at once. The embedding's own
+// backward reads no weight (a lookup's gradient is a scatter), so the
+// embed unit is not gathered for it. Only wte's gradient buffer lives
+// from the head's backward to the embedding's, the head's contribution
+// waiting for the embedding's. Every buffer a step releases (gathered
+// units, gradient buffers, activations) goes back to the allocator's
+// free lists and is taken again by the next step: after the first, a
+// step takes no storage from the Go heap and leaves the collector no
+// garbage (TestStage3ReusesReleasedBuffers). Traffic per
 // micro-batch: Ψ gathered for forward plus the embed unit again for the
 // logits, Ψ less embed and head for backward, Ψ reduce-scattered: about
 // 3Ψ against stage 2's 2Ψ, the price of holding Ψ/N parameters.
@@ -89,14 +97,15 @@
 // backward adds its own. G = 4·max(two adjacent units, embed unit + head
 // + last block) is stage 3's gathered parameters: the unit computed now
 // and the one prefetched, or, during the head's backward, the tied wte
-// and the last block prefetched. Micro-batches after the first of a step also
+// (then its gradient) and the last block prefetched. Micro-batches after the first of a step also
 // borrow one shard-sized comm buffer while their reduce-scatter runs.
 // These are each category's own peak, reached at different moments, so
 // their sum overstates the peak (by 2 to 24% on small models). The
 // estimate's peak of stages 2 and 3 is the largest of the backward's
 // moments, each with what it holds at once beside the shards: the head's
 // (the logits' gradient beside every saved activation; the tied wte, the
-// head and the last block gathered; wte's and the head's gradients) and
+// head and the last block gathered; the head's gradient, and wte's, which
+// in stage 3 and under mixed precision replaces wte's values) and
 // each block's MLP backward (the saved activations of the blocks up to
 // it; that block and the one before it gathered; its gradient, the next
 // unit's being reduce-scattered and wte's). TestZeroPeakAtItsMoment in

@@ -247,6 +247,9 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 		default:
 			held += 4 * shards
 		}
+		// Construction holds these alone: no unit is gathered and no
+		// full gradient exists before the step.
+		e.HeldBytes = held
 		pass := trainer.RankPass(in.Cfg, in.Model)
 		var most int64
 		// A module's units (a block's and its experts') are one unit of
@@ -259,7 +262,7 @@ func (z *Zero) EstimateMemory(in trainer.EstimateInput, e *trainer.MemoryEstimat
 				mods = append(mods, s)
 			}
 		}
-		for _, mo := range backwardMoments(mods, hasEmbed, embed > 0) {
+		for _, mo := range backwardMoments(mods, hasEmbed, embed > 0, z.stage == 3 || mixed) {
 			acts := pass.HeadMoment()
 			if mo.block > 0 {
 				acts = pass.BlockMoment(mo.block)
@@ -297,17 +300,21 @@ type moment struct {
 // backwardMoments are the moments of the backward that can hold the most
 // (stage3.go, stage12.go), for the units of sizes in forward order (the
 // embed unit first when embed, the blocks, the head last); tied says the
-// head reads the embed unit's table:
+// head reads the embed unit's table, and reuse that the table's gathered
+// values are released before its gradient is allocated (stage 3, and
+// every stage under mixed precision: NeedGrad):
 //
 //   - the head's, its logits' gradient beside everything saved: gathered
 //     the head, the tied table and the last block prefetched; gradients
-//     the head's and the table's;
+//     the head's and, unless reuse, the table's (with reuse, the table's
+//     gradient replaces its values once the logits' input gradient is
+//     computed: the same bytes);
 //   - each block's, its MLP's backward: gathered the block and the one
 //     before it, prefetched (not the embed unit, whose backward reads no
 //     weight); gradients the block's, the next unit's still being
 //     reduce-scattered, and the tied table's, which waits for the
 //     embedding's backward.
-func backwardMoments(sizes []int64, embed, tied bool) []moment {
+func backwardMoments(sizes []int64, embed, tied, reuse bool) []moment {
 	k, first, table := len(sizes), 0, int64(0)
 	if embed {
 		first = 1
@@ -316,6 +323,9 @@ func backwardMoments(sizes []int64, embed, tied bool) []moment {
 		table = sizes[0]
 	}
 	head := moment{gathered: table + sizes[k-1], grads: table + sizes[k-1]}
+	if reuse {
+		head.grads = sizes[k-1]
+	}
 	if k-2 >= first {
 		head.gathered += sizes[k-2]
 	}

@@ -255,3 +255,54 @@ func TestStage3ReleasesEveryUnit(t *testing.T) {
 		}
 	}
 }
+
+// TestStage3ReusesReleasedBuffers runs stage 3 step by step and reads the
+// storage each step took from the Go heap rather than from the
+// allocator's free lists (Allocator.FreshBytes). The first step takes
+// what a step holds at once; every later one takes none: each unit
+// gathered, released and gathered again, each gradient buffer reduced
+// and released, each activation, comes back from the free lists, so a
+// step leaves no garbage for the collector. A vocabulary that makes the
+// tied table dwarf everything else checks that one table-sized buffer
+// serves the step: the table's gradient takes the storage of its
+// gathered values (NeedGrad), so the first step takes less than two
+// beside the comm buffer the second micro-batch's reduce-scatter of the
+// table borrows (its shard).
+func TestStage3ReusesReleasedBuffers(t *testing.T) {
+	const n, steps = 2, 4
+	cfg := parallelConfig(3, n, 2)
+	cfg.Model.NEmbd, cfg.Model.VocabSize = 128, 32768
+	cfg.Train.BatchSize, cfg.Train.Steps = 1, steps
+	s := unitSizes(cfg, n)
+	table := int64(4 * s.embed)
+	fresh := make([][]int64, n)
+	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
+		ps, m, err := build(3)(g)
+		if err != nil {
+			return err
+		}
+		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
+		if err != nil {
+			return err
+		}
+		before := tr.Alloc.FreshBytes()
+		for step := 0; step < steps; step++ {
+			if _, err := tr.Step(step); err != nil {
+				return err
+			}
+			now := tr.Alloc.FreshBytes()
+			fresh[g.Rank()] = append(fresh[g.Rank()], now-before)
+			before = now
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for r, f := range fresh {
+		t.Logf("rank %d: bytes taken from the heap per step %v (the table: %d)", r, f, table)
+		require.Positive(t, f[0], "rank %d: the first step's buffers", r)
+		require.Less(t, f[0], 2*table+table/n, "rank %d: the first step took two table-sized buffers or more", r)
+		for step := 1; step < steps; step++ {
+			require.Zero(t, f[step], "rank %d step %d: bytes taken from the heap instead of the free lists", r, step)
+		}
+	}
+}

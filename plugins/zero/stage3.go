@@ -18,21 +18,30 @@ import (
 //	             forward recomputed in backward)
 //	PostForward  release it, unless its backward is next (the last unit, a
 //	             forward recomputed in backward)
-//	PreBackward  give the unit (and the units it reads) gradient buffers,
-//	             gather it if released, prefetch the unit whose backward is
+//	PreBackward  give the unit a gradient buffer, gather it (and the units
+//	             it reads) if released, prefetch the unit whose backward is
 //	             next; the embed unit's backward reads no parameter
 //	             (Unit.Lookup), so it is neither gathered nor prefetched
-//	PostBackward the head releases the units it read: wte is gathered
-//	             again for no one, and only its gradient buffer (the head's
-//	             contribution, which the embedding's adds to) stays until
-//	             the embed unit's backward
+//	NeedGrad     the head's first contribution to the tied wte's gradient
+//	             (its logits matmul computes its input's gradient, the last
+//	             read of wte, before its weight's): wte is released, and
+//	             the embed unit's gradient buffer, of the same size, takes
+//	             its storage from the allocator's free lists; it stays,
+//	             with the head's contribution, until the embed unit's
+//	             backward adds the embedding's and reduces it
+//	PostBackward the head releases the units it read (already released,
+//	             unless the head's backward gave wte no gradient)
 //	GradReady    when the unit's gradients are final: reduce-scatter them and
 //	             release the parameters
 //
 // So at most two units are gathered at once, beside the head's ln_f (2·C
 // elements): two adjacent blocks, the last block and the head, or, during
-// the head's backward, the embed unit and the prefetched last block. Stage
-// 2 uses only the PreBackward hook, for the gradient buffers.
+// the head's backward, the embed unit and the prefetched last block. And
+// the tied table's values and its gradient never exist at once: one
+// wte-sized buffer serves the embedding's forward, the head's forward and
+// backward and the table's gradient in turn, so the heap holds one, in use
+// or on the free lists, not two. Stage 2 in float32 uses only the
+// PreBackward hook, for the gradient buffers.
 
 // addHooks registers the module hooks of stages 2 and 3.
 func (z *Zero) addHooks() {
@@ -97,10 +106,13 @@ func (z *Zero) releaseUses(u *unitState) error {
 
 func (z *Zero) preBackward(u *unitState) error {
 	z.ensureGrads(u)
-	for _, v := range u.Uses {
-		z.ensureGrads(z.units[v])
-	}
 	if !z.transient() {
+		// Stage 2 in float32: the units it reads stay gathered, and
+		// their gradient buffers are given now, beside them (stage 3
+		// gives them in NeedGrad, once their values are released).
+		for _, v := range u.Uses {
+			z.ensureGrads(z.units[v])
+		}
 		return nil
 	}
 	if !u.Lookup {
@@ -116,6 +128,29 @@ func (z *Zero) preBackward(u *unitState) error {
 	if prev := u.Index - 1; prev >= 0 && !z.units[prev].Lookup {
 		z.prefetch(z.units[prev])
 	}
+	return nil
+}
+
+// NeedGrad implements trainer.GradNeeder: an op is about to add the first
+// contribution to p's gradient and p's unit has no gradient buffer. That
+// is a unit read by another (the tied table, Unit.Uses) in its reader's
+// backward; a unit's own backward hook gives it its buffer before. The
+// reader asks for the gradient after its last read of the unit's values
+// (the head's logits matmul computes its input's gradient first), so the
+// gathered values are released before the gradient buffer, of the same
+// size, is allocated: it takes their storage from the free lists, and
+// the values and the gradient of the table never exist at once.
+func (z *Zero) NeedGrad(t *trainer.Trainer, p *tensor.Tensor, info tensor.PassInfo) error {
+	u := z.owner[p]
+	if u == nil || u.grad != nil || z.stage == 1 {
+		return nil
+	}
+	if z.used[u.Index] && z.transient() {
+		if err := z.release(u); err != nil {
+			return fmt.Errorf("zero: %w", err)
+		}
+	}
+	z.ensureGrads(u)
 	return nil
 }
 

@@ -49,10 +49,11 @@ type Zero struct {
 	// whole are Layout.Whole: kept and updated whole, reduced elsewhere.
 	whole map[*tensor.Tensor]bool
 
-	reduces []*op       // gradient reduce-scatters in flight, oldest first
-	gathers map[int]*op // stage 3: parameter all-gathers in flight, by unit
-	reduced int         // units reduce-scattered in the current backward
-	err     error       // first failure inside a module hook
+	reduces []*op        // gradient reduce-scatters in flight, oldest first
+	gathers map[int]*op  // stage 3: parameter all-gathers in flight, by unit
+	reduced int          // units reduce-scattered in the current backward
+	used    map[int]bool // the units another unit reads (Unit.Uses)
+	err     error        // first failure inside a module hook
 }
 
 // unitState is one unit's buffers on this rank.
@@ -93,6 +94,7 @@ var (
 	_ trainer.LossReducer = (*Zero)(nil)
 	_ trainer.Holder      = (*Zero)(nil)
 	_ trainer.GradReadier = (*Zero)(nil)
+	_ trainer.GradNeeder  = (*Zero)(nil)
 	_ trainer.PostGrader  = (*Zero)(nil)
 	_ trainer.PreStepper  = (*Zero)(nil)
 	_ trainer.PostStepper = (*Zero)(nil)
@@ -141,6 +143,12 @@ func (z *Zero) Prepare(t *trainer.Trainer) error {
 		return err
 	}
 	z.lay = lay
+	z.used = map[int]bool{}
+	for _, u := range lay.Units {
+		for _, v := range u.Uses {
+			z.used[v] = true
+		}
+	}
 	z.owner = map[*tensor.Tensor]*unitState{}
 	z.whole = map[*tensor.Tensor]bool{}
 	for _, p := range lay.Whole {
