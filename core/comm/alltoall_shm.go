@@ -85,8 +85,9 @@ func (s *shmSeg) allToAllV(c *opCtx, in, out []byte, sendOff, recvOff []int, une
 		return q * piece
 	}
 	pieces := func(bytes int) int { return (bytes + piece - 1) / piece }
-	wrote, took := make([]int, n), make([]int, n) // pieces of this all-to-all written to, taken from each rank
-	left := 0                                     // pieces still to write or take
+	// The pieces of this all-to-all written for and taken from each rank,
+	// and how many of all are still to write or take.
+	wrote, took, left := make([]int, n), make([]int, n), 0
 	for p := 0; p < n; p++ {
 		if p != me {
 			left += pieces(sendOff[p+1]-sendOff[p]) + pieces(recvOff[p+1]-recvOff[p])
