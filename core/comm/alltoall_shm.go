@@ -35,9 +35,10 @@ import (
 // The copies use non-temporal stores (copyNT): an all-to-all's bytes pass
 // through once, and ordinary stores would first read every line they write
 // into the cache, from memory for the output, evicting the segment the
-// other ranks are about to read. Go's copy does the same by itself only
-// for moves of 1 MiB or more, and a piece is a half over n-1 ranks; at
-// 16 MiB from each of 4 ranks on 2 cores this store alone is about 1.5×.
+// other ranks are about to read. Go's copy does the same by itself (on
+// amd64) only for moves of 1 MiB or more, and a piece is a half over n-1
+// ranks; at 16 MiB from each of 4 ranks on 2 cores these stores alone made
+// the all-to-all 1.1 to 2.3× faster in runs side by side.
 //
 // For the rounds of the other collectives an all-to-all is two rounds, one
 // per half: it starts once every rank has finished every round before
