@@ -30,7 +30,9 @@ import (
 // whatever piece of any pair is ready, in the order it finds them, and
 // only when none is copies a piece of its own block or sleeps on its
 // doorbell, which every peer rings after it writes a piece for it or takes
-// one from it: the ranks that have a core keep exchanging.
+// one from it: the ranks that have a core keep exchanging. (Both with the
+// stores below, at 16 MiB from each of 4 ranks on 2 cores, the streams
+// took 0.68 to 0.99 of the rounds' time in three runs side by side.)
 //
 // The copies use non-temporal stores (copyNT): an all-to-all's bytes pass
 // through once, and ordinary stores would first read every line they write
