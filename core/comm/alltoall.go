@@ -18,7 +18,8 @@ import (
 // off) each rank sends block p straight to rank p and receives every block
 // addressed to it: one message per pair, (N-1)/N of the input on the wire.
 // Through a same-host segment (alltoall_shm.go) every rank copies its
-// blocks in once and each receiver copies its own out.
+// blocks in once and each receiver copies its own out, every pair of ranks
+// a stream of its own.
 
 // The operations' codes tag data frames and segment rounds like the others'
 // (msg.go); they sit apart from that list so it can grow without moving them.

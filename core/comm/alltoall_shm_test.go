@@ -64,6 +64,51 @@ func TestAllToAllSegmentLarge(t *testing.T) {
 	}))
 }
 
+// All-to-alls between the segment's round-based collectives, issued
+// asynchronously back to back, at 3 ranks with 64 KiB halves (pieces of
+// 32 KiB, so each block takes several): the streams' counters go on from
+// one all-to-all to the next and an all-to-all holds both halves, so every
+// result is exact whatever the ranks' order.
+func TestAllToAllBetweenSegmentRounds(t *testing.T) {
+	t.Setenv("TINYACC_SHM", "1")
+	const n = 3
+	require.NoError(t, runTCP(t, n, Options{ChunkBytes: 4096}, func(g Group) error {
+		me := g.Rank()
+		equal := []int{20011, 20011, 20011}
+		send, recv := make([]int, n), make([]int, n)
+		for p := range n {
+			send[p], recv[p] = a2aCount(me, p, n, 30011), a2aCount(p, me, n, 30011)
+		}
+		x := filled(tensor.Float32, me, 50001, 3)
+		a, b := a2aIn(tensor.Float32, me, equal), a2aIn(tensor.Float32, me, send)
+		aOut := tensor.Default.New(tensor.Comm, tensor.Float32, a.Numel())
+		bOut := tensor.Default.New(tensor.Comm, tensor.Float32, len(a2aWant(me, recv)))
+		c := a2aIn(tensor.Float32, me, equal)
+		cOut := tensor.Default.New(tensor.Comm, tensor.Float32, c.Numel())
+		hs := []Handle{
+			g.AllToAllAsync(a, aOut),
+			g.AllReduceAsync(x, Sum),
+			g.AllToAllVAsync(b, bOut, send, recv),
+			g.AllToAllAsync(c, cOut),
+		}
+		for _, h := range hs {
+			if err := h.Wait(); err != nil {
+				return err
+			}
+		}
+		if err := expectEq("all_to_all before the all-reduce", aOut, a2aWant(me, equal)); err != nil {
+			return err
+		}
+		if err := expectEq("all_reduce between all-to-alls", x, refReduce(tensor.Float32, Sum, n, 50001, 3)); err != nil {
+			return err
+		}
+		if err := expectEq(fmt.Sprintf("all_to_all_v send %v", send), bOut, a2aWant(me, recv)); err != nil {
+			return err
+		}
+		return expectEq("all_to_all after the all_to_all_v", cOut, a2aWant(me, equal))
+	}))
+}
+
 // Receive counts that disagree with what the sender sends: through the
 // segment every rank fails with the same message before any data moves;
 // over sockets the receiver names the sender of the block of another size.
@@ -106,4 +151,52 @@ func TestAllToAllTCPDeadline(t *testing.T) {
 			checkA2ADeadline(t, runTCP)
 		})
 	}
+}
+
+// The bench's all-to-all (tinyacc bench comm --op all_to_all, 16 MiB from
+// each of 4 processes) goes through the segment's streams: 4 processes of
+// the tcp backend started as the launcher starts them, each checking the
+// exact result and that every stream it has carried the pieces a 1 MiB
+// half makes of a 4 MiB block. Over messages, or with the segment set up
+// and the blocks sent around it, the counts stay 0.
+func TestAllToAllProcessesUseSegment(t *testing.T) {
+	outs := startRanks(t, 4, "alltoall_segment")
+	for r, out := range outs {
+		assert.Equal(t, "ok", result(out), "rank %d", r)
+	}
+}
+
+func init() {
+	scenarios["alltoall_segment"] = func(g Group) {
+		fmt.Println("RESULT", alltoallThroughSegment(g))
+		_ = g.Close()
+	}
+}
+
+func alltoallThroughSegment(g Group) string {
+	const n, blk = 4, 1 << 20 // float32 elements: 4 MiB blocks, 16 MiB from each rank
+	const piece = (1 << 20) / (n - 1) &^ 63
+	const pieces = (4*blk + piece - 1) / piece // 13
+	me := g.Rank()
+	counts := []int{blk, blk, blk, blk}
+	out := tensor.Default.New(tensor.Comm, tensor.Float32, n*blk)
+	if err := g.AllToAll(a2aIn(tensor.Float32, me, counts), out); err != nil {
+		return err.Error()
+	}
+	if err := expectEq("all_to_all", out, a2aWant(me, counts)); err != nil {
+		return err.Error()
+	}
+	s := segmentOf(g)
+	if s == nil {
+		return "no segment: the all-to-all went over messages"
+	}
+	for p := range n {
+		if p == me {
+			continue
+		}
+		if w, k := s.wrote(me, p).Load(), s.took(me, p).Load(); w != pieces || k != pieces {
+			return fmt.Sprintf("stream to rank %d carried %d pieces and from it %d, want %d each", p, w, k, pieces)
+		}
+	}
+	return "ok"
 }

@@ -109,6 +109,32 @@ static int tac_fold_f16(uint16_t* dst, const char* base, size_t stride, int nsrc
 	tac_fold_f16c(dst, base, stride, nsrc, n, div);
 	return 1;
 }
+
+// The copies of an all-to-all (alltoall_shm.go): non-temporal stores,
+// which write whole cache lines to memory without first reading them into
+// the cache and without evicting what is there. The fence makes the bytes
+// visible before the counter that announces them.
+void tac_copy_nt(char* dst, const char* src, size_t n) {
+	size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+	if (head > n) head = n;
+	memcpy(dst, src, head);
+	dst += head, src += head, n -= head;
+	size_t i = 0;
+	for (; i + 64 <= n; i += 64) {
+		_mm_prefetch(src + i + 0x1c0, _MM_HINT_NTA);
+		_mm_prefetch(src + i + 0x280, _MM_HINT_NTA);
+		__m128i a = _mm_loadu_si128((const __m128i*)(src + i));
+		__m128i b = _mm_loadu_si128((const __m128i*)(src + i + 16));
+		__m128i c = _mm_loadu_si128((const __m128i*)(src + i + 32));
+		__m128i d = _mm_loadu_si128((const __m128i*)(src + i + 48));
+		_mm_stream_si128((__m128i*)(dst + i), a);
+		_mm_stream_si128((__m128i*)(dst + i + 16), b);
+		_mm_stream_si128((__m128i*)(dst + i + 32), c);
+		_mm_stream_si128((__m128i*)(dst + i + 48), d);
+	}
+	memcpy(dst + i, src + i, n - i);
+	_mm_sfence();
+}
 */
 import "C"
 
@@ -164,4 +190,15 @@ func foldHalf(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, str
 	} else if C.tac_fold_f16(d, b, s, k, n, div) == 0 {
 		foldHalfGo(dt, op, dst, base, stride, nsrc)
 	}
+}
+
+// copyNT copies src into dst (min of the lengths) with non-temporal stores
+// (tac_copy_nt); copies shorter than foldMin run in Go.
+func copyNT(dst, src []byte) {
+	n := min(len(dst), len(src))
+	if n < foldMin {
+		copy(dst, src)
+		return
+	}
+	C.tac_copy_nt((*C.char)(unsafe.Pointer(&dst[0])), (*C.char)(unsafe.Pointer(&src[0])), C.size_t(n))
 }

@@ -18,3 +18,6 @@ func foldSum(dt tensor.DType, dst []byte, ss srcs) {
 func foldHalf(dt tensor.DType, op ReduceOp, dst []byte, base unsafe.Pointer, stride, nsrc int) {
 	foldHalfGo(dt, op, dst, base, stride, nsrc)
 }
+
+// copyNT copies src into dst (in Go without cgo).
+func copyNT(dst, src []byte) { copy(dst, src) }

@@ -32,7 +32,8 @@ import (
 // small messages over the connections, and used by every later one.
 //
 // Layout: a control area (a cache line left unused, then one cache line
-// pair per rank with its progress counters), then per rank two halves
+// pair per rank with its progress counters, then per rank a row of the
+// all-to-all's stream counters: alltoall_shm.go), then per rank two halves
 // of slotBytes each. Large collectives move in rounds of at most one half;
 // round k uses half k%2, so ranks fill the next round while the slowest
 // still reads the last.
@@ -41,6 +42,7 @@ const (
 	segLine      = 128 // per-rank control: two cache lines, never shared
 	segCtlFirst  = 64  // where the ranks' control lines start
 	segSleepers  = 24  // in a rank's control line: how many wait on its counters
+	segBell      = 32  // in a rank's control line: its doorbell (uint32), then how many sleep on it (int32)
 	segMinSlot   = 64 << 10
 	segPoll      = 10 * time.Millisecond  // how often a sleeping waiter checks deadline and peers
 	segSpin      = 200                    // checks before a waiter sleeps
@@ -80,7 +82,7 @@ type shmSeg struct {
 // other, which on a busy host means a trip through the scheduler, so rounds
 // are longer than the chunks of a message.
 func segLayout(n, chunk int) (ctl, slot int) {
-	ctl = (segCtlFirst + n*segLine + 4095) &^ 4095
+	ctl = (segCtlFirst + n*segLine + n*streamRow(n) + 4095) &^ 4095
 	slot = (max(2*chunk, segMinSlot) + 4095) &^ 4095
 	return ctl, slot
 }
