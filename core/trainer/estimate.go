@@ -144,7 +144,7 @@ const RuntimeBytes = 48 << 20
 // back. MoE blocks add their difference from a dense block
 // (MoEActivationFloats).
 func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
-	return ModelPass(cfg, m, l).Peak() + 4*MoEActivationFloats(m, cfg.Train.BatchSize) + 1024
+	return ModelPass(cfg, m, l).Peak() + 4*MoEActivationFloats(m, cfg.Train.BatchSize, l.TP) + 1024
 }
 
 // ModelPass is one micro-batch's pass through the whole model m (its

@@ -40,7 +40,8 @@ func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryE
 	}
 	m := in.Model
 	n := int64(in.Cfg.Train.BatchSize) * int64(m.BlockSize) / int64(max(1, in.Cfg.Parallel.CP)) // a cp rank routes its chunk
-	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoEBlockFloats(m, n, e.N) - trainer.MoEBlockFloats(m, n, 1))
+	tp := in.Cfg.Parallel.TP
+	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoEBlockFloats(m, n, e.N, tp) - trainer.MoEBlockFloats(m, n, 1, tp))
 	est.ActPeak += extra
 	est.PeakBytes += extra
 	return nil
