@@ -213,6 +213,45 @@ func MoEBlockFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
 	return MoERowFloats(m, tp)*rows + c*n*e + 5*n*e - dense + buffers
 }
 
+// MoEBlockBytes is MoEBlockFloats in bytes for activations kept in e
+// bytes (4; 2 under mixed precision, tensor.StoreHalf): held is what the
+// block adds to the saved activations of a dense block from its forward
+// to its backward, and widened what its own backward adds beside them.
+// Under mixed precision a MoE block stores its rows (MoEStoredFloats) in
+// 2 bytes, and the dense MLP's share it replaces was counted with its
+// 4C/tp-wide hidden layer before and after GELU in 2 bytes too, so
+// (4 − e)·8·N·C/tp fewer to take away; the router's probabilities and
+// weights, the routing indices and every gradient stay float32. Its
+// backward widens its rows again beside everything saved, in place of
+// the dense MLP's hidden layer ((4 − e)·8·N·C/tp, PassActs.BlockMoment's
+// Widened). In float32 (e = 4) held is 4·MoEBlockFloats, widened 0.
+// Fitted to the allocator over top_k 1, 2, 4, widths 32 and 64 and tp 1
+// and 2 in bf16: within 5% (TestMoEEstimateCountsExperts).
+func MoEBlockBytes(m nn.GPTConfig, n int64, ep, tp int, e int64) (held, widened int64) {
+	f := MoEBlockFloats(m, n, ep, tp)
+	if m.MoE.Experts == 0 || e >= 4 {
+		return 4 * f, 0
+	}
+	dense := 8 * n * int64(m.NEmbd) / int64(max(1, tp))
+	s := MoEStoredFloats(m, n, ep, tp)
+	return 4*f - (4-e)*(s-dense), (4 - e) * (s - dense)
+}
+
+// MoEStoredFloats is the part of MoEBlockFloats's rows a block stores in
+// its compute dtype under mixed precision: each row's input, hidden
+// layer before and after GELU and output, and under expert parallel the
+// exchanged rows.
+func MoEStoredFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
+	c := int64(m.NEmbd)
+	s := MoERows(m.MoE, n)
+	rows, buffers := s, int64(0)
+	if ep > 1 {
+		rows = MoEWorstRows(m.MoE, n, ep)
+		buffers = 2 * c * (s + rows)
+	}
+	return (MoERowFloats(m, tp)-2)*rows + buffers
+}
+
 // MoEDeferredFloats is what a MoE block's backward keeps beyond
 // MoEBlockFloats when it defers its weight gradients (a split backward,
 // which frees nothing before its W): each row's gradients, MoERowFloats
