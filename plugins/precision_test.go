@@ -249,4 +249,25 @@ func TestMoEMixedPrecision(t *testing.T) {
 		}
 		ptest.CheckWithin(t, want, got, fmt.Sprintf("moe bf16 dp 2 ep %d zero %d", row.ep, row.zero), bounds)
 	}
+
+	// ep 2 × tp 2 (dp 2): tensor parallel's activations cross in bf16
+	// (the wire rows of TestEquivalenceMixedPrecision), which move the
+	// router's logits too, so with top-2 a near-tied token can change
+	// experts: measured with the MoE buffers in 2 bytes, losses 1.7e-4 and
+	// gradient norms 7.1e-3 (in float32, 1.2e-5 and 3.0e-4 at this seed).
+	// With every token to every expert nothing is chosen, and the row is
+	// held to the wire rows' 1e-3 on losses and norms (measured 3.6e-5,
+	// 3.2e-4) and 6e-2 on weights, above the wire rows' 3e-2: measured
+	// 4.6e-2 norm-wise on h.1.attn.c_attn.bias (whose key part's gradient
+	// is zero in theory), and 4.5e-2 with the buffers in float32, on an
+	// expert's c_fc bias (which starts at zero).
+	all := single
+	all.Model.MoE.TopK = 4
+	want = ptest.Single(t, all)
+	cfg := all
+	cfg.Parallel.EP, cfg.Parallel.TP = 2, 2
+	cfg.Train.BatchSize = all.Train.BatchSize / 2
+	require.NoError(t, cfg.CheckWorld(4))
+	got := ptest.Parallel(t, cfg, 4, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+	ptest.CheckWithin(t, want, got, "moe bf16 top 4 ep 2 tp 2", ptest.Bounds{Loss: 1e-3, Weights: 6e-2})
 }
