@@ -202,13 +202,15 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 	}
 }
 
-// A MoE GPT under bf16 (its attention part stored in 2 bytes, its MoE
-// layer's buffers in float32) trains under data parallel and expert
-// parallel (ep 2), each with and without ZeRO-1, as one process does, all
-// at the float32 bounds of the data-parallel rows of
-// TestEquivalenceMixedPrecision (dpMixed): measured losses 4.5e-8,
-// weights 2.0e-7 (ZeRO-1 before every layout read the parameters' copies
-// in every op: losses 1.0e-4, weights 2.7e-2).
+// A MoE GPT under bf16 (its experts' rows, hidden layers and outputs, the
+// exchanged rows and the router's logits stored in 2 bytes with the rest
+// of the block; the router's probabilities and renormalised weights kept
+// float32, tensor.SoftmaxRows) trains under data parallel and expert
+// parallel (ep 2 over dp 2), each with and without ZeRO-1, as one process
+// does, all at the float32 bounds of the data-parallel rows of
+// TestEquivalenceMixedPrecision (dpMixed). Stored in 2 bytes, those two
+// router outputs made dp 2 differ from one process by 3.2e-5 on the
+// gradient norm of step 3.
 func TestMoEMixedPrecision(t *testing.T) {
 	single := ptest.Config()
 	single.Train.Steps, single.Train.MixedPrecision = 4, "bf16"
@@ -219,7 +221,29 @@ func TestMoEMixedPrecision(t *testing.T) {
 		cfg := single
 		cfg.Parallel.DP, cfg.Parallel.EP, cfg.Zero.Stage = 2, row.ep, row.zero
 		cfg.Train.BatchSize = single.Train.BatchSize / 2
+		require.NoError(t, cfg.CheckWorld(2))
 		got := ptest.Parallel(t, cfg, 2, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
 		ptest.CheckWithin(t, want, got, fmt.Sprintf("moe bf16 dp 2 ep %d zero %d", row.ep, row.zero), dpMixed("bf16"))
 	}
+
+	// ep 2 × tp 2 (dp 2): tensor parallel's activations cross in bf16
+	// (the wire rows of TestEquivalenceMixedPrecision), which move the
+	// router's logits too, so with top-2 a near-tied token can change
+	// experts: measured with the MoE buffers in 2 bytes, losses 1.7e-4 and
+	// gradient norms 7.1e-3 (in float32, 1.2e-5 and 3.0e-4 at this seed).
+	// With every token to every expert nothing is chosen, and the row is
+	// held to the wire rows' 1e-3 on losses and norms (measured 3.6e-5,
+	// 3.2e-4) and 6e-2 on weights, above the wire rows' 3e-2: measured
+	// 4.6e-2 norm-wise on h.1.attn.c_attn.bias (whose key part's gradient
+	// is zero in theory), and 4.5e-2 with the buffers in float32, on an
+	// expert's c_fc bias (which starts at zero).
+	all := single
+	all.Model.MoE.TopK = 4
+	want = ptest.Single(t, all)
+	cfg := all
+	cfg.Parallel.EP, cfg.Parallel.TP = 2, 2
+	cfg.Train.BatchSize = all.Train.BatchSize / 2
+	require.NoError(t, cfg.CheckWorld(4))
+	got := ptest.Parallel(t, cfg, 4, "local", func(g comm.Group) ([]trainer.Plugin, *mesh.Mesh, error) { return Build(cfg, g) })
+	ptest.CheckWithin(t, want, got, "moe bf16 top 4 ep 2 tp 2", ptest.Bounds{Loss: 1e-3, Weights: 6e-2})
 }
