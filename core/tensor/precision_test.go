@@ -376,6 +376,9 @@ func TestOpsReadParamCopies(t *testing.T) {
 		want := run(c.d, c.round)
 		require.Equal(t, want, got, "%s: the ops read the parameters' copies", c.d)
 		require.NotEqual(t, run(Float32, func([]float32) {}), got, "%s: the half path changed nothing", c.d)
+	}
+}
+
 // TestStoreHalfKeepsRouterRowsExact: on a bf16 rank a router's logits are
 // stored in 2 bytes with the rest of a block, but its probabilities
 // (SoftmaxRows) and renormalised weights (RoutedWeights) stay float32:
