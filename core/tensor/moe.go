@@ -62,10 +62,8 @@ func SoftmaxRows(x *Tensor) *Tensor {
 // the row sums to one. Rounded to 2 bytes the row no longer does, and
 // the backward leaves an error of 2^-8 of the incoming gradient in the
 // router's gradient, a large share of it where the experts' outputs are
-// alike; it also changes with the last bit of a probability near a
-// rounding tie, so one process and data parallel, whose float32 values
-// differ in that bit once the reduction orders have moved the weights,
-// got router and expert gradients differing by 1e-5 instead of 1e-7.
+// alike, in the direction softmax cannot see
+// (TestStoreHalfKeepsRouterRowsExact).
 // Both tensors are [N, experts] and [N, top_k]: keeping them costs
 // nothing beside the experts' rows.
 func exactOutput(out *Tensor) {
