@@ -207,30 +207,36 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 // of the block; the router's probabilities and renormalised weights kept
 // float32, tensor.SoftmaxRows) trains under data parallel and expert
 // parallel (ep 2 over dp 2), each with and without ZeRO-1, as one process
-// does, over 4 steps within 1e-4 on losses and gradient norms and 1e-3 on
-// weights: fp16's data-parallel bound (dpMixed), not float32's, for a
-// reason no rule can remove. Data parallel sums the gradients in another
+// does, over 4 steps within 1e-4 on losses and gradient norms (ten times
+// float32's) and 1e-3 on weights (as fp16's data-parallel rows, dpMixed),
+// for a reason no rule can remove. Data parallel sums the gradients in another
 // order than one process, so after each step thousands of float32
 // masters differ from one process's in their last bit (9248 after the
 // first step here), and a master that close to a bf16 rounding tie gets
 // a different 2-byte copy, which every op then reads; one differing copy
 // moves the bf16 roundings of the products downstream of it, and the
 // runs part at bf16's noise rather than float32's. Measured at this
-// seed, dp 2: 2 copies differ after step 1 (one element of
-// h.0.mlp.experts.2.c_fc.weight, one of wpe.weight), which moves the
-// gradient norm of step 2 by 7.5e-7; 118 differ after step 2, and the 4
-// steps end at losses 2.4e-5, gradient norms 3.5e-5, weights 3.8e-4
-// (h.0.ln_1.bias), with and without ZeRO-1; ep 2, whose expert gradients
-// are summed in yet another order, flips none by step 4 (4.6e-8, 5.4e-9,
-// 8.4e-8). Which run flips is chance, and not MoE's: over seeds 1 to 10
-// every row here stays within 1e-6 on losses and norms, while the dense
-// dp 2 row of TestEquivalenceMixedPrecision reaches gradient norms of
-// 1.4e-5 and 3.8e-5 at seeds 6 and 9, the second after a single
-// differing copy (one element of h.0.mlp.c_fc.weight) moved the next
-// step's loss by 3.0e-6. What holds exactly: ZeRO-1 reads the same copies
-// as data parallel and reduces by the same rule, so each ZeRO-1 row's
-// losses and weights equal its data-parallel row's bitwise (the gradient
-// norm sums the shards' squares in another order).
+// seed, dp 2: 2 copies differ after step 1, one of them that of
+// h.0.mlp.experts.2.c_fc.weight[3172], whose master is one float32 ulp
+// below one process's (0.00584411575 against 0.00584411621, bf16 0x3bbf
+// against 0x3bc0); one process with that one master set to dp's value
+// moves its own gradient norm of step 2 by 7.4e-7 and of step 3 by
+// 1.5e-5, where dp differs by 7.5e-7 and 1.4e-5, and dp against that
+// one process is back to 8.3e-9 at step 2. 118 copies differ after step
+// 2, and the 4 steps end at losses 2.4e-5, gradient norms 3.5e-5,
+// weights 3.8e-4 (h.0.ln_1.bias), with and without ZeRO-1. ep 2, whose
+// expert gradients are summed in yet another order, has 2 differing
+// copies after step 1 as well (one in h.1's experts) and 4 after step
+// 4, and ends within 4.6e-8, 5.4e-9 and 8.4e-8: which copy differs
+// decides how far the run moves. It is chance, and not MoE's: over
+// seeds 1 to 10 every row here stays within 1e-6 on losses and norms,
+// while the dense dp 2 row of TestEquivalenceMixedPrecision reaches
+// gradient norms of 1.4e-5 and 3.8e-5 at seeds 6 and 9, the second
+// after a single differing copy (one element of h.0.mlp.c_fc.weight)
+// moved the next step's loss by 3.0e-6. What holds exactly: ZeRO-1
+// reads the same copies as data parallel and reduces by the same rule,
+// so each ZeRO-1 row's losses and weights equal its data-parallel row's
+// bitwise (the gradient norm sums the shards' squares in another order).
 func TestMoEMixedPrecision(t *testing.T) {
 	single := ptest.Config()
 	single.Train.Steps, single.Train.MixedPrecision = 4, "bf16"
