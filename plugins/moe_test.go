@@ -144,16 +144,30 @@ func TestMoERefusesModelParallelLayouts(t *testing.T) {
 // c_proj rows, as the dense MLP's).
 // The activations of the MoE blocks
 // (trainer.MoEActivationFloats) are within 15% of the measured peak on
-// one process and under data parallel; under expert parallel the estimate
+// one process, under data parallel and under tensor parallel, where each
+// expert's hidden layer is split like the dense MLP's (tp 2 with every
+// block a MoE block and every token to all 4 experts, so that the
+// experts' rows weigh most); under expert parallel the estimate
 // is the worst case of dropless routing (every token of the group to this
-// rank's experts), which the balanced measured run stays under.
+// rank's experts), which the balanced measured run stays under, and which
+// a run where every token chooses every expert reaches (ep 2 × tp 2,
+// within 15% like the others). Under bf16 a MoE block's rows are stored
+// in 2 bytes and widened by its backward (trainer.MoEBlockBytes): one
+// process with top-2 and with every token to every expert in every
+// block, tp 2 and ep 2 the same, within 15% too (−4.1% to +2.5%; at 4
+// bytes a stored element the estimate was 9% to 33% over).
 func TestMoEEstimateCountsExperts(t *testing.T) {
-	for _, row := range []struct{ world, zero, ep, cp, tp int }{{1, 0, 1, 1, 1}, {2, 1, 1, 1, 1}, {2, 3, 1, 1, 1}, {4, 0, 2, 1, 1}, {4, 1, 2, 1, 1}, {4, 2, 2, 1, 1}, {4, 3, 2, 1, 1}, {2, 3, 2, 1, 1}, {4, 2, 4, 1, 1}, {4, 3, 4, 1, 1}, {4, 0, 2, 2, 1},
-		{2, 0, 1, 1, 2}, {4, 1, 2, 1, 2}} {
-		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d tp %d", row.world, row.zero, row.ep, row.cp, row.tp), func(t *testing.T) {
+	for _, row := range []struct {
+		world, zero, ep, cp, tp, topK, every int
+		mp                                   string
+	}{{1, 0, 1, 1, 1, 2, 2, "no"}, {2, 1, 1, 1, 1, 2, 2, "no"}, {2, 3, 1, 1, 1, 2, 2, "no"}, {4, 0, 2, 1, 1, 2, 2, "no"}, {4, 1, 2, 1, 1, 2, 2, "no"}, {4, 2, 2, 1, 1, 2, 2, "no"}, {4, 3, 2, 1, 1, 2, 2, "no"}, {2, 3, 2, 1, 1, 2, 2, "no"}, {4, 2, 4, 1, 1, 2, 2, "no"}, {4, 3, 4, 1, 1, 2, 2, "no"}, {4, 0, 2, 2, 1, 2, 2, "no"},
+		{2, 0, 1, 1, 2, 2, 2, "no"}, {4, 1, 2, 1, 2, 2, 2, "no"}, {2, 0, 1, 1, 2, 4, 1, "no"}, {4, 1, 2, 1, 2, 4, 1, "no"},
+		{1, 0, 1, 1, 1, 2, 2, "bf16"}, {1, 0, 1, 1, 1, 4, 1, "bf16"}, {2, 0, 1, 1, 2, 4, 1, "bf16"}, {4, 0, 2, 1, 1, 4, 1, "bf16"}} {
+		t.Run(fmt.Sprintf("world %d zero %d ep %d cp %d tp %d top %d every %d %s", row.world, row.zero, row.ep, row.cp, row.tp, row.topK, row.every, row.mp), func(t *testing.T) {
 			cfg := ptest.Config()
-			cfg.Model.MoE.Experts, cfg.Model.MoE.Every = 4, 2
+			cfg.Model.MoE.Experts, cfg.Model.MoE.Every, cfg.Model.MoE.TopK = 4, row.every, row.topK
 			cfg.Train.Steps, cfg.Zero.Stage, cfg.Parallel.EP, cfg.Parallel.CP, cfg.Parallel.TP = 2, row.zero, row.ep, row.cp, row.tp
+			cfg.Train.MixedPrecision = row.mp
 			est, err := Estimate(cfg, row.world)
 			require.NoError(t, err)
 			got := measure(t, cfg, row.world)
@@ -163,7 +177,7 @@ func TestMoEEstimateCountsExperts(t *testing.T) {
 				require.Equal(t, m.ParamsBytes, e.ParamsBytes, "rank %d params", r)
 				require.Equal(t, m.GradsBytes, e.GradsBytes, "rank %d grads", r)
 				require.Equal(t, m.OptimBytes, e.OptimBytes, "rank %d optimizer state", r)
-				if row.ep == 1 {
+				if row.ep == 1 || row.topK == cfg.Model.MoE.Experts {
 					assert.InEpsilon(t, float64(m.ActPeak), float64(e.ActPeak), 0.15, "rank %d activations", r)
 				} else {
 					assert.LessOrEqual(t, m.ActPeak, e.ActPeak, "rank %d activations: the worst case bounds the run", r)

@@ -39,14 +39,19 @@ func arBytes(n int, b float64) float64 {
 //
 // AR(b) is arBytes; blocks the MoE blocks, E the experts, C the width.
 func epCommBytes(m nn.GPTConfig, n, accum int, rows float64) float64 {
+	return epRoutingBytes(m, n, accum, rows) + arBytes(n, 4*float64(replicatedParams(m))) + arBytes(n, 8) + arBytes(n, 16)
+}
+
+// epRoutingBytes is epCommBytes's rows, counts, aux and load terms: what
+// the routing itself sends over the expert-parallel group.
+func epRoutingBytes(m nn.GPTConfig, n, accum int, rows float64) float64 {
 	C, E := float64(m.NEmbd), float64(m.MoE.Experts)
 	blocks := float64(moeBlocks(m))
 	f := 2*4*C*rows + blocks*float64(accum)*8*E*float64(n-1)/float64(n)
 	if m.MoE.AuxLossCoef > 0 || m.MoE.ZLossCoef > 0 {
 		f += blocks * float64(accum) * arBytes(n, 8*(2*E+2))
 	}
-	f += blocks * arBytes(n, 8*(E+1))
-	return f + arBytes(n, 4*float64(replicatedParams(m))) + arBytes(n, 8) + arBytes(n, 16)
+	return f + blocks*arBytes(n, 8*(E+1))
 }
 
 // moeBlocks is the number of MoE blocks of m.

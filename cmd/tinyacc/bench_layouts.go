@@ -10,6 +10,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins/tp"
 	"github.com/tinyacc/tinyacc/plugins/zero"
 )
@@ -22,9 +23,19 @@ import (
 type layoutRow struct {
 	name, flags string
 	comm        func(b layoutBench, n int) float64
-	// routed, set instead of comm, is the formula of a row whose bytes
-	// depend on the routing: given the run's median expert_rows.
-	routed func(b layoutBench, n int, rows float64) float64
+	// routed, set instead of comm, is a MoE row under expert parallel,
+	// whose bytes depend on the routing.
+	routed *moeRow
+}
+
+// moeRow is a MoE layout of `bench layouts`: expert parallel over the
+// N data-parallel ranks (ep = dp = N), beside a tensor-parallel group of
+// tp (1: none), so it runs N·tp processes. bytes is its formula for one
+// timed step, given that step's metrics line (its expert_rows and
+// expert_load): the step's bytes equal it exactly.
+type moeRow struct {
+	tp    int
+	bytes func(b layoutBench, n int, step metricLine) float64
 }
 
 var layoutRows = []layoutRow{
@@ -40,17 +51,69 @@ var layoutRows = []layoutRow{
 	{"pp %d zb1", "--parallel.pp=%d --pp.schedule=zb1" + ppMicroFlag, ppCommBytes(1), nil},
 	{"cp %d ring", "--parallel.cp=%d --cp.attention=ring", cpCommBytes(true), nil},
 	{"cp %d allgather", "--parallel.cp=%d --cp.attention=allgather", cpCommBytes(false), nil},
-	{"ep %d MoE", "--parallel.ep=%d --model.moe.experts=%d --model.moe.top_k=2", nil, epLayoutBytes},
+	{"ep %d MoE", "--parallel.ep=%d --model.moe.experts=%d --model.moe.top_k=2", nil, &moeRow{1, epLayoutBytes}},
+	{"ep %d x tp 2 MoE", "--parallel.ep=%d --parallel.tp=2 --model.moe.experts=%d --model.moe.top_k=2 --train.log_every=1", nil, &moeRow{2, epTPLayoutBytes}},
 }
 
-// epLayoutBytes is epCommBytes (bench_ep.go) for the ep row's model: the
-// bench's GPT with every block a mixture of N experts, top-2, the default
-// load-balancing loss, given the run's expert_rows. It assumes every DDP
-// bucket above 32 KiB (the ring factor), true of the default shape.
-func epLayoutBytes(b layoutBench, n int, rows float64) float64 {
+// layoutMoE is the MoE rows' model: the bench's GPT with every block a
+// mixture of N experts, top-2, the default load-balancing loss.
+func layoutMoE(b layoutBench, n int) nn.GPTConfig {
 	m := b.model
 	m.MoE = nn.MoEConfig{Experts: n, TopK: 2, Every: 1, AuxLossCoef: 0.01}
-	return epCommBytes(m, n, 1, rows)
+	return m
+}
+
+// epLayoutBytes is epCommBytes (bench_ep.go) for the ep row's model,
+// given the step's expert_rows. It assumes every DDP bucket above 32 KiB
+// (the ring factor), true of the default shape.
+func epLayoutBytes(b layoutBench, n int, step metricLine) float64 {
+	return epCommBytes(layoutMoE(b, n), n, 1, step.ExpertRows)
+}
+
+// epTPLayoutBytes is the ep N × tp 2 row's formula (dp = ep = N, 2N
+// ranks; rank 0 is tp rank 0 of dp rank 0). Over its tp group (2 ranks,
+// where an all-reduce of any size sends its buffer once): tp.StepBytes
+// of the dense model, less each MoE block's dense MLP all-reduces (V
+// forward, V backward, e bytes an element), plus its experts': each
+// expert is split like the dense MLP, so each of rank 0's experts
+// all-reduces its output rows forward and its input's gradient backward,
+// 2·e·C·rows for the rows rank 0's experts processed in the step (with
+// ep = dp, the tokens the step's expert_load gives its experts, every
+// rank's routed to them). Over its expert-parallel group (the N dp ranks
+// of tp rank 0): the routing's bytes of epCommBytes (the exchanged rows
+// in float32, counts, the aux statistics, expert_load), DDP's all-reduce
+// of the non-expert parameters of a tp rank (tp.Estimator's parts) and
+// the loss; and the gradient norm over all 2N ranks.
+func epTPLayoutBytes(b layoutBench, n int, step metricLine) float64 {
+	m := layoutMoE(b, n)
+	const tpN = 2
+	e, C := float64(b.act()), float64(m.NEmbd)
+	seqs := b.global / n
+	V := float64(seqs*m.BlockSize) * C
+	blocks := float64(moeBlocks(m))
+	local := m.MoE.Experts / n // rank 0's experts: [0, local)
+	var rows float64
+	for _, load := range step.ExpertLoad {
+		for _, r := range load[:local] {
+			rows += r
+		}
+	}
+	tpBytes := tp.StepBytes(m, seqs, 1, tpN, false, b.act()) - blocks*2*e*V + 2*e*C*rows
+	var psi int64
+	for _, p := range (tp.Estimator{N: tpN}).LocalParams(trainer.EstimateInput{}, m.ParamShapes()) {
+		if _, ok := nn.ExpertOf(p.Name); !ok {
+			k := int64(1)
+			for _, d := range p.Shape {
+				k *= int64(d)
+			}
+			psi += k
+		}
+	}
+	norm := 16.0
+	if b.precision == "fp16" {
+		norm = 24
+	}
+	return tpBytes + epRoutingBytes(m, n, 1, step.ExpertRows) + arBytes(n, 4*float64(psi)) + arBytes(n, 8) + arBytes(tpN*n, norm)
 }
 
 // ppMicro is the micro-batches per step (train.grad_accum) of the pipeline
@@ -187,6 +250,13 @@ func tpCommBytes(sp bool) func(b layoutBench, n int) float64 {
 //	           statistics, and 2(N-1)/N · 4Ψr            token rows the routing sent and received, each
 //	                                                     crossing twice; Ψr the non-expert parameters
 //	                                                     (epCommBytes in bench_ep.go has every term)
+//	ep N ×     tp 2's (e·(4L+2)·V + 4·3·b·s)             the ep N row's model on 2N ranks (dp = ep = N):
+//	tp 2       − e·2L·V + 2·e·h·R                        over the tp group the dense formula less the MLP's
+//	           + the ep N row's routing terms            all-reduces, plus each expert's of its R rows (the
+//	           + AR(4Ψr/tp) + AR(8) + AR over 2N (16)    step's expert_load of rank 0's experts); over the
+//	                                                     ep group the routing as above and a tp rank's
+//	                                                     non-expert parameters; the norm over all 2N ranks
+//	                                                     (epTPLayoutBytes)
 //
 // each plus 2(N-1)/N · 16 for the gradient norm (24 under fp16, whose
 // overflow flag travels with it; see tp.StepBytes). With
@@ -229,6 +299,9 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 			j.procs = n
 			flags = strings.Fields(nd.Replace(row.flags))
 		}
+		if row.routed != nil {
+			j.procs = n * row.routed.tp
+		}
 		cfg, err := config.Load("", nil, flags)
 		if err != nil {
 			return fmt.Errorf("bench layouts: row %q: %w", j.name, err)
@@ -256,7 +329,11 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 			if err := launchTrain("layouts", tag, j.procs, argv, stderr); err != nil {
 				return err
 			}
-			m, err := readLayoutMetrics(metrics)
+			var formula func(metricLine) float64
+			if row := layoutRows[i]; row.routed != nil {
+				formula = func(step metricLine) float64 { return row.routed.bytes(b, n, step) }
+			}
+			m, err := readLayoutMetrics(metrics, formula)
 			if err != nil {
 				return err
 			}
@@ -274,7 +351,7 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 			if row.comm != nil {
 				f = row.comm(b, n)
 			} else {
-				f = row.routed(b, n, m.rows)
+				f = m.formula
 			}
 			formula = fmt.Sprintf("%.0f", f)
 			switch {
@@ -300,8 +377,9 @@ func benchLayouts(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// layoutMetrics is what one run of a layout reports.
-type layoutMetrics struct{ ms, tps, comm, params, act, rows float64 }
+// layoutMetrics is what one run of a layout reports; formula is a MoE
+// row's (moeRow.bytes), taken over the same steps as comm.
+type layoutMetrics struct{ ms, tps, comm, params, act, formula float64 }
 
 type layoutResult struct{ runs []layoutMetrics }
 
@@ -317,29 +395,33 @@ func (r *layoutResult) median() layoutMetrics {
 		return median(xs)
 	}
 	return layoutMetrics{
-		ms:     field(func(m layoutMetrics) float64 { return m.ms }),
-		tps:    field(func(m layoutMetrics) float64 { return m.tps }),
-		comm:   field(func(m layoutMetrics) float64 { return m.comm }),
-		params: field(func(m layoutMetrics) float64 { return m.params }),
-		act:    field(func(m layoutMetrics) float64 { return m.act }),
-		rows:   field(func(m layoutMetrics) float64 { return m.rows }),
+		ms:      field(func(m layoutMetrics) float64 { return m.ms }),
+		tps:     field(func(m layoutMetrics) float64 { return m.tps }),
+		comm:    field(func(m layoutMetrics) float64 { return m.comm }),
+		params:  field(func(m layoutMetrics) float64 { return m.params }),
+		act:     field(func(m layoutMetrics) float64 { return m.act }),
+		formula: field(func(m layoutMetrics) float64 { return m.formula }),
 	}
 }
 
 // readLayoutMetrics returns the medians of a metrics file's timed steps
-// (the first is not) and rank 0's memory entry.
-func readLayoutMetrics(path string) (layoutMetrics, error) {
+// (the first is not) and rank 0's memory entry; of formula's value on
+// each timed step too, when given.
+func readLayoutMetrics(path string, formula func(metricLine) float64) (layoutMetrics, error) {
 	var out layoutMetrics
 	lines, err := readMetrics(path)
 	if err != nil {
 		return out, err
 	}
-	var ms, tps, comm, rows []float64
+	var ms, tps, comm, fs []float64
 	mem := false
 	for _, m := range lines {
 		switch {
 		case m.Kind == "train" && m.Step > 1:
-			ms, tps, comm, rows = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm), append(rows, m.ExpertRows)
+			ms, tps, comm = append(ms, m.StepMS), append(tps, m.TPS), append(comm, m.Comm)
+			if formula != nil {
+				fs = append(fs, formula(m))
+			}
 		case m.Kind == "memory" && m.Rank == 0:
 			out.params, out.act, mem = m.Params, m.Act, true
 		}
@@ -347,6 +429,9 @@ func readLayoutMetrics(path string) (layoutMetrics, error) {
 	if len(ms) == 0 || !mem {
 		return out, fmt.Errorf("%s: no timed steps or no memory entry (train.steps must be 2 or more)", path)
 	}
-	out.ms, out.tps, out.comm, out.rows = median(ms), median(tps), median(comm), median(rows)
+	out.ms, out.tps, out.comm = median(ms), median(tps), median(comm)
+	if formula != nil {
+		out.formula = median(fs)
+	}
 	return out, nil
 }

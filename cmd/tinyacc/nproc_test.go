@@ -40,7 +40,9 @@ func TestTrainNprocMatchesOneProcess(t *testing.T) {
 // bytes each sends to its formula (it fails beyond 1%): one table, one row
 // per layout; in float32 and under --precision bf16, where activations
 // travel in 2 bytes and the formula's activation terms halve, as do
-// ZeRO's parameter gathers (the 2-byte copies).
+// ZeRO's parameter gathers (the 2-byte copies). The MoE rows (ep 2, and
+// ep 2 × tp 2 on 4 processes, whose experts each all-reduce their rows
+// over the tp group) are held step by step to their routing's formula.
 func TestBenchLayouts(t *testing.T) {
 	bin := tinyaccBinary(t)
 	for _, precision := range []string{"no", "bf16"} {
@@ -53,7 +55,7 @@ func TestBenchLayouts(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 		require.Len(t, lines, 2+len(layoutRows)+2, stdout.String())
 		require.Contains(t, lines[0], "mixed precision "+precision)
-		for i, name := range []string{"1 process", "dp 2", "zero-1 dp 2", "zero-3 dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1", "cp 2 ring", "cp 2 allgather", "ep 2 MoE"} {
+		for i, name := range []string{"1 process", "dp 2", "zero-1 dp 2", "zero-3 dp 2", "tp 2", "tp 2 + SP", "pp 2 afab", "pp 2 1f1b", "pp 2 interleaved", "pp 2 zb1", "cp 2 ring", "cp 2 allgather", "ep 2 MoE", "ep 2 x tp 2 MoE"} {
 			row := lines[2+i]
 			require.True(t, strings.HasPrefix(row, name), row)
 			if i > 0 {

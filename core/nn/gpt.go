@@ -406,14 +406,15 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		// mixed precision, stores in 2 bytes what the backward reads, from
 		// to's graph down to from (included, to not): a part of the block
 		// the forward has no more use for. A fully recomputed block keeps
-		// nothing of its own; a MoE layer's buffers are not stored (its
-		// backward reads them as the forward left them).
+		// nothing of its own. A MoE layer's buffers are stored with the
+		// rest of the block at its end but for the router's probabilities
+		// and weights, which their ops keep float32 (tensor.SoftmaxRows).
 		settle := func(to, from *tensor.Tensor) {
 			for _, t := range drop {
 				tensor.Drop(t)
 			}
 			drop = drop[:0]
-			if !r.Full && (b.MoE == nil || from == in) {
+			if !r.Full {
 				tensor.StoreHalf(to, from)
 			}
 		}

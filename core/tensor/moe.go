@@ -48,7 +48,28 @@ func SoftmaxRows(x *Tensor) *Tensor {
 		}
 		return []*Tensor{gx}
 	}, x)
+	// The backward reads the probabilities beside the identity their
+	// float32 values hold (each row sums to one), so they stay float32
+	// under mixed precision: see exactOutput.
+	exactOutput(out)
 	return out
+}
+
+// exactOutput keeps out, whose op's backward reads it, float32 under
+// mixed precision (StoreHalf passes it by). The router's softmax and its
+// renormalised weights are such outputs: each backward is a difference
+// of near-equal terms (g_j - Σ g·p, g_j - Σ g·w) that is exact only while
+// the row sums to one. Rounded to 2 bytes the row no longer does, and
+// the backward leaves an error of 2^-8 of the incoming gradient in the
+// router's gradient, a large share of it where the experts' outputs are
+// alike, in the direction softmax cannot see
+// (TestStoreHalfKeepsRouterRowsExact).
+// Both tensors are [N, experts] and [N, top_k]: keeping them costs
+// nothing beside the experts' rows.
+func exactOutput(out *Tensor) {
+	if out.node != nil {
+		out.node.exact = true
+	}
 }
 
 // GatherRows returns the rows of x [N, C] listed in rows, in that order
@@ -134,6 +155,7 @@ func RoutedWeights(p *Tensor, choice []int, k int) *Tensor {
 		}
 		return []*Tensor{gp}
 	}, p)
+	exactOutput(out) // its backward reads w beside Σ w = 1
 	return out
 }
 
@@ -224,6 +246,7 @@ func RouterAuxLoss(p *Tensor, colGrad []float64, value float64) *Tensor {
 		}
 		return []*Tensor{gp}
 	}, p)
+	exactOutput(out) // its backward reads w beside Σ w = 1
 	return out
 }
 

@@ -378,3 +378,55 @@ func TestOpsReadParamCopies(t *testing.T) {
 		require.NotEqual(t, run(Float32, func([]float32) {}), got, "%s: the half path changed nothing", c.d)
 	}
 }
+
+// TestStoreHalfKeepsRouterRowsExact: on a bf16 rank a router's logits are
+// stored in 2 bytes with the rest of a block, but its probabilities
+// (SoftmaxRows) and renormalised weights (RoutedWeights) stay float32:
+// their backwards read them beside the identity that each row sums to
+// one. So the gradient keeps softmax's invariance to a shift of a row's
+// logits: each row of the router weight's gradient (its C inputs, summed
+// over the experts) is zero to float32 rounding, where probabilities
+// rounded to bf16 leave 2^-8 of the gradient there.
+func TestStoreHalfKeepsRouterRowsExact(t *testing.T) {
+	const N, C, E, k = 16, 8, 4, 2
+	rng := rand.New(rand.NewSource(7))
+	a := NewAllocator()
+	a.SetCompute(BFloat16)
+	param := func(shape ...int) *Tensor {
+		p := a.New(Params, Float32, shape...)
+		for i := range p.F32() {
+			p.F32()[i] = float32(rng.NormFloat64())
+		}
+		return p.RequiresGrad()
+	}
+	x, w := param(N, C), param(C, E)
+	logits := Linear(x, w, nil)
+	p := SoftmaxRows(logits)
+	choice := make([]int, 0, N*k)
+	for range N {
+		choice = append(choice, rng.Perm(E)[:k]...)
+	}
+	rw := RoutedWeights(p, choice, k)
+	r := a.New(Activations, Float32, N, k)
+	for i := range r.F32() {
+		r.F32()[i] = float32(rng.NormFloat64())
+	}
+	loss := Sum(Mul(rw, r))
+	before := a.Usage().Current[Activations]
+	StoreHalf(loss, x)
+	require.Equal(t, int64(2*(N*E+N*k)), before-a.Usage().Current[Activations], "the logits and the product stored in 2 bytes, the probabilities and weights not")
+	_, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a})
+	require.NoError(t, err)
+	g := w.Grad.Float64s()
+	var scale float64
+	for _, v := range g {
+		scale = math.Max(scale, math.Abs(v))
+	}
+	for c := 0; c < C; c++ {
+		var s float64
+		for e := 0; e < E; e++ {
+			s += g[c*E+e]
+		}
+		require.LessOrEqual(t, math.Abs(s), 1e-6*scale, "row %d of the router's gradient sums to %v", c, s)
+	}
+}

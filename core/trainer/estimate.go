@@ -154,9 +154,16 @@ const RuntimeBytes = 48 << 20
 // the sum to the allocator's count over a grid of shapes, and
 // TestNoWeightSizedTemporaries fails if a weight-sized temporary comes
 // back. MoE blocks add their difference from a dense block
-// (MoEActivationFloats).
+// (MoEActivationFloats; MoEBlockBytes under mixed precision, where the
+// backward of a MoE block widens its rows beside everything saved).
 func ActivationBytes(cfg config.Config, m nn.GPTConfig, l ActLayout) int64 {
-	return ModelPass(cfg, m, l).Peak() + 4*MoEActivationFloats(m, cfg.Train.BatchSize) + 1024
+	p := ModelPass(cfg, m, l)
+	held, widened := MoEBlockBytes(m, int64(cfg.Train.BatchSize)*int64(m.BlockSize), 1, l.TP, p.E)
+	peak := p.Peak()
+	if widened > 0 {
+		peak = max(p.HeadMoment(), p.BlockMoment(p.L)+widened)
+	}
+	return peak + MoEBlocks(m)*held + 1024
 }
 
 // ModelPass is one micro-batch's pass through the whole model m (its

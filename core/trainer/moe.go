@@ -164,28 +164,33 @@ func checkpointMoE(recorded map[string]any) (nn.MoEConfig, error) {
 
 // MoEActivationFloats is what the MoE blocks of m add to the activations
 // of the dense model (ActivationBytes) in one micro-batch of B sequences
-// on one process, in elements. Per MoE block of N = B·T tokens:
+// on one rank of a tensor-parallel group of tp (1: none), in elements.
+// Per MoE block of N = B·T tokens:
 //
 //   - MoERowFloats per row its experts process (MoERows of them): the
 //     gathered input (C), the 4C-wide hidden layer before and after
-//     GELU, its output (C), and the row's routing weight and index (the
-//     backward frees each gradient once consumed, so no row's gradients
-//     add to the peak);
+//     GELU (4C/tp each under tensor parallel, which splits each expert
+//     like the dense MLP), its output (C), and the row's routing weight
+//     and index (the backward frees each gradient once consumed, so no
+//     row's gradients add to the peak);
 //   - C·N·E + 5·N·E: each expert's input gradient scattered back into a
 //     [N, C] buffer, and the router's logits, probabilities and their
 //     gradients;
-//   - minus 14·N·C: the dense MLP's terms the experts replace.
+//   - minus (2 + 12/tp)·N·C: the dense MLP's terms the experts replace
+//     (14·N·C on one rank): its input and output, whole, and its
+//     hidden layer before and after GELU and that layer's gradient in
+//     backward, split by tensor parallel as BlockActsOf splits them.
 //
 // Fitted to the allocator's count over E, k, B·T, C and n_layer, it holds
 // to 15% like the dense terms (TestMoEEstimateCountsExperts).
-func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
-	return MoEBlocks(m) * MoEBlockFloats(m, int64(B)*int64(m.BlockSize), 1)
+func MoEActivationFloats(m nn.GPTConfig, B, tp int) int64 {
+	return MoEBlocks(m) * MoEBlockFloats(m, int64(B)*int64(m.BlockSize), 1, tp)
 }
 
 // MoEBlockFloats is the one rule of what a MoE block adds to a dense
 // block's activations for the n tokens a rank routes in one micro-batch,
-// with its experts spread over ep ranks (1: all on this rank), in
-// elements: MoEActivationFloats's terms per block, where under expert
+// with its experts spread over ep ranks (1: all on this rank) and split
+// over tp (1: whole), in elements: MoEActivationFloats's terms per block, where under expert
 // parallel the rows this rank's experts process are the worst case of
 // MoEWorstRows and the block also holds its exchange buffers, 2·C·(S + R)
 // for the S rows it sends (MoERows: its tokens' assignments) and the R it
@@ -193,7 +198,7 @@ func MoEActivationFloats(m nn.GPTConfig, B int) int64 {
 // their gradients as it consumes them).
 // The whole model's estimate and a pipeline stage's (plugins/pp, per
 // micro-batch in flight) both count MoE blocks by it.
-func MoEBlockFloats(m nn.GPTConfig, n int64, ep int) int64 {
+func MoEBlockFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
 	if m.MoE.Experts == 0 {
 		return 0
 	}
@@ -204,7 +209,47 @@ func MoEBlockFloats(m nn.GPTConfig, n int64, ep int) int64 {
 		rows = MoEWorstRows(m.MoE, n, ep)
 		buffers = 2 * c * (s + rows)
 	}
-	return MoERowFloats(m)*rows + c*n*e + 5*n*e - 14*n*c + buffers
+	dense := 2*n*c + 12*n*c/int64(max(1, tp))
+	return MoERowFloats(m, tp)*rows + c*n*e + 5*n*e - dense + buffers
+}
+
+// MoEBlockBytes is MoEBlockFloats in bytes for activations kept in e
+// bytes (4; 2 under mixed precision, tensor.StoreHalf): held is what the
+// block adds to the saved activations of a dense block from its forward
+// to its backward, and widened what its own backward adds beside them.
+// Under mixed precision a MoE block stores its rows (MoEStoredFloats) in
+// 2 bytes, and the dense MLP's share it replaces was counted with its
+// 4C/tp-wide hidden layer before and after GELU in 2 bytes too, so
+// (4 − e)·8·N·C/tp fewer to take away; the router's probabilities and
+// weights, the routing indices and every gradient stay float32. Its
+// backward widens its rows again beside everything saved, in place of
+// the dense MLP's hidden layer ((4 − e)·8·N·C/tp, PassActs.BlockMoment's
+// Widened). In float32 (e = 4) held is 4·MoEBlockFloats, widened 0.
+// Fitted to the allocator over top_k 1, 2, 4, widths 32 and 64 and tp 1
+// and 2 in bf16: within 5% (TestMoEEstimateCountsExperts).
+func MoEBlockBytes(m nn.GPTConfig, n int64, ep, tp int, e int64) (held, widened int64) {
+	f := MoEBlockFloats(m, n, ep, tp)
+	if m.MoE.Experts == 0 || e >= 4 {
+		return 4 * f, 0
+	}
+	dense := 8 * n * int64(m.NEmbd) / int64(max(1, tp))
+	s := MoEStoredFloats(m, n, ep, tp)
+	return 4*f - (4-e)*(s-dense), (4 - e) * (s - dense)
+}
+
+// MoEStoredFloats is the part of MoEBlockFloats's rows a block stores in
+// its compute dtype under mixed precision: each row's input, hidden
+// layer before and after GELU and output, and under expert parallel the
+// exchanged rows.
+func MoEStoredFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
+	c := int64(m.NEmbd)
+	s := MoERows(m.MoE, n)
+	rows, buffers := s, int64(0)
+	if ep > 1 {
+		rows = MoEWorstRows(m.MoE, n, ep)
+		buffers = 2 * c * (s + rows)
+	}
+	return (MoERowFloats(m, tp)-2)*rows + buffers
 }
 
 // MoEDeferredFloats is what a MoE block's backward keeps beyond
@@ -212,7 +257,7 @@ func MoEBlockFloats(m nn.GPTConfig, n int64, ep int) int64 {
 // which frees nothing before its W): each row's gradients, MoERowFloats
 // more per row its experts process (MoERows, or MoEWorstRows under
 // expert parallel).
-func MoEDeferredFloats(m nn.GPTConfig, n int64, ep int) int64 {
+func MoEDeferredFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
 	if m.MoE.Experts == 0 {
 		return 0
 	}
@@ -220,7 +265,7 @@ func MoEDeferredFloats(m nn.GPTConfig, n int64, ep int) int64 {
 	if ep > 1 {
 		rows = MoEWorstRows(m.MoE, n, ep)
 	}
-	return MoERowFloats(m) * rows
+	return MoERowFloats(m, tp) * rows
 }
 
 // MoEWorstRows is the most rows the experts of one rank process in one
@@ -237,8 +282,14 @@ func MoEWorstRows(m nn.MoEConfig, n int64, ep int) int64 {
 	return rows
 }
 
-// MoERowFloats is the activation elements of one row an expert processes.
-func MoERowFloats(m nn.GPTConfig) int64 { return 10*int64(m.NEmbd) + 2 }
+// MoERowFloats is the activation elements of one row an expert processes
+// on a rank of a tensor-parallel group of tp: its input and output whole
+// (C each), its 4C-wide hidden layer before and after GELU split (c_fc
+// by columns), the routing weight and index.
+func MoERowFloats(m nn.GPTConfig, tp int) int64 {
+	c := int64(m.NEmbd)
+	return 2*c + 8*c/int64(max(1, tp)) + 2
+}
 
 // MoEBlocks is the number of MoE blocks of m.
 func MoEBlocks(m nn.GPTConfig) int64 {

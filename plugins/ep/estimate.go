@@ -30,8 +30,9 @@ func (e Estimator) LocalParams(in trainer.EstimateInput, ps []nn.ParamShape) []n
 
 // EstimateMemory implements trainer.MemoryEstimator: the rows this rank's
 // experts process move from one process's count to the worst case, and
-// each MoE block holds its exchange buffers (trainer.MoEBlockFloats with
-// ep = N against 1). Under pipeline parallel the pipeline's estimator
+// each MoE block holds its exchange buffers (trainer.MoEBlockBytes with
+// ep = N against 1: under mixed precision stored in 2 bytes, and widened
+// by one block's backward). Under pipeline parallel the pipeline's estimator
 // counts each stage's MoE blocks by the same rule, per micro-batch in
 // flight, and this adds nothing.
 func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryEstimate) error {
@@ -40,7 +41,10 @@ func (e Estimator) EstimateMemory(in trainer.EstimateInput, est *trainer.MemoryE
 	}
 	m := in.Model
 	n := int64(in.Cfg.Train.BatchSize) * int64(m.BlockSize) / int64(max(1, in.Cfg.Parallel.CP)) // a cp rank routes its chunk
-	extra := 4 * trainer.MoEBlocks(m) * (trainer.MoEBlockFloats(m, n, e.N) - trainer.MoEBlockFloats(m, n, 1))
+	tp, b := in.Cfg.Parallel.TP, trainer.PassActsE(in.Cfg.Train.MixedPrecision)
+	held, widened := trainer.MoEBlockBytes(m, n, e.N, tp, b)
+	held1, widened1 := trainer.MoEBlockBytes(m, n, 1, tp, b)
+	extra := trainer.MoEBlocks(m)*(held-held1) + widened - widened1
 	est.ActPeak += extra
 	est.PeakBytes += extra
 	return nil

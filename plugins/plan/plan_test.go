@@ -188,6 +188,48 @@ func TestPredictExpertParallelAllToAll(t *testing.T) {
 	require.InDelta(t, want+grads+optim, gather.Step-one.Step, 1e-9*want)
 }
 
+// Under tensor parallel each expert is split like the dense MLP, so each
+// of a MoE block's experts on the rank all-reduces its rows over the tp
+// group, forward (its output) and backward (its input's gradient), in
+// place of the dense MLP's one all-reduce per direction. Worked by hand
+// on the golden profile (all-reduces of 2 ranks: 100 µs + bytes at 1
+// GB/s; all-to-all of 2 ranks: 300 µs + bytes/2 at 0.5 GB/s), 4 MoE
+// blocks of 4 experts, top-2, 2 sequences of 32 tokens (64 rows, 64
+// wide, 16384 bytes): against the dense model of the same shape, tp 2
+// alone (no gradient all-reduce: dp 1) adds per block and direction 4
+// all-reduces of 64·2 rows spread over 4 experts (8192 bytes each) less
+// the MLP's of 16384 bytes; ep 2 × tp 2 (dp 2) 2 all-reduces of 16384
+// bytes less one, beside the all-to-alls and the smaller gradient
+// all-reduce (the experts' gradients have one replica each: none).
+func TestPredictExpertsUnderTensorParallel(t *testing.T) {
+	ar := func(bytes float64) float64 { return 1e-4 + bytes/1e9 }
+	a2a := func(bytes float64) float64 { return 3e-4 + bytes/2/0.5e9 }
+	dense := tinyConfig()
+	dense.Train.BatchSize, dense.DDP.Mode, dense.Parallel.TP = 2, "naive", 2
+	moe := dense
+	moe.Model.MoE.Experts, moe.Model.MoE.TopK, moe.Model.MoE.Every = 4, 2, 1
+	one := 4.0 * 64 * 64 // one all-reduce of the dense MLP: 64 rows × 64 floats
+
+	d, err := Predict(dense, 2, golden(t))
+	require.NoError(t, err)
+	m, err := Predict(moe, 2, golden(t))
+	require.NoError(t, err)
+	want := 4 * 2 * (4*ar(2*one/4) - ar(one))
+	require.InDelta(t, want, m.Comm-d.Comm, 1e-9*want)
+
+	d, err = Predict(dense, 4, golden(t))
+	require.NoError(t, err)
+	moe.Parallel.EP = 2
+	m, err = Predict(moe, 4, golden(t))
+	require.NoError(t, err)
+	experts := 4 * 2 * (2*ar(2*one/2) - ar(one))
+	exchange := 4 * (a2a(8*4) + 4*a2a(2*one))
+	X := float64(trainer.GPTConfig(moe).ExpertParams())
+	grads := ar(4*(float64(trainer.GPTConfig(moe).NumParams())-X)/2) - ar(4*float64(trainer.GPTConfig(dense).NumParams())/2)
+	want = experts + exchange + grads
+	require.InDelta(t, want, m.Comm-d.Comm, 1e-9*want)
+}
+
 // A collective of 2 ranks inside a world of 4 waits at least what a small
 // one adds between compute with 4 ranks on the machine (their busy
 // latency), not the 2 ranks' own: waking a waiting member depends on how

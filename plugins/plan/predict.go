@@ -88,7 +88,9 @@ type Prediction struct {
 //
 // Expert parallel's exchanges (expertExchange) add to the forward and
 // backward of every mixture-of-experts block: all-to-alls of the rank's
-// routed rows priced at the profile's all-to-all over ep ranks.
+// routed rows priced at the profile's all-to-all over ep ranks. Under
+// tensor parallel each of the block's experts all-reduces its own rows
+// in place of the dense MLP's one all-reduce (expertsUnderTP).
 //
 // Bubble. The schedule (pp.Generate) is played by the pipeline
 // simulator with these per-chunk costs, the stages sharing the cores
@@ -193,6 +195,8 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		return p.contendedIn(backend, op, n, world, bytes, wake)
 	})
 	epF, epB := expertExchange(cfg, coll, rows)
+	xF, xB := expertsUnderTP(cfg, coll, rows)
+	epF, epB = epF+xF, epB+xB
 	last := len(split) - 1
 	// Per chunk and micro-batch, forward + backward: the communication
 	// while only the chunk's stage computes, and while every stage does.
@@ -526,4 +530,25 @@ func expertExchange(cfg config.Config, coll func(op string, n int, bytes float64
 	}
 	x := coll("all_to_all", ep, 4*rows*k*C)
 	return coll("all_to_all", ep, 8*float64(mc.Experts)) + 2*x, 2 * x
+}
+
+// expertsUnderTP is what tensor parallel's all-reduces of a
+// mixture-of-experts block cost beyond a dense block's (counted with
+// every block), per micro-batch of rows tokens on one rank, forward and
+// backward (seconds). Each expert is split like the dense MLP (c_fc by
+// columns, c_proj by rows), so each of the rank's experts/ep experts
+// all-reduces its output rows over the tp group forward and its input's
+// gradient backward, one all-reduce each, on no rows when no token chose
+// it; the rows·top_k routed rows (4·n_embd bytes each) spread evenly over
+// them. They replace the dense MLP's one all-reduce of rows·n_embd floats
+// per direction.
+func expertsUnderTP(cfg config.Config, coll func(op string, n int, bytes float64) float64, rows float64) (fwd, bwd float64) {
+	tp, mc := cfg.Parallel.TP, cfg.Model.MoE
+	if tp < 2 || mc.Experts == 0 {
+		return 0, 0
+	}
+	C, k := float64(cfg.Model.NEmbd), float64(mc.TopK)
+	local := float64(mc.Experts / max(1, cfg.Parallel.EP))
+	x := local*coll("all_reduce", tp, 4*rows*k*C/local) - coll("all_reduce", tp, 4*rows*C)
+	return x, x
 }

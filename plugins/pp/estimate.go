@@ -152,8 +152,8 @@ func (e *Estimator) chunkTerms(cfg config.Config, m nn.GPTConfig, c, r int) (sav
 			blocks++
 		}
 	}
-	moe := 4 * blocks * trainer.MoEBlockFloats(m, bt, cfg.Parallel.EP) // float32 in every precision
-	deferred := moe + 4*blocks*trainer.MoEDeferredFloats(m, bt, cfg.Parallel.EP)
+	moe := 4 * blocks * trainer.MoEBlockFloats(m, bt, cfg.Parallel.EP, cfg.Parallel.TP) // float32 in every precision
+	deferred := moe + 4*blocks*trainer.MoEDeferredFloats(m, bt, cfg.Parallel.EP, cfg.Parallel.TP)
 	if e.sched.Split {
 		return saved + moe, full + deferred, held + deferred
 	}
