@@ -214,3 +214,32 @@ CLONES void tacc_add_bias(float *restrict y, const float *restrict b, long rows,
 		}
 	}
 }
+
+// bf16_bits matches BF16FromF32 in half.go (round to nearest even, NaN kept
+// quiet), written without branches so the loops below vectorise.
+static inline uint32_t bf16_bits(uint32_t u) {
+	uint32_t r = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+	uint32_t nan = (u >> 16) | 0x40;
+	return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+}
+
+// tacc_bf16_from_f32 matches BF16FromF32s: src holds float32 bit patterns.
+CLONES void tacc_bf16_from_f32(const uint32_t *src, uint16_t *dst, long n) {
+	for (long i = 0; i < n; i++) {
+		dst[i] = (uint16_t)bf16_bits(src[i]);
+	}
+}
+
+// tacc_bf16_to_f32 matches BF16ToF32s: dst receives float32 bit patterns.
+CLONES void tacc_bf16_to_f32(const uint16_t *src, uint32_t *dst, long n) {
+	for (long i = 0; i < n; i++) {
+		dst[i] = (uint32_t)src[i] << 16;
+	}
+}
+
+// tacc_round_bf16 matches RoundBF16 on float32 bit patterns, in place.
+CLONES void tacc_round_bf16(uint32_t *x, long n) {
+	for (long i = 0; i < n; i++) {
+		x[i] = bf16_bits(x[i]) << 16;
+	}
+}

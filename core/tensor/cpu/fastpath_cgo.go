@@ -94,3 +94,33 @@ func addBias32(y, b []float32, cols int) {
 	_ = b[cols-1]
 	C.tacc_add_bias((*C.float)(&y[0]), (*C.float)(&b[0]), C.long(rows), C.long(cols))
 }
+
+// The bf16 conversions hand over at least this many elements to C; shorter
+// slices stay in Go, where the cgo transition would cost more than the loop.
+const convC = 256
+
+func bf16FromF32s(dst []uint16, src []float32) {
+	if len(src) < convC {
+		bf16FromF32sGo(dst, src)
+		return
+	}
+	_ = dst[len(src)-1]
+	C.tacc_bf16_from_f32((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint16_t)(&dst[0]), C.long(len(src)))
+}
+
+func bf16ToF32s(dst []float32, src []uint16) {
+	if len(src) < convC {
+		bf16ToF32sGo(dst, src)
+		return
+	}
+	_ = dst[len(src)-1]
+	C.tacc_bf16_to_f32((*C.uint16_t)(&src[0]), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
+}
+
+func roundBF16(x []float32) {
+	if len(x) < convC {
+		roundBF16Go(x)
+		return
+	}
+	C.tacc_round_bf16((*C.uint32_t)(unsafe.Pointer(&x[0])), C.long(len(x)))
+}
