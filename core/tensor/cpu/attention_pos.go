@@ -388,18 +388,22 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 // forward softmax does.
 func expMinus[F Float](row []F, lse F) {
 	if isF32[F]() {
-		r, l := as32(row), float32(lse)
-		for i, x := range r {
-			var e float32
-			if y := x - l; y >= expLo {
-				e = expCore(min(y, expHi))
-			}
-			r[i] = e
-		}
+		expMinus32(as32(row), float32(lse))
 		return
 	}
 	for i, x := range row {
 		row[i] = F(math.Exp(float64(x - lse)))
+	}
+}
+
+// expMinus32Go is expMinus on float32, the loop fastpath.c repeats.
+func expMinus32Go(r []float32, l float32) {
+	for i, x := range r {
+		var e float32
+		if y := x - l; y >= expLo {
+			e = expCore(min(y, expHi))
+		}
+		r[i] = e
 	}
 }
 

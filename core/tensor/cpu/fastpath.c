@@ -243,3 +243,11 @@ CLONES void tacc_round_bf16(uint32_t *x, long n) {
 		x[i] = bf16_bits(x[i]) << 16;
 	}
 }
+
+// tacc_exp_minus matches expMinus in attention_pos.go on float32.
+CLONES void tacc_exp_minus(float *row, long n, float lse) {
+	for (long i = 0; i < n; i++) {
+		float y = row[i] - lse;
+		row[i] = y >= -87.33654f ? exp_core(y < 88.72283f ? y : 88.72283f) : 0.0f;
+	}
+}

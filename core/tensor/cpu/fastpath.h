@@ -20,5 +20,6 @@ void tacc_add_bias(float *y, const float *b, long rows, long cols);
 void tacc_bf16_from_f32(const uint32_t *src, uint16_t *dst, long n);
 void tacc_bf16_to_f32(const uint16_t *src, uint32_t *dst, long n);
 void tacc_round_bf16(uint32_t *x, long n);
+void tacc_exp_minus(float *row, long n, float lse);
 
 #endif

@@ -124,3 +124,10 @@ func roundBF16(x []float32) {
 	}
 	C.tacc_round_bf16((*C.uint32_t)(unsafe.Pointer(&x[0])), C.long(len(x)))
 }
+
+func expMinus32(row []float32, lse float32) {
+	if len(row) == 0 {
+		return
+	}
+	C.tacc_exp_minus((*C.float)(&row[0]), C.long(len(row)), C.float(lse))
+}

@@ -28,3 +28,5 @@ func addBias32(y, b []float32, cols int)  { addBiasGo(y, b, cols) }
 func bf16FromF32s(dst []uint16, src []float32) { bf16FromF32sGo(dst, src) }
 func bf16ToF32s(dst []float32, src []uint16)   { bf16ToF32sGo(dst, src) }
 func roundBF16(x []float32)                    { roundBF16Go(x) }
+
+func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }

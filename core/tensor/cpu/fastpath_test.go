@@ -100,6 +100,20 @@ func TestLayerNormFastPathMatchesGo(t *testing.T) {
 	}
 }
 
+// TestExpMinusFastPathMatchesGo: the attention backward's exp(x - lse),
+// flushed below the smallest normal and clamped above, bitwise as in Go.
+func TestExpMinusFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(65)
+	x := randSlice[float32](rng, 1003, 60)
+	x = append(x, 0, -200, 200, float32(math.Inf(1)), float32(math.Inf(-1)))
+	for _, lse := range []float32{0, 3.5, -20} {
+		r1, r2 := append([]float32(nil), x...), append([]float32(nil), x...)
+		expMinus32(r1, lse)
+		expMinus32Go(r2, lse)
+		require.Equal(t, r2, r1, "lse %v", lse)
+	}
+}
+
 func TestBiasFastPathMatchesGo(t *testing.T) {
 	rng := newRNG(64)
 	rows, cols := 37, 77

@@ -9,7 +9,7 @@
 #define TACC_BF16_MR 12
 // k pairs per block and rows per block of A: its packed block, the caller's
 // TACC_BF16_MC x TACC_BF16_KC scratch of uint32, stays in cache.
-#define TACC_BF16_KC 256
+#define TACC_BF16_KC 128
 #define TACC_BF16_MC (TACC_BF16_MR * 16)
 
 int tacc_bf16_supported(void);

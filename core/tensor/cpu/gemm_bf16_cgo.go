@@ -8,7 +8,10 @@ package cpu
 */
 import "C"
 
-import "unsafe"
+import (
+	"sync"
+	"unsafe"
+)
 
 // bf16Native says the CPU has AVX512-BF16, so bf16 products run the kernel
 // of gemm_bf16.c; checked once at start.
@@ -29,7 +32,9 @@ const (
 func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
 	kp := (k + 1) / 2
 	panels := (n + bf16NR - 1) / bf16NR
-	packed := make([]uint16, panels*kp*2*bf16NR)
+	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
+	defer packedPool.Put(pb)
+	packed := *pb
 	bp, bf32 := b.ptr()
 	ParallelFor(panels, 1, func(lo, hi int) {
 		C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb),
@@ -37,10 +42,27 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	})
 	ap, af32 := a.ptr()
 	ParallelFor(m, 4*bf16MR, func(lo, hi int) {
-		scratch := make([]uint32, bf16MC*bf16KC) // this chunk's packed rows of A
+		sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC) // this chunk's packed rows of A
+		defer scratchPool.Put(sb)
+		scratch := *sb
 		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
 			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), (*C.uint32_t)(&scratch[0]))
 	})
+}
+
+// The packed operands are written in full before they are read, so their
+// buffers are reused from call to call rather than allocated (and zeroed,
+// and faulted in) for every product.
+var packedPool, scratchPool sync.Pool
+
+// getHalfBuf returns a slice of length n from pool, contents unspecified.
+func getHalfBuf[T uint16 | uint32](pool *sync.Pool, n int) *[]T {
+	if v, ok := pool.Get().(*[]T); ok && cap(*v) >= n {
+		*v = (*v)[:n]
+		return v
+	}
+	s := make([]T, n)
+	return &s
 }
 
 // ptr returns the operand's storage and whether it is float32.
