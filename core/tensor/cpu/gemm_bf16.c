@@ -223,10 +223,17 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 }
 
 // kernel_body adds alpha * (A tile x B panel) over kc pairs to the mr x nr
-// corner of C, reading pair q of the tile's row r at ap[r*rs + q*qs].
+// corner of C, or with overwrite stores it there without reading C (as
+// adding it to zeros would, bitwise), reading pair q of the tile's row r at
+// ap[r*rs + q*qs]. The corner of C is prefetched first: it is touched only
+// after the k loop, and a miss there would stall the whole tile.
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
 static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint16_t *bp, long kc, float *c, long ldc, long mr,
-			       long nr, float alpha) {
+			       long nr, float alpha, int overwrite) {
+	for (long r = 0; r < mr; r++) {
+		__builtin_prefetch(c + r * ldc, 1, 3);
+		__builtin_prefetch(c + r * ldc + NR - 1, 1, 3);
+	}
 	__m512 acc[2 * MR];
 #pragma GCC unroll 24
 	for (int i = 0; i < 2 * MR; i++) {
@@ -247,8 +254,11 @@ static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint1
 	__mmask16 m1 = nr >= 32 ? 0xffff : (nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1));
 	for (long r = 0; r < mr; r++) {
 		float *row = c + r * ldc;
-		__m512 c0 = _mm512_maskz_loadu_ps(m0, row);
-		__m512 c1 = _mm512_maskz_loadu_ps(m1, row + 16);
+		__m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
+		if (!overwrite) {
+			c0 = _mm512_maskz_loadu_ps(m0, row);
+			c1 = _mm512_maskz_loadu_ps(m1, row + 16);
+		}
 		_mm512_mask_storeu_ps(row, m0, _mm512_add_ps(c0, _mm512_mul_ps(va, acc[2 * r])));
 		_mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(c1, _mm512_mul_ps(va, acc[2 * r + 1])));
 	}
@@ -257,20 +267,23 @@ static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint1
 // kernel_pairs reads a tile packed pairs outer (transposed A), kernel_rows
 // one packed rows outer (A not transposed).
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha) {
-	kernel_body(ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha);
+static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
+			 int overwrite) {
+	kernel_body(ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void kernel_rows(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha) {
-	kernel_body(ap, kc, 1, bp, kc, c, ldc, mr, nr, alpha);
+static void kernel_rows(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
+			int overwrite) {
+	kernel_body(ap, kc, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
 }
 
-// tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C,
+// tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
+// (with overwrite, sets them to it: C is not read, as BLAS's beta = 0),
 // with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
 // taken MC at a time, packed into scratch (MC * KC uint32).
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
-			 long m0, long m1, float alpha, float *c, long ldc, uint32_t *scratch) {
+			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, uint32_t *scratch) {
 	long kp = (k + 1) / 2;
 	long panels = (n + NR - 1) / NR;
 	uint32_t *ap = scratch;
@@ -286,9 +299,9 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;
 					float *ct = c + (i0 + t * MR) * ldc + p * NR;
 					if (trans) {
-						kernel_pairs(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha);
+						kernel_pairs(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
 					} else {
-						kernel_rows(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha);
+						kernel_rows(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
 					}
 				}
 			}

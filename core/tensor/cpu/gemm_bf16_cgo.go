@@ -24,12 +24,13 @@ const (
 	bf16KC = C.TACC_BF16_KC
 )
 
-// gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied). B is
+// gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied), or
+// with overwrite sets C to it without reading C (beta == 0). B is
 // packed once into pair-interleaved panels, split over the threads by
 // panel; then the threads take rows of C, each packing its own rows of A.
 // Each element of C sees the same operations in the same order whatever
 // the split, so the result does not depend on Threads().
-func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	kp := (k + 1) / 2
 	panels := (n + bf16NR - 1) / bf16NR
 	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
@@ -46,7 +47,7 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 		defer scratchPool.Put(sb)
 		scratch := *sb
 		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
-			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), (*C.uint32_t)(&scratch[0]))
+			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&scratch[0]))
 	})
 }
 

@@ -76,8 +76,11 @@ func HalfGemmPath() string {
 func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, a.len(), lda, b.len(), ldb, len(c), ldc)
 	if bf16Native && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
-		scaleC(m, n, beta, c, ldc)
-		gemmBF16Native(transA, transB, m, n, k, alpha, a, lda, b, ldb, c, ldc)
+		// beta == 0: the kernel stores the products without reading C
+		if beta != 0 {
+			scaleC(m, n, beta, c, ldc)
+		}
+		gemmBF16Native(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta == 0, c, ldc)
 		return
 	}
 	gemmHalfWiden(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
