@@ -1,7 +1,8 @@
 //go:build cgo && !purego
 
 // Vectorised float32 loops for the cgo build. Each function mirrors a Go
-// loop in fastpath.go operation for operation: the same formulas, the same
+// loop (in fastpath.go, half.go, attention_pos.go and vec.go) operation for
+// operation: the same formulas, the same
 // evaluation order, no fused multiply-add (-ffp-contract=off) and sums kept
 // in sumLanes partial sums combined in a fixed order. So every CPU variant
 // below, and the pure-Go build, produce bitwise the same results; the C
