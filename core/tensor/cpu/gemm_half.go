@@ -109,3 +109,20 @@ func (o halfOperand) widen() []float32 {
 	}
 	return out
 }
+
+// gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
+// the calling goroutine only, for the attention's per-head score products,
+// which run inside a head-parallel loop that holds the BLAS library
+// single-threaded (serialBLAS): the portable path calls gemmBLAS.
+func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	checkGemm(false, true, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	ao, bo := halfOperand{f: a}, halfOperand{f: b}
+	if bf16Native && k > 0 {
+		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
+		return
+	}
+	gemmBLAS(false, true, m, n, k, alpha, ao.widen(), lda, bo.widen(), ldb, 0, c, ldc)
+}
