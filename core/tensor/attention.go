@@ -63,7 +63,8 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		checkPositions(op, "pos", pos, T)
 		pos = slices.Clone(pos) // the backward must see these, whatever the caller does later
 	}
-	d := cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C}
+	d := cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C,
+		BF16Scores: qkv.dtype == Float32 && computeOf(qkv) == BFloat16} // precision.go
 	out = like(qkv, B, T, C)
 	// The backward needs only out and the log-sum-exp: it recomputes the
 	// probabilities from q, k and lse (the arithmetic of the context

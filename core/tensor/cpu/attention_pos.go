@@ -55,7 +55,33 @@ import (
 // head h reads key/value head h/(NH/KVH), at column (h/(NH/KVH))*HS of k
 // and v, so the NH/KVH query heads of a group share their keys and values
 // without copies of them. 0 means NH (every head its own).
-type AttnDims struct{ B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO, KVH int }
+//
+// BF16Scores makes the float32 scores q k^T a bf16 product (q and k rounded
+// to bf16 as read, float32 accumulation: GemmRoundBF16), as under PyTorch's
+// autocast; mixed precision sets it, where q and k already hold bf16 values
+// and only the order of the float32 sums changes. The softmax, the
+// log-sum-exp and the other products stay float32.
+type AttnDims struct {
+	B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO, KVH int
+	BF16Scores                                 bool
+}
+
+// shape prints d's sizes and strides for error messages.
+func (d AttnDims) shape() string {
+	return fmt.Sprintf("{B:%d NH:%d HS:%d Tq:%d Tk:%d LdQ:%d LdK:%d LdV:%d LdO:%d KVH:%d}",
+		d.B, d.NH, d.HS, d.Tq, d.Tk, d.LdQ, d.LdK, d.LdV, d.LdO, d.KVH)
+}
+
+// scores sets p (stride ldp) to scale * q k^T for rows [0, m) of one head
+// and n keys: gemm, or the bf16 product when d.BF16Scores (float32 only).
+func scores[F Float](d AttnDims, gemm func(ta, tb bool, m, n, k int, alpha F, a []F, lda int, b []F, ldb int, beta F, c []F, ldc int),
+	m, n int, scale F, q, k, p []F, ldp int) {
+	if d.BF16Scores && isF32[F]() {
+		gemmRoundBF16Serial(m, n, d.HS, float32(scale), as32(q), d.LdQ, as32(k), d.LdK, as32(p), ldp)
+		return
+	}
+	gemm(false, true, m, n, d.HS, scale, q, d.LdQ, k, d.LdK, 0, p, ldp)
+}
 
 // kvHeads is KVH with its default applied.
 func (d AttnDims) kvHeads() int {
@@ -87,11 +113,11 @@ func (d AttnDims) checkSizes(op string, sizes ...size) {
 	w, kw := d.NH*d.HS, d.kvHeads()*d.HS
 	if d.B < 0 || d.NH < 1 || d.HS < 1 || d.Tq < 0 || d.Tk < 0 || d.KVH < 0 || d.NH%d.kvHeads() != 0 ||
 		d.LdQ < w || d.LdK < kw || d.LdV < kw || d.LdO < w {
-		panic(fmt.Sprintf("cpu.%s: bad dimensions %+v; need B, Tq, Tk >= 0, NH, HS >= 1, KVH dividing NH and row strides >= NH*HS (k, v: KVH*HS)", op, d))
+		panic(fmt.Sprintf("cpu.%s: bad dimensions %+v; need B, Tq, Tk >= 0, NH, HS >= 1, KVH dividing NH and row strides >= NH*HS (k, v: KVH*HS)", op, d.shape()))
 	}
 	for _, s := range sizes {
 		if s.have < s.need {
-			panic(fmt.Sprintf("cpu.%s: %s has %d elements, need %d for %+v", op, s.name, s.have, s.need, d))
+			panic(fmt.Sprintf("cpu.%s: %s has %d elements, need %d for %s", op, s.name, s.have, s.need, d.shape()))
 		}
 	}
 }
@@ -211,7 +237,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				} else {
 					p = (*scratch)[:(i1-i0)*Tk]
 				}
-				gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p, Tk)
+				scores(d, gemm, i1-i0, nk, scale, hd.q[i0*d.LdQ:], hd.k, p, Tk)
 				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				if hd.lse != nil {
 					for r := range i1 - i0 {
@@ -341,7 +367,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					continue // no row of the block sees a key; none is read below
 				}
 				if att == nil {
-					gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p[i0*Tk:], Tk)
+					scores(d, gemm, i1-i0, nk, scale, hd.q[i0*d.LdQ:], hd.k, p[i0*Tk:], Tk)
 					for i := i0; i < i1; i++ {
 						n := int(vis[i])
 						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
@@ -388,18 +414,22 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 // forward softmax does.
 func expMinus[F Float](row []F, lse F) {
 	if isF32[F]() {
-		r, l := as32(row), float32(lse)
-		for i, x := range r {
-			var e float32
-			if y := x - l; y >= expLo {
-				e = expCore(min(y, expHi))
-			}
-			r[i] = e
-		}
+		expMinus32(as32(row), float32(lse))
 		return
 	}
 	for i, x := range row {
 		row[i] = F(math.Exp(float64(x - lse)))
+	}
+}
+
+// expMinus32Go is expMinus on float32, the loop fastpath.c repeats.
+func expMinus32Go(r []float32, l float32) {
+	for i, x := range r {
+		var e float32
+		if y := x - l; y >= expLo {
+			e = expCore(min(y, expHi))
+		}
+		r[i] = e
 	}
 }
 

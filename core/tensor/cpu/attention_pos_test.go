@@ -410,3 +410,41 @@ func TestAttentionPosBadInput(t *testing.T) {
 	require.PanicsWithValue(t, "cpu.AttentionMerge: bad dimensions {B:1 NH:1 HS:2 Tq:3 Tk:3 LdQ:2 LdK:2 LdV:2 LdO:1 KVH:0}; need B, Tq, Tk >= 0, NH, HS >= 1, KVH dividing NH and row strides >= NH*HS (k, v: KVH*HS)",
 		func() { AttentionMerge(bad, buf(6), buf(3), buf(6), buf(3)) })
 }
+
+// TestAttentionBF16Scores: with BF16Scores the scores are a bf16 product.
+// On q and k that hold bf16 values (as mixed precision rounds them) it
+// changes only the order of float32 sums, so forward and backward, over 1
+// and 3 key blocks, match the float32 scores to 1e-5; on unrounded q and k
+// it is within bf16's 1e-2 of the float64 reference.
+func TestAttentionBF16Scores(t *testing.T) {
+	for _, c := range posCases() {
+		for _, hs := range []int{4, 64} {
+			for _, nb := range []int{1, 3} {
+				t.Run(fmt.Sprintf("%s/hs%d/%d_blocks", c.name, hs, nb), func(t *testing.T) {
+					d, q, k, v, dout := posInputs[float32](c, 2, 2, hs, 45)
+					w := d.NH * d.HS
+					rq, rk := append([]float32(nil), q...), append([]float32(nil), k...)
+					RoundBF16(rq)
+					RoundBF16(rk)
+					db := d
+					db.BF16Scores = true
+					out, lse, dq, dk, dv := blockwise(d, c, nb, rq, rk, v, dout)
+					bout, blse, bdq, bdk, bdv := blockwise(db, c, nb, rq, rk, v, dout)
+					requireClose(t, colsOf(bout, d.LdO, w), to64(colsOf(out, d.LdO, w)), 1e-5, "out")
+					for i := range lse {
+						require.InDelta(t, float64(lse[i]), float64(blse[i]), 1e-5*math.Max(1, math.Abs(float64(lse[i]))), "lse %d", i)
+					}
+					requireClose(t, colsOf(bdq, d.LdQ, w), to64(colsOf(dq, d.LdQ, w)), 1e-5, "dq")
+					requireClose(t, colsOf(bdk, d.LdK, w), to64(colsOf(dk, d.LdK, w)), 1e-5, "dk")
+					requireClose(t, colsOf(bdv, d.LdV, w), to64(colsOf(dv, d.LdV, w)), 1e-5, "dv")
+
+					bout, _, bdq, _, _ = blockwise(db, c, nb, q, k, v, dout)
+					wantOut, att, _ := refAttnPos(d, to64(q), to64(k), to64(v), c.qpos, c.kpos)
+					wq, _, _ := refAttnPosBackward(d, to64(dout), to64(q), to64(k), to64(v), att)
+					requireClose(t, colsOf(bout, d.LdO, w), colsOf(wantOut, d.LdO, w), 1e-2, "out, unrounded q and k")
+					requireClose(t, colsOf(bdq, d.LdQ, w), colsOf(wq, d.LdQ, w), 1e-2, "dq, unrounded q and k")
+				})
+			}
+		}
+	}
+}

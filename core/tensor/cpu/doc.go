@@ -8,9 +8,10 @@
 // a polynomial approximation accurate to about one float32 ulp instead of
 // the float64 routine of package math, which would dominate the step time,
 // and in the cgo build the elementwise and row loops (GELU, softmax,
-// LayerNorm) run as C that the compiler vectorises. Those C loops repeat the
-// Go loops operation for operation, so the cgo and pure-Go builds agree
-// bitwise on these kernels. float64 exists for finite-difference gradient checks, so
+// LayerNorm, the attention backward's exp, AdamW, the bf16 conversions)
+// run as C that the compiler vectorises or that is written with AVX-512
+// intrinsics. Those C loops repeat the Go loops operation for operation, so
+// the cgo and pure-Go builds agree bitwise on these kernels. float64 exists for finite-difference gradient checks, so
 // it keeps the exact math routines.
 //
 // Matrix products go to OpenBLAS through cgo, or to a blocked pure-Go

@@ -1,7 +1,8 @@
 //go:build cgo && !purego
 
 // Vectorised float32 loops for the cgo build. Each function mirrors a Go
-// loop in fastpath.go operation for operation: the same formulas, the same
+// loop (in fastpath.go, half.go, attention_pos.go and vec.go) operation for
+// operation: the same formulas, the same
 // evaluation order, no fused multiply-add (-ffp-contract=off) and sums kept
 // in sumLanes partial sums combined in a fixed order. So every CPU variant
 // below, and the pure-Go build, produce bitwise the same results; the C
@@ -10,6 +11,7 @@
 // Never fuse a*b+c: the Go loops round after every operation.
 #pragma GCC optimize("fp-contract=off")
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -212,5 +214,102 @@ CLONES void tacc_add_bias(float *restrict y, const float *restrict b, long rows,
 		for (long i = 0; i < cols; i++) {
 			row[i] += b[i];
 		}
+	}
+}
+
+// bf16_bits matches BF16FromF32 in half.go (round to nearest even, NaN kept
+// quiet), written without branches so the loops below vectorise.
+static inline uint32_t bf16_bits(uint32_t u) {
+	uint32_t r = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+	uint32_t nan = (u >> 16) | 0x40;
+	return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+}
+
+// tacc_bf16_from_f32 matches BF16FromF32s: src holds float32 bit patterns.
+CLONES void tacc_bf16_from_f32(const uint32_t *src, uint16_t *dst, long n) {
+	for (long i = 0; i < n; i++) {
+		dst[i] = (uint16_t)bf16_bits(src[i]);
+	}
+}
+
+// tacc_bf16_to_f32 matches BF16ToF32s: dst receives float32 bit patterns.
+CLONES void tacc_bf16_to_f32(const uint16_t *src, uint32_t *dst, long n) {
+	for (long i = 0; i < n; i++) {
+		dst[i] = (uint32_t)src[i] << 16;
+	}
+}
+
+// tacc_round_bf16 matches RoundBF16 on float32 bit patterns, in place.
+CLONES void tacc_round_bf16(uint32_t *x, long n) {
+	for (long i = 0; i < n; i++) {
+		x[i] = bf16_bits(x[i]) << 16;
+	}
+}
+
+// tacc_exp_minus matches expMinus in attention_pos.go on float32.
+CLONES void tacc_exp_minus(float *row, long n, float lse) {
+	for (long i = 0; i < n; i++) {
+		float y = row[i] - lse;
+		row[i] = y >= -87.33654f ? exp_core(y < 88.72283f ? y : 88.72283f) : 0.0f;
+	}
+}
+
+// adamw_step is one element of the float32 loop of AdamW in vec.go: m and v
+// formed with float64 fused multiply-adds rounded once to float32, and the
+// square root of float64(v) rounded to float32, which is sqrtf(v).
+static inline void adamw_step(float *p, const float *g, float *m, float *v, float decay, float b1, float b2, float ob1,
+			      float ob2, float step, float bc2_sqrt, float eps) {
+	float gi = *g;
+	float pi = *p * decay;
+	float mi = (float)__builtin_fma((double)gi, (double)ob1, (double)(b1 * *m));
+	float vi = (float)__builtin_fma((double)(ob2 * gi), (double)gi, (double)(b2 * *v));
+	*m = mi;
+	*v = vi;
+	*p = pi - step * mi / (__builtin_sqrtf(vi) / bc2_sqrt + eps);
+}
+
+// fma_f32 is (float)fma(a, b, c) on 16 float32 lanes, in float64.
+__attribute__((target("avx512f")))
+static inline __m512 fma_f32(__m512 a, __m512 b, __m512 c) {
+	__m256 lo = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(a)),
+						    _mm512_cvtps_pd(_mm512_castps512_ps256(b)),
+						    _mm512_cvtps_pd(_mm512_castps512_ps256(c))));
+#define HI(x) _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))
+	__m256 hi = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtps_pd(HI(a)), _mm512_cvtps_pd(HI(b)), _mm512_cvtps_pd(HI(c))));
+#undef HI
+	return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// adamw_avx512 is adamw_step on 16 lanes at a time: the same operations in
+// the same order.
+__attribute__((target("avx512f")))
+static void adamw_avx512(float *p, const float *g, float *m, float *v, long n, float decay, float b1, float b2, float ob1,
+			 float ob2, float step, float bc2_sqrt, float eps) {
+	long i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m512 gi = _mm512_loadu_ps(g + i);
+		__m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(decay));
+		__m512 mi = fma_f32(gi, _mm512_set1_ps(ob1), _mm512_mul_ps(_mm512_set1_ps(b1), _mm512_loadu_ps(m + i)));
+		__m512 vi = fma_f32(_mm512_mul_ps(_mm512_set1_ps(ob2), gi), gi,
+				    _mm512_mul_ps(_mm512_set1_ps(b2), _mm512_loadu_ps(v + i)));
+		_mm512_storeu_ps(m + i, mi);
+		_mm512_storeu_ps(v + i, vi);
+		__m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), _mm512_set1_ps(bc2_sqrt)), _mm512_set1_ps(eps));
+		_mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(step), mi), den)));
+	}
+	for (; i < n; i++) {
+		adamw_step(p + i, g + i, m + i, v + i, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
+	}
+}
+
+// tacc_adamw matches the float32 loop of AdamW in vec.go.
+void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float decay, float b1, float b2, float ob1,
+		float ob2, float step, float bc2_sqrt, float eps) {
+	if (__builtin_cpu_supports("avx512f")) {
+		adamw_avx512(p, g, m, v, n, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
+		return;
+	}
+	for (long i = 0; i < n; i++) {
+		adamw_step(p + i, g + i, m + i, v + i, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 	}
 }

@@ -94,3 +94,49 @@ func addBias32(y, b []float32, cols int) {
 	_ = b[cols-1]
 	C.tacc_add_bias((*C.float)(&y[0]), (*C.float)(&b[0]), C.long(rows), C.long(cols))
 }
+
+// The bf16 conversions hand over at least this many elements to C; shorter
+// slices stay in Go, where the cgo transition would cost more than the loop.
+const convC = 256
+
+func bf16FromF32s(dst []uint16, src []float32) {
+	if len(src) < convC {
+		bf16FromF32sGo(dst, src)
+		return
+	}
+	_ = dst[len(src)-1]
+	C.tacc_bf16_from_f32((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint16_t)(&dst[0]), C.long(len(src)))
+}
+
+func bf16ToF32s(dst []float32, src []uint16) {
+	if len(src) < convC {
+		bf16ToF32sGo(dst, src)
+		return
+	}
+	_ = dst[len(src)-1]
+	C.tacc_bf16_to_f32((*C.uint16_t)(&src[0]), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
+}
+
+func roundBF16(x []float32) {
+	if len(x) < convC {
+		roundBF16Go(x)
+		return
+	}
+	C.tacc_round_bf16((*C.uint32_t)(unsafe.Pointer(&x[0])), C.long(len(x)))
+}
+
+func expMinus32(row []float32, lse float32) {
+	if len(row) == 0 {
+		return
+	}
+	C.tacc_exp_minus((*C.float)(&row[0]), C.long(len(row)), C.float(lse))
+}
+
+func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
+	if len(p) == 0 {
+		return
+	}
+	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
+	C.tacc_adamw((*C.float)(&p[0]), (*C.float)(&g[0]), (*C.float)(&m[0]), (*C.float)(&v[0]), C.long(len(p)),
+		C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
+}

@@ -24,3 +24,13 @@ func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
 
 func colSums32(dy, p []float32, cols int) { colSumsGo(dy, p, cols) }
 func addBias32(y, b []float32, cols int)  { addBiasGo(y, b, cols) }
+
+func bf16FromF32s(dst []uint16, src []float32) { bf16FromF32sGo(dst, src) }
+func bf16ToF32s(dst []float32, src []uint16)   { bf16ToF32sGo(dst, src) }
+func roundBF16(x []float32)                    { roundBF16Go(x) }
+
+func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }
+
+func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
+	adamWGo(p, g, m, v, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
+}

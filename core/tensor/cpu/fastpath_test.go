@@ -100,6 +100,41 @@ func TestLayerNormFastPathMatchesGo(t *testing.T) {
 	}
 }
 
+// TestExpMinusFastPathMatchesGo: the attention backward's exp(x - lse),
+// flushed below the smallest normal and clamped above, bitwise as in Go.
+func TestExpMinusFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(65)
+	x := randSlice[float32](rng, 1003, 60)
+	x = append(x, 0, -200, 200, float32(math.Inf(1)), float32(math.Inf(-1)))
+	for _, lse := range []float32{0, 3.5, -20} {
+		r1, r2 := append([]float32(nil), x...), append([]float32(nil), x...)
+		expMinus32(r1, lse)
+		expMinus32Go(r2, lse)
+		require.Equal(t, r2, r1, "lse %v", lse)
+	}
+}
+
+// TestAdamWFastPathMatchesGo: AdamW's float32 update (vectorised C in the
+// cgo build) equals the Go loop bitwise, ragged tail and zero moments
+// included, over several steps.
+func TestAdamWFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(66)
+	n := 1000 + 13
+	p1 := randSlice[float32](rng, n, 1)
+	m1, v1 := make([]float32, n), make([]float32, n)
+	p2, m2, v2 := append([]float32(nil), p1...), make([]float32, n), make([]float32, n)
+	for step := 1; step <= 3; step++ {
+		g := randSlice[float32](rng, n, 1e-3*float64(step))
+		g[0], g[1] = 0, 1e4
+		AdamW(p1, g, m1, v1, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+		adamWGo(p2, g, m2, v2, float32(1-1e-3*0.1), float32(0.9), float32(0.95), float32(1-0.9), float32(1-0.95),
+			float32(1e-3/(1-math.Pow(0.9, float64(step)))), float32(math.Sqrt(1-math.Pow(0.95, float64(step)))), float32(1e-8))
+		require.Equal(t, p2, p1, "params at step %d", step)
+		require.Equal(t, m2, m1, "first moments at step %d", step)
+		require.Equal(t, v2, v1, "second moments at step %d", step)
+	}
+}
+
 func TestBiasFastPathMatchesGo(t *testing.T) {
 	rng := newRNG(64)
 	rows, cols := 37, 77

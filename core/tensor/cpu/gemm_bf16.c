@@ -131,54 +131,79 @@ void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long 
 }
 
 // pack_tile_vec packs the full pairs [q0, q0+pairs) of the MR rows from
-// row0 of op(A): the lanes of pack_a's loop, MR at a time under a mask.
-// Transposed, the rows of op(A) are contiguous in the stored rows kk and
-// kk+1; not transposed, each lane's pair is gathered from its row.
+// row0 of op(A) transposed (the rows of op(A) contiguous in the stored rows
+// kk and kk+1): the lanes of pack_a's loop, MR at a time under a mask.
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-static void pack_tile_vec(const void *a, int a_f32, int trans, long lda, long row0, long q0, long pairs, uint32_t *dst) {
+static void pack_tile_vec(const void *a, int a_f32, long lda, long row0, long q0, long pairs, uint32_t *dst) {
 	const __mmask16 mr = (__mmask16)((1u << MR) - 1);
-	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-	__m512i rows = _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)row0)), _mm512_set1_epi32((int)lda));
 	for (long q = 0; q < pairs; q++) {
 		long kk = 2 * (q0 + q);
-		__m512i lo, hi, v;
-		if (trans) {
-			long o0 = kk * lda + row0, o1 = o0 + lda;
-			if (a_f32) {
-				lo = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o0));
-				hi = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o1));
-			} else {
-				lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o0));
-				hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o1));
-			}
-			v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+		long o0 = kk * lda + row0, o1 = o0 + lda;
+		__m512i lo, hi;
+		if (a_f32) {
+			lo = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o0));
+			hi = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o1));
 		} else {
-			__m512i idx = _mm512_add_epi32(rows, _mm512_set1_epi32((int)kk)); // elements (row0+r)*lda + kk
-			if (a_f32) {
-				lo = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, idx, a, 4));
-				hi = round16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, _mm512_set1_epi32(1)), a, 4));
-				v = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-			} else {
-				v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mr, _mm512_add_epi32(idx, idx), a, 1);
-			}
+			lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o0));
+			hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o1));
 		}
-		_mm512_mask_storeu_epi32(dst + q * MR, mr, v);
+		_mm512_mask_storeu_epi32(dst + q * MR, mr, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+	}
+}
+
+// pack_row_vec packs pairs [q0, q0+kc) of row row of op(A) not transposed,
+// where the row's k numbers are contiguous: bf16 neighbours along k are
+// already a pair, so the row is rounded (or copied) 32 numbers at a time
+// into kc consecutive lanes, zero past k.
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void pack_row_vec(const void *a, int a_f32, long lda, long k, long row, long q0, long kc, uint32_t *dst) {
+	// vpermt2w indices of the low 16 bits of the 32 lanes of two vectors
+	// (lane j of the epi32 view: word 4j in the low half, 4j+2 in the high)
+	const __m512i four = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+	const __m512i evens = _mm512_or_si512(four, _mm512_slli_epi32(_mm512_add_epi32(four, _mm512_set1_epi32(2)), 16));
+	long k0 = 2 * q0, n = k - k0; // numbers of the row from k0
+	n = n < 2 * kc ? n : 2 * kc;
+	const float *f = (const float *)a + row * lda + k0;
+	const uint16_t *h = (const uint16_t *)a + row * lda + k0;
+	for (long i = 0; i < 2 * kc; i += 32) {
+		long left = n - i;
+		__mmask32 m = left >= 32 ? 0xffffffffu : (left <= 0 ? 0 : (__mmask32)((1ull << left) - 1));
+		__m512i v;
+		if (a_f32) {
+			__m512i lo = round16(_mm512_maskz_loadu_epi32((__mmask16)m, f + i));
+			__m512i hi = round16(_mm512_maskz_loadu_epi32((__mmask16)(m >> 16), f + i + 16));
+			v = _mm512_permutex2var_epi16(lo, evens, hi);
+		} else {
+			v = _mm512_maskz_loadu_epi16(m, h + i);
+		}
+		long lanes = 2 * kc - i < 32 ? (2 * kc - i) / 2 : 16;
+		_mm512_mask_storeu_epi32(dst + i / 2, (__mmask16)((1u << lanes) - 1), v);
 	}
 }
 
 // pack_a packs rows [m0, m1) and pairs [q0, q0+kc) of op(A) into tiles of MR
-// rows: tile t, pair q, row r at (t*kc + q)*MR + r, zero past m1 and k. Full
-// tiles' full pairs take the vector path.
+// rows, zero past m1 and k. Transposed, tile t holds pair q of row r at
+// (t*kc + q)*MR + r (pairs outer, as the stored rows run); not transposed,
+// at (t*MR + r)*kc + q (each row's pairs together, as the stored rows run),
+// which the kernel reads with the strides of kernel_rows.
 static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m0, long m1, long q0, long kc, uint32_t *dst) {
 	long tiles = (m1 - m0 + MR - 1) / MR;
-	// the gather's indices (elements, or bytes of bf16) stay below 2^31
-	int gather = (m1 * lda + k) * (a_f32 ? 1 : 2) < 0x7fffffffL;
+	if (!trans) {
+		for (long r = 0; r < tiles * MR; r++) {
+			if (m0 + r < m1) {
+				pack_row_vec(a, a_f32, lda, k, m0 + r, q0, kc, dst + r * kc);
+			} else {
+				memset(dst + r * kc, 0, kc * sizeof(uint32_t));
+			}
+		}
+		return;
+	}
 	long full = k / 2 - q0; // full pairs from q0
 	full = full < 0 ? 0 : (full < kc ? full : kc);
 	for (long t = 0; t < tiles; t++) {
 		long q = 0;
-		if (m0 + (t + 1) * MR <= m1 && (trans || gather)) {
-			pack_tile_vec(a, a_f32, trans, lda, m0 + t * MR, q0, full, dst + t * kc * MR);
+		if (m0 + (t + 1) * MR <= m1) {
+			pack_tile_vec(a, a_f32, lda, m0 + t * MR, q0, full, dst + t * kc * MR);
 			q = full;
 		}
 		for (; q < kc; q++) {
@@ -187,8 +212,8 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 				long row = m0 + t * MR + r;
 				uint32_t v = 0;
 				if (row < m1) {
-					uint32_t lo = elem(a, a_f32, trans, lda, row, kk);
-					uint32_t hi = kk + 1 < k ? elem(a, a_f32, trans, lda, row, kk + 1) : 0;
+					uint32_t lo = elem(a, a_f32, 1, lda, row, kk);
+					uint32_t hi = kk + 1 < k ? elem(a, a_f32, 1, lda, row, kk + 1) : 0;
 					v = lo | hi << 16;
 				}
 				dst[(t * kc + q) * MR + r] = v;
@@ -197,9 +222,18 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 	}
 }
 
-// kernel adds alpha * (A tile x B panel) over kc pairs to the mr x nr corner of C.
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void kernel(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha) {
+// kernel_body adds alpha * (A tile x B panel) over kc pairs to the mr x nr
+// corner of C, or with overwrite stores it there without reading C (as
+// adding it to zeros would, bitwise), reading pair q of the tile's row r at
+// ap[r*rs + q*qs]. The corner of C is prefetched first: it is touched only
+// after the k loop, and a miss there would stall the whole tile.
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint16_t *bp, long kc, float *c, long ldc, long mr,
+			       long nr, float alpha, int overwrite) {
+	for (long r = 0; r < mr; r++) {
+		__builtin_prefetch(c + r * ldc, 1, 3);
+		__builtin_prefetch(c + r * ldc + NR - 1, 1, 3);
+	}
 	__m512 acc[2 * MR];
 #pragma GCC unroll 24
 	for (int i = 0; i < 2 * MR; i++) {
@@ -210,7 +244,7 @@ static void kernel(const uint32_t *ap, const uint16_t *bp, long kc, float *c, lo
 		__m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + 32);
 #pragma GCC unroll 12
 		for (int r = 0; r < MR; r++) {
-			__m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
+			__m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r * rs + q * qs]);
 			acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], av, b0);
 			acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], av, b1);
 		}
@@ -220,18 +254,36 @@ static void kernel(const uint32_t *ap, const uint16_t *bp, long kc, float *c, lo
 	__mmask16 m1 = nr >= 32 ? 0xffff : (nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1));
 	for (long r = 0; r < mr; r++) {
 		float *row = c + r * ldc;
-		__m512 c0 = _mm512_maskz_loadu_ps(m0, row);
-		__m512 c1 = _mm512_maskz_loadu_ps(m1, row + 16);
+		__m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
+		if (!overwrite) {
+			c0 = _mm512_maskz_loadu_ps(m0, row);
+			c1 = _mm512_maskz_loadu_ps(m1, row + 16);
+		}
 		_mm512_mask_storeu_ps(row, m0, _mm512_add_ps(c0, _mm512_mul_ps(va, acc[2 * r])));
 		_mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(c1, _mm512_mul_ps(va, acc[2 * r + 1])));
 	}
 }
 
-// tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C,
+// kernel_pairs reads a tile packed pairs outer (transposed A), kernel_rows
+// one packed rows outer (A not transposed).
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
+			 int overwrite) {
+	kernel_body(ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void kernel_rows(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
+			int overwrite) {
+	kernel_body(ap, kc, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+}
+
+// tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
+// (with overwrite, sets them to it: C is not read, as BLAS's beta = 0),
 // with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
 // taken MC at a time, packed into scratch (MC * KC uint32).
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
-			 long m0, long m1, float alpha, float *c, long ldc, uint32_t *scratch) {
+			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, uint32_t *scratch) {
 	long kp = (k + 1) / 2;
 	long panels = (n + NR - 1) / NR;
 	uint32_t *ap = scratch;
@@ -245,7 +297,12 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 				long nr = n - p * NR < NR ? n - p * NR : NR;
 				for (long t = 0; i0 + t * MR < i1; t++) {
 					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;
-					kernel(ap + t * kc * MR, bp, kc, c + (i0 + t * MR) * ldc + p * NR, ldc, mr, nr, alpha);
+					float *ct = c + (i0 + t * MR) * ldc + p * NR;
+					if (trans) {
+						kernel_pairs(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
+					} else {
+						kernel_rows(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
+					}
 				}
 			}
 		}

@@ -9,12 +9,12 @@
 #define TACC_BF16_MR 12
 // k pairs per block and rows per block of A: its packed block, the caller's
 // TACC_BF16_MC x TACC_BF16_KC scratch of uint32, stays in cache.
-#define TACC_BF16_KC 256
+#define TACC_BF16_KC 128
 #define TACC_BF16_MC (TACC_BF16_MR * 16)
 
 int tacc_bf16_supported(void);
 void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1);
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
-			 long m0, long m1, float alpha, float *c, long ldc, uint32_t *scratch);
+			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, uint32_t *scratch);
 
 #endif

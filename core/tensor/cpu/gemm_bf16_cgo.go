@@ -8,7 +8,10 @@ package cpu
 */
 import "C"
 
-import "unsafe"
+import (
+	"sync"
+	"unsafe"
+)
 
 // bf16Native says the CPU has AVX512-BF16, so bf16 products run the kernel
 // of gemm_bf16.c; checked once at start.
@@ -21,15 +24,18 @@ const (
 	bf16KC = C.TACC_BF16_KC
 )
 
-// gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied). B is
+// gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied), or
+// with overwrite sets C to it without reading C (beta == 0). B is
 // packed once into pair-interleaved panels, split over the threads by
 // panel; then the threads take rows of C, each packing its own rows of A.
 // Each element of C sees the same operations in the same order whatever
 // the split, so the result does not depend on Threads().
-func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	kp := (k + 1) / 2
 	panels := (n + bf16NR - 1) / bf16NR
-	packed := make([]uint16, panels*kp*2*bf16NR)
+	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
+	defer packedPool.Put(pb)
+	packed := *pb
 	bp, bf32 := b.ptr()
 	ParallelFor(panels, 1, func(lo, hi int) {
 		C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb),
@@ -37,10 +43,43 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	})
 	ap, af32 := a.ptr()
 	ParallelFor(m, 4*bf16MR, func(lo, hi int) {
-		scratch := make([]uint32, bf16MC*bf16KC) // this chunk's packed rows of A
+		sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC) // this chunk's packed rows of A
+		defer scratchPool.Put(sb)
+		scratch := *sb
 		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
-			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), (*C.uint32_t)(&scratch[0]))
+			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&scratch[0]))
 	})
+}
+
+// gemmBF16Serial is gemmBF16Native for op(A) = A, op(B) = B^T and beta 0,
+// run on the calling goroutine.
+func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+	kp := (k + 1) / 2
+	panels := (n + bf16NR - 1) / bf16NR
+	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
+	defer packedPool.Put(pb)
+	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
+	defer scratchPool.Put(sb)
+	bp, bf32 := b.ptr()
+	C.tacc_bf16_pack_b(bp, bf32, 1, C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
+	ap, af32 := a.ptr()
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, 0, C.long(lda),
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, (*C.uint32_t)(&(*sb)[0]))
+}
+
+// The packed operands are written in full before they are read, so their
+// buffers are reused from call to call rather than allocated (and zeroed,
+// and faulted in) for every product.
+var packedPool, scratchPool sync.Pool
+
+// getHalfBuf returns a slice of length n from pool, contents unspecified.
+func getHalfBuf[T uint16 | uint32](pool *sync.Pool, n int) *[]T {
+	if v, ok := pool.Get().(*[]T); ok && cap(*v) >= n {
+		*v = (*v)[:n]
+		return v
+	}
+	s := make([]T, n)
+	return &s
 }
 
 // ptr returns the operand's storage and whether it is float32.

@@ -76,8 +76,11 @@ func HalfGemmPath() string {
 func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, a.len(), lda, b.len(), ldb, len(c), ldc)
 	if bf16Native && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
-		scaleC(m, n, beta, c, ldc)
-		gemmBF16Native(transA, transB, m, n, k, alpha, a, lda, b, ldb, c, ldc)
+		// beta == 0: the kernel stores the products without reading C
+		if beta != 0 {
+			scaleC(m, n, beta, c, ldc)
+		}
+		gemmBF16Native(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta == 0, c, ldc)
 		return
 	}
 	gemmHalfWiden(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
@@ -105,4 +108,21 @@ func (o halfOperand) widen() []float32 {
 		BF16ToF32s(out, o.h)
 	}
 	return out
+}
+
+// gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
+// the calling goroutine only, for the attention's per-head score products,
+// which run inside a head-parallel loop that holds the BLAS library
+// single-threaded (serialBLAS): the portable path calls gemmBLAS.
+func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	checkGemm(false, true, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	ao, bo := halfOperand{f: a}, halfOperand{f: b}
+	if bf16Native && k > 0 {
+		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
+		return
+	}
+	gemmBLAS(false, true, m, n, k, alpha, ao.widen(), lda, bo.widen(), ldb, 0, c, ldc)
 }

@@ -76,8 +76,12 @@ func F16ToF32(h uint16) float32 {
 	return math.Float32frombits(sign | (e+112)<<23 | m<<13)
 }
 
-// BF16FromF32s rounds src into dst (at least len(src) long).
-func BF16FromF32s(dst []uint16, src []float32) {
+// BF16FromF32s rounds src into dst (at least len(src) long). The bf16
+// slice conversions run as vectorised C in the cgo build (fastpath.c), the
+// same bits as these Go loops.
+func BF16FromF32s(dst []uint16, src []float32) { bf16FromF32s(dst, src) }
+
+func bf16FromF32sGo(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = BF16FromF32(v)
@@ -85,7 +89,9 @@ func BF16FromF32s(dst []uint16, src []float32) {
 }
 
 // BF16ToF32s widens src into dst (at least len(src) long).
-func BF16ToF32s(dst []float32, src []uint16) {
+func BF16ToF32s(dst []float32, src []uint16) { bf16ToF32s(dst, src) }
+
+func bf16ToF32sGo(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = BF16ToF32(v)
@@ -110,7 +116,9 @@ func F16ToF32s(dst []float32, src []uint16) {
 
 // RoundBF16 rounds every element of x to the nearest bfloat16 in place,
 // keeping float32 storage: what a bf16 copy of x holds, widened back.
-func RoundBF16(x []float32) {
+func RoundBF16(x []float32) { roundBF16(x) }
+
+func roundBF16Go(x []float32) {
 	for i, v := range x {
 		x[i] = BF16ToF32(BF16FromF32(v))
 	}

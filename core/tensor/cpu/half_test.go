@@ -141,8 +141,17 @@ func TestBF16Conversion(t *testing.T) {
 	require.Equal(t, float32(math.Inf(1)), BF16ToF32(BF16FromF32(math.MaxFloat32)))
 }
 
+// TestHalfSliceConversions holds the slice conversions (vectorised C in
+// the cgo build for bf16, above a length the short slices skip) to the
+// scalar ones, on random values, random bit patterns (NaNs, subnormals and
+// infinities among them) and a ragged tail.
 func TestHalfSliceConversions(t *testing.T) {
-	x := randSlice[float32](newRNG(9), 1000, 100)
+	rng := newRNG(9)
+	x := randSlice[float32](rng, 1000, 100)
+	for range 3001 {
+		x = append(x, math.Float32frombits(uint32(rng.Uint64())))
+	}
+	x = append(x, float32(math.NaN()), float32(math.Inf(-1)), math.MaxFloat32, math.Float32frombits(0x3f808000), math.Float32frombits(0x3f818000), 1e-40)
 	h := make([]uint16, len(x))
 	w := make([]float32, len(x))
 	r := append([]float32(nil), x...)
@@ -151,8 +160,8 @@ func TestHalfSliceConversions(t *testing.T) {
 	RoundBF16(r)
 	for i := range x {
 		require.Equal(t, BF16FromF32(x[i]), h[i])
-		require.Equal(t, BF16ToF32(h[i]), w[i])
-		require.Equal(t, w[i], r[i])
+		require.Equal(t, math.Float32bits(BF16ToF32(h[i])), math.Float32bits(w[i]))
+		require.Equal(t, math.Float32bits(w[i]), math.Float32bits(r[i]))
 	}
 	r = append(r[:0], x...)
 	F16FromF32s(h, x)
@@ -160,7 +169,7 @@ func TestHalfSliceConversions(t *testing.T) {
 	RoundF16(r)
 	for i := range x {
 		require.Equal(t, F16FromF32(x[i]), h[i])
-		require.Equal(t, F16ToF32(h[i]), w[i])
-		require.Equal(t, w[i], r[i])
+		require.Equal(t, math.Float32bits(F16ToF32(h[i])), math.Float32bits(w[i]))
+		require.Equal(t, math.Float32bits(w[i]), math.Float32bits(r[i]))
 	}
 }

@@ -160,15 +160,25 @@ func AdamW[T Float](p, g, m, v []T, lr, beta1, beta2, eps, wd float64, t int) {
 	)
 	ParallelFor(len(p), elemGrain, func(lo, hi int) {
 		ps, gs, ms, vs := p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
-		for i, gi := range gs {
-			pi := ps[i] * decay
-			// PyTorch's vectorised CPU kernels form m and v with fused
-			// multiply-adds; for float32 the float64 FMAs here round the
-			// same way except in vanishingly rare double-rounding cases.
-			mi := T(math.FMA(float64(gi), float64(ob1), float64(b1*ms[i])))
-			vi := T(math.FMA(float64(ob2*gi), float64(gi), float64(b2*vs[i])))
-			ms[i], vs[i] = mi, vi
-			ps[i] = pi - step*mi/(T(math.Sqrt(float64(vi)))/bc2Sqrt+epsT)
+		if isF32[T]() { // the same loop, vectorised C in the cgo build
+			adamW32(as32(ps), as32(gs), as32(ms), as32(vs), float32(decay), float32(b1), float32(b2),
+				float32(ob1), float32(ob2), float32(step), float32(bc2Sqrt), float32(epsT))
+			return
 		}
+		adamWGo(ps, gs, ms, vs, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT)
 	})
+}
+
+// adamWGo is AdamW's update of one chunk.
+func adamWGo[T Float](ps, gs, ms, vs []T, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT T) {
+	for i, gi := range gs {
+		pi := ps[i] * decay
+		// PyTorch's vectorised CPU kernels form m and v with fused
+		// multiply-adds; for float32 the float64 FMAs here round the
+		// same way except in vanishingly rare double-rounding cases.
+		mi := T(math.FMA(float64(gi), float64(ob1), float64(b1*ms[i])))
+		vi := T(math.FMA(float64(ob2*gi), float64(gi), float64(b2*vs[i])))
+		ms[i], vs[i] = mi, vi
+		ps[i] = pi - step*mi/(T(math.Sqrt(float64(vi)))/bc2Sqrt+epsT)
+	}
 }
