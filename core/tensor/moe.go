@@ -246,7 +246,7 @@ func RouterAuxLoss(p *Tensor, colGrad []float64, value float64) *Tensor {
 		}
 		return []*Tensor{gp}
 	}, p)
-	exactOutput(out) // its backward reads w beside Σ w = 1
+	exactOutput(out) // a loss: one element, kept float32 as every loss is
 	return out
 }
 
