@@ -28,21 +28,29 @@ import (
 // ranks stands for a point-to-point message.
 var calibOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
 
-// calibSizes are the two buffer sizes a collective's latency and
-// bandwidth are fitted through.
-var calibSizes = []int64{4 << 10, 1 << 20}
+// calibSizes are the buffer sizes a collective is timed at: the
+// latency at the smallest, the bus bandwidth as the slope between the
+// other two, far enough apart (several milliseconds on tcp) that a
+// scheduler's hiccup of a few hundred microseconds moves it little.
+var calibSizes = []int64{4 << 10, 1 << 20, 8 << 20}
+
+// calibRounds is how many times each collective is timed at calibSizes
+// (commbench's median of calibIters each), interleaved with the other
+// collectives; the median of the rounds is kept.
+const calibRounds, calibIters = 3, 15
 
 // planCalibrate measures this machine for the cost model (plan.Profile)
-// in well under a minute: matrix products of five size classes and an
-// element-wise kernel, each with one thread and with every core's; each
-// a reference model's step at two batch sizes in one thread, whose fixed
-// part is the per-block overhead; the same step in 1, 2 … --nproc
-// processes at once against what the rates predict (the efficiency); each
-// collective of calibOps at two sizes on groups of 2 up to --nproc ranks
-// as processes over tcp (commbench, median of 10), what a small one
-// adds between compute (measureBusy, median of three) and what one of two
-// of the ranks adds while the others compute (measureContended, median
-// of three); and the overlap: how
+// in well under a minute: matrix products of five size classes, an
+// element-wise kernel and the optimizer's update, each with one thread
+// and with every core's; a reference model's step at two batch sizes in
+// one thread, whose fixed part (less the update) is the per-block
+// overhead; the same step in 1, 2 … --nproc processes at once against
+// what the rates predict (the efficiency, median of effRounds); each
+// collective of calibOps at calibSizes on groups of 2 up to --nproc
+// ranks as processes over tcp (commbench, median of calibRounds), what a
+// small one adds between compute (measureBusy, median of three) and what
+// one of two of the ranks adds while the others compute
+// (measureContended, median of three); and the overlap: how
 // much of an all-reduce runs hidden while the same ranks multiply
 // matrices. It writes the profile to --profile (default
 // plan.DefaultPath).
@@ -94,6 +102,8 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 	}
 	prof.Elementwise = plan.Pair{One: withThreads(1, geluRate), All: withThreads(cores, geluRate)}
 	fmt.Fprintf(stdout, "element-wise (GELU): %.2f GB/s one thread, %.2f all\n", prof.Elementwise.One/1e9, prof.Elementwise.All/1e9)
+	prof.Optimizer = plan.Pair{One: withThreads(1, adamWRate), All: withThreads(cores, adamWRate)}
+	fmt.Fprintf(stdout, "optimizer (AdamW): %.2f GB/s one thread, %.2f all\n", prof.Optimizer.One/1e9, prof.Optimizer.All/1e9)
 
 	if err := blockOverhead(prof); err != nil {
 		return err
@@ -113,10 +123,17 @@ func planCalibrate(args []string, stdout, stderr io.Writer) error {
 		if n > 2 && n != f.nproc && n&(n-1) != 0 {
 			continue // 1, 2, the powers of two and --nproc
 		}
-		eff, err := referenceEfficiency(exe, dir, n, prof, stderr)
-		if err != nil {
-			return err
+		// The median of effRounds runs: one run's share moved from 0.53
+		// to 0.79 between calibrations, and every prediction scales by it.
+		var shares []float64
+		for range effRounds {
+			e, err := referenceEfficiency(exe, dir, n, prof, stderr)
+			if err != nil {
+				return err
+			}
+			shares = append(shares, e.Share)
 		}
+		eff := plan.Efficiency{Ranks: n, Share: median(shares)}
 		prof.Efficiency = append(prof.Efficiency, eff)
 		fmt.Fprintf(stdout, "reference step (GPT 2×128, context 128, batch 4) in %d process(es) at once: %.2f of the rates\n", n, eff.Share)
 		if n == 1 {
@@ -205,6 +222,21 @@ func geluRate() float64 {
 	return 8 * n / s
 }
 
+// adamWRate is the bytes per second the trainer's float32 AdamW update
+// moves, 32 a parameter (the cost model's count), on as many parameters
+// as the reference model has, so that the update blockOverhead takes out
+// of the reference step is the one it ran.
+func adamWRate() float64 {
+	n := int(trainerParams(refShape))
+	p, g, m, v := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range p {
+		p[i], g[i] = float32(i%7)*0.1, float32(i%5)*0.01
+	}
+	t := 0
+	s := timeFor(20*time.Millisecond, func() { t++; cpu.AdamW(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.1, t) })
+	return 32 * float64(n) / s
+}
+
 // calibComm is what one collectives' job reports.
 type calibComm struct {
 	Costs   []plan.CollectiveCost `json:"costs"`
@@ -221,35 +253,46 @@ func calibrateRank(out string) error {
 	}
 	n := g.Size()
 	var res calibComm
-	for _, op := range calibOps {
-		var buf bytes.Buffer
-		if err := commbench.Run(g, op, calibSizes, 10, 3, &buf, true); err != nil {
-			return err
-		}
-		if g.Rank() != 0 {
-			continue
-		}
-		var rs []commbench.Result
-		dec := json.NewDecoder(&buf)
-		for dec.More() {
-			var r commbench.Result
-			if err := dec.Decode(&r); err != nil {
+	times := make(map[string][][]float64) // op → size → the rounds' medians (s)
+	for range calibRounds {
+		for _, op := range calibOps {
+			var buf bytes.Buffer
+			if err := commbench.Run(g, op, calibSizes, calibIters, 3, &buf, true); err != nil {
 				return err
 			}
-			rs = append(rs, r)
+			if g.Rank() != 0 {
+				continue
+			}
+			var rs []commbench.Result
+			dec := json.NewDecoder(&buf)
+			for dec.More() {
+				var r commbench.Result
+				if err := dec.Decode(&r); err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			if len(rs) != len(calibSizes) {
+				return fmt.Errorf("plan calibrate: %s: %d results, want %d", op, len(rs), len(calibSizes))
+			}
+			if times[op] == nil {
+				times[op] = make([][]float64, len(rs))
+			}
+			for i, r := range rs {
+				times[op][i] = append(times[op][i], r.TimeMs/1e3)
+			}
 		}
-		if len(rs) != 2 {
-			return fmt.Errorf("plan calibrate: %s: %d results, want 2", op, len(rs))
+	}
+	if g.Rank() == 0 {
+		for _, op := range calibOps {
+			f, _ := commbench.BusFactor(op, n)
+			var t [3]float64
+			for i := range t {
+				t[i] = median(times[op][i])
+			}
+			lat, bw := fitCollective(f, t)
+			res.Costs = append(res.Costs, plan.CollectiveCost{Backend: "tcp", Op: op, N: n, Latency: lat, BusBW: bw})
 		}
-		f, _ := commbench.BusFactor(op, n)
-		b1, b2 := f*float64(rs[0].Bytes), f*float64(rs[1].Bytes)
-		t1, t2 := rs[0].TimeMs/1e3, rs[1].TimeMs/1e3
-		bw, lat := b2/t2, t1
-		if t2 > t1 {
-			bw = (b2 - b1) / (t2 - t1)
-			lat = max(0, t1-b1/bw)
-		}
-		res.Costs = append(res.Costs, plan.CollectiveCost{Backend: "tcp", Op: op, N: n, Latency: lat, BusBW: bw})
 	}
 	var busy []float64
 	for range 3 {
@@ -292,6 +335,20 @@ func calibrateRank(out string) error {
 		}
 	}
 	return g.Close()
+}
+
+// fitCollective is the latency and bus bandwidth of a collective whose
+// bus factor is f, from its times t at calibSizes: the bandwidth is the
+// slope between the two larger sizes (the whole time of the largest
+// where it did not grow), the latency what the smallest took beyond its
+// bytes at that bandwidth.
+func fitCollective(f float64, t [3]float64) (lat, bw float64) {
+	b1, b2 := f*float64(calibSizes[1]), f*float64(calibSizes[2])
+	bw = b2 / t[2]
+	if t[2] > t[1] {
+		bw = (b2 - b1) / (t[2] - t[1])
+	}
+	return max(0, t[0]-f*float64(calibSizes[0])/bw), bw
 }
 
 // measureBusy is what a small collective adds between compute on every
@@ -446,17 +503,19 @@ func measureOverlap(g comm.Group) (float64, error) {
 }
 
 // blockOverhead measures the reference step with 1 and with 8 sequences
-// in one thread (the faster of three interleaved rounds each, so that a
+// in one thread (the fastest of five interleaved rounds each, so that a
 // busy machine's slow moments are left out) and extrapolates to none:
-// what is left, less the optimizer's predicted time, is fixed cost,
-// shared out per block (and the head, as one more).
+// what is left, less the optimizer's update at its measured rate (the
+// update the step runs, not an element-wise kernel's: the two run
+// different loops), is fixed cost, shared out per block (and the head,
+// as one more).
 func blockOverhead(prof *plan.Profile) error {
 	ms := [2]float64{math.Inf(1), math.Inf(1)}
-	for range 3 {
+	for range 5 {
 		for i, b := range []int{1, 8} {
 			s := refShape
 			s.Batch = b
-			t, err := tinyaccStepMS(s, "no", 1, 1, 4)
+			t, err := tinyaccStepMS(s, "no", 1, 1, 6)
 			if err != nil {
 				return fmt.Errorf("plan calibrate: the reference step: %w", err)
 			}
@@ -464,7 +523,7 @@ func blockOverhead(prof *plan.Profile) error {
 		}
 	}
 	fixed := (ms[0] - (ms[1]-ms[0])/7) / 1e3
-	optim := 32 * float64(trainerParams(refShape)) / prof.Elementwise.One
+	optim := 32 * float64(trainerParams(refShape)) / prof.Optimizer.One
 	prof.BlockOverhead = max(0, fixed-optim) / float64(refShape.NLayer+1)
 	return nil
 }
@@ -473,6 +532,9 @@ func blockOverhead(prof *plan.Profile) error {
 func trainerParams(s benchShape) int64 {
 	return trainer.GPTConfig(s.config()).ActiveParams()
 }
+
+// effRounds is how many times referenceEfficiency runs per rank count.
+const effRounds = 3
 
 // refShape is the reference model whose step the efficiency compares
 // with the rates.
@@ -526,7 +588,7 @@ func referenceRank(dir string) error {
 	if err := g.Barrier(); err != nil { // start together
 		return err
 	}
-	ms, err := tinyaccStepMS(refShape, "no", runtime.NumCPU(), 2, 8)
+	ms, err := tinyaccStepMS(refShape, "no", runtime.NumCPU(), 2, 16)
 	if err != nil {
 		return err
 	}

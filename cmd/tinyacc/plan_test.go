@@ -223,3 +223,22 @@ func TestMeasureContendedStopsTheOthers(t *testing.T) {
 	require.GreaterOrEqual(t, got[0], 0.0)
 	require.Zero(t, got[2])
 }
+
+// A collective's latency and bus bandwidth come back from its times at
+// calibSizes when they follow latency + bytes·factor/bandwidth: the
+// bandwidth from the slope between the two larger sizes, the latency
+// from the smallest; where the largest took no longer than the middle
+// one (a hiccup at 1 MiB), the largest's whole time gives the bandwidth.
+func TestPlanFitCollective(t *testing.T) {
+	const lat, bw, f = 1e-4, 2e9, 1.5
+	var times [3]float64
+	for i, s := range calibSizes {
+		times[i] = lat + f*float64(s)/bw
+	}
+	gotLat, gotBW := fitCollective(f, times)
+	require.InDelta(t, lat, gotLat, 1e-12)
+	require.InDelta(t, bw, gotBW, 1e-3)
+	times[1] = times[2] + 1e-3
+	_, gotBW = fitCollective(f, times)
+	require.InDelta(t, f*float64(calibSizes[2])/times[2], gotBW, 1e-3)
+}

@@ -248,6 +248,25 @@ func TestCollectiveWaitsTheWorldsBusyLatency(t *testing.T) {
 	require.InDelta(t, 1e-3+bytes*1.5/1e9, p.collectiveIn("tcp", "all_reduce", 4, 4, bytes), 1e-15)
 }
 
+// The optimizer's update is priced at the profile's optimizer rate where
+// calibrate measured one (its own vectorised loop, not GELU's): on the
+// golden machine with AdamW at 4 GB/s a thread (16 on all 4 cores), one
+// process's step is the same as without it, less the 32 bytes a
+// parameter at 4 GB/s plus at 16.
+func TestPredictOptimizerAtItsOwnRate(t *testing.T) {
+	cfg := tinyConfig()
+	p := golden(t)
+	base, err := Predict(cfg, 1, p)
+	require.NoError(t, err)
+	p.Optimizer = Pair{One: 4e9, All: 16e9}
+	pred, err := Predict(cfg, 1, p)
+	require.NoError(t, err)
+	C, T, V, L := 64.0, 32.0, 4096.0, 4.0
+	psi := V*C + T*C + L*(12*C*C+13*C) + 2*C
+	want := base.Step - 32*psi/4e9 + 32*psi/16e9
+	require.InDelta(t, want, pred.Step, 1e-12*want)
+}
+
 // A profile measured on a busy machine says so: the golden one is
 // consistent; an efficiency above 1, every thread slower than one on the
 // largest products, or a block with no fixed cost is each named.

@@ -44,7 +44,8 @@ type Prediction struct {
 // activation widths of nn.GPTConfig.ActWidths (forward once, backward
 // twice, selective recomputation a third more; the logits on the last
 // chunk) at the profile's kernel rate;
-// the optimizer reads and writes 32 bytes per parameter it updates. Both
+// the optimizer reads and writes 32 bytes per parameter it updates, at
+// the profile's optimizer rate (its own loop, timed by calibrate). The
 // rates are scaled by the profile's efficiency for world ranks (what a
 // measured step of a reference model achieved of them with that many
 // processes at once).
@@ -311,7 +312,7 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 	for c := busiest; c < len(split); c += ppN {
 		busyComm += float64(M) * ((1-together)*commAlone[c] + together*commAll[c])
 	}
-	elRate := eff * scaled(p.Elementwise.One, p.Elementwise.All, float64(p.Host.Cores)/float64(world))
+	optRate := eff * p.optimizerRate(float64(p.Host.Cores)/float64(world))
 
 	// After the micro-batches. A rank holds its share of the parameters,
 	// Ψ/(tp·pp); under expert parallel the experts are not among them:
@@ -363,7 +364,7 @@ func Predict(cfg config.Config, world int, p *Profile) (Prediction, error) {
 		updated /= float64(g)
 	}
 	updated += psiExp
-	optim := 32 * updated / elRate
+	optim := 32 * updated / optRate
 	small := 2 * coll("all_reduce", world, 16)
 	if ppN > 1 {
 		small += coll("all_reduce", 2, 4*V*C)

@@ -25,7 +25,14 @@ type Profile struct {
 	MatMul []MatMulRate `json:"matmul"`
 	// Elementwise is the bytes per second a kernel that reads and writes
 	// every float once moves (GELU), one thread and every thread.
-	Elementwise Pair             `json:"elementwise_bytes_per_s"`
+	Elementwise Pair `json:"elementwise_bytes_per_s"`
+	// Optimizer is the bytes per second AdamW's update moves (32 a
+	// parameter: it reads the parameter, its gradient and both moments
+	// and writes three of them back), timed on the update the trainer
+	// runs, one thread and every thread. It runs as its own vectorised
+	// loop, faster than GELU's; zero in a profile made before calibrate
+	// measured it, which then prices the update at Elementwise.
+	Optimizer   Pair             `json:"optimizer_bytes_per_s,omitempty"`
 	Collectives []CollectiveCost `json:"collectives"`
 	// BlockOverhead is the seconds one block's forward and backward on one
 	// micro-batch cost beyond its FLOPs and bytes (the autograd's nodes,
@@ -45,6 +52,15 @@ type Profile struct {
 	// compute on the ranks' cores: 1 when compute and communication
 	// together take as long as the longer alone, 0 when they take the sum.
 	Overlap float64 `json:"overlap"`
+}
+
+// optimizerRate is the optimizer's bytes per second with share cores:
+// Optimizer where measured, else Elementwise.
+func (p *Profile) optimizerRate(share float64) float64 {
+	if p.Optimizer.One > 0 && p.Optimizer.All > 0 {
+		return scaled(p.Optimizer.One, p.Optimizer.All, share)
+	}
+	return scaled(p.Elementwise.One, p.Elementwise.All, share)
 }
 
 // Efficiency is what Ranks processes training at once achieve of the
