@@ -205,6 +205,12 @@ func (s *shmSeg) sleepBell(c *opCtx, bell uint32, since time.Time, pending func(
 	for p := 0; p < s.n; p++ {
 		if p != s.me && pending(p) {
 			if err := c.segAlive(s.ranks[p]); err != nil {
+				// p may have written its last pieces, rung and left
+				// since this rank last looked: they are in the
+				// segment, so look again before failing.
+				if s.bell(s.me).Load() != bell {
+					return nil
+				}
 				return err
 			}
 		}
