@@ -204,6 +204,9 @@ func (s *shmSeg) ring(r int) {
 func (s *shmSeg) sleepBell(c *opCtx, bell uint32, since time.Time, pending func(p int) bool) error {
 	for p := 0; p < s.n; p++ {
 		if p != s.me && pending(p) {
+			if segWaitHook != nil {
+				segWaitHook(c, s.ranks[p])
+			}
 			if err := c.segAlive(s.ranks[p]); err != nil {
 				// p may have written its last pieces, rung and left
 				// since this rank last looked: they are in the

@@ -4,8 +4,12 @@ package comm
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -199,4 +203,59 @@ func alltoallThroughSegment(g Group) string {
 		}
 	}
 	return "ok"
+}
+
+// A peer may post what a rank waits for, finish and leave the job between
+// the rank's look at the segment and its check that the peer is alive:
+// what the peer posted stands, so the wait completes instead of failing
+// with "left the job". The hook holds rank 0 between the two until rank 1
+// has broadcast (it does not wait for its reader), closed its group and
+// been seen gone.
+func TestSegmentWaitOutlivesAPeerThatPostedAndLeft(t *testing.T) {
+	t.Setenv("TINYACC_SHM", "1")
+	waiting := make(chan struct{})
+	var once sync.Once
+	var armed atomic.Bool // from rank 0's broadcast on, not during set-up
+	segWaitHook = func(c *opCtx, p int) {
+		if !armed.Load() || c.me() != 0 || p != 1 {
+			return
+		}
+		once.Do(func() {
+			close(waiting)
+			for c.segAlive(p) == nil {
+				runtime.Gosched()
+			}
+		})
+	}
+	defer func() { segWaitHook = nil }()
+	require.NoError(t, runTCP(t, 2, Options{Timeout: 20 * time.Second}, func(g Group) error {
+		buf := tensor.Default.New(tensor.Comm, tensor.Float32, 1<<16)
+		if err := g.Broadcast(buf, 0); err != nil { // maps the segment
+			return err
+		}
+		if segmentOf(g) == nil {
+			return fmt.Errorf("rank %d: no segment", g.Rank())
+		}
+		if g.Rank() == 1 {
+			select {
+			case <-waiting:
+			case <-time.After(15 * time.Second):
+				return fmt.Errorf("rank 0 never waited in the segment")
+			}
+			for i := range buf.F32() {
+				buf.F32()[i] = float32(i)
+			}
+			return g.Broadcast(buf, 1)
+		}
+		armed.Store(true)
+		if err := g.Broadcast(buf, 1); err != nil {
+			return err
+		}
+		for i, v := range buf.F32() {
+			if v != float32(i) {
+				return fmt.Errorf("element %d = %v, want %d", i, v, i)
+			}
+		}
+		return nil
+	}))
 }

@@ -171,6 +171,9 @@ func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 			}
 			continue
 		}
+		if segWaitHook != nil {
+			segWaitHook(c, s.ranks[p])
+		}
 		if err := c.segAlive(s.ranks[p]); err != nil {
 			// p may have posted, finished and left between the look
 			// above and this check: what it posted stands.
@@ -200,6 +203,10 @@ func (s *shmSeg) waitOne(c *opCtx, p, which int, v uint64) error {
 	}
 	return nil
 }
+
+// segWaitHook, set only by tests, runs where a segment wait has found
+// nothing and is about to ask whether group rank p is still alive.
+var segWaitHook func(c *opCtx, p int)
 
 // segAlive is nil while group rank p may still arrive: the deadline has not
 // passed, p is alive, and no member gave up this operation.
