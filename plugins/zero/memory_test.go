@@ -211,11 +211,7 @@ func TestStage3ReleasesEveryUnit(t *testing.T) {
 	}
 	samples := make([][]sample, n)
 	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
-		ps, m, err := build(3)(g)
-		if err != nil {
-			return err
-		}
-		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
+		tr, err := stageTrainer(cfg, g, 3)
 		if err != nil {
 			return err
 		}
@@ -277,11 +273,7 @@ func TestStage3ReusesReleasedBuffers(t *testing.T) {
 	table := int64(4 * s.embed)
 	fresh := make([][]int64, n)
 	err := comm.RunLocal(n, comm.Options{}, func(g comm.Group) error {
-		ps, m, err := build(3)(g)
-		if err != nil {
-			return err
-		}
-		tr, err := trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
+		tr, err := stageTrainer(cfg, g, 3)
 		if err != nil {
 			return err
 		}
@@ -305,4 +297,14 @@ func TestStage3ReusesReleasedBuffers(t *testing.T) {
 			require.Zero(t, f[step], "rank %d step %d: bytes taken from the heap instead of the free lists", r, step)
 		}
 	}
+}
+
+// stageTrainer is rank g.Rank()'s trainer of cfg under ZeRO stage on the
+// test corpus.
+func stageTrainer(cfg config.Config, g comm.Group, stage int) (*trainer.Trainer, error) {
+	ps, m, err := build(stage)(g)
+	if err != nil {
+		return nil, err
+	}
+	return trainer.New(cfg, trainer.Options{Train: ptest.Corpus(), Plugins: ps, Mesh: m, Rank: g.Rank(), World: g.Size()})
 }
