@@ -114,10 +114,16 @@ func split(cfg config.Config) (train, val []int32) {
 // Single trains cfg in one process; cfg.Train.BatchSize must be the global
 // micro-batch (per-rank batch × data-parallel ranks).
 func Single(t testing.TB, cfg config.Config) Result {
+	return single(t, cfg)
+}
+
+// single is Single with plugins.
+func single(t testing.TB, cfg config.Config, plugins ...trainer.Plugin) Result {
 	defer cpu.SetThreads(cpu.Threads()) // train.threads is the process's; later runs get it back
 	train, val := split(cfg)
 	var steps []trainer.StepMetrics
-	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
+	tr, err := trainer.New(cfg, trainer.Options{Train: train, Val: val, Plugins: plugins,
+		OnStep: func(m trainer.StepMetrics) { steps = append(steps, m) }})
 	require.NoError(t, err)
 	initial, specs, err := held(tr)
 	require.NoError(t, err)
