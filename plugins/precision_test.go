@@ -368,6 +368,16 @@ var dpRows = []dpRow{
 // one step (24 and 9 elements in float32 at the default seed), every
 // other tensor being equal.
 //
+// A MoE GPT without balance losses (router z-loss and auxiliary loss
+// coefficients 0) under DDP at dp 2 equals it bitwise too, its 2-byte
+// router logits and expert rows included; with them it has no such
+// reference, since its balance losses are computed from the statistics of
+// the whole global micro-batch (nn.MoE.Reduce sums them over the ranks),
+// which one process's micro-batch does not see. Expert parallel (ep 2)
+// forms its experts' gradients from exchanged rows in another order: its
+// expert tensors differ from the reference's (seeds 1 to 5, 4 steps), the
+// other tensors and the losses being equal.
+//
 // fp16 is not bitwise: its loss scale multiplies each micro-batch's seed
 // 1/dp, so one process's output gradients are 1/dp of a rank's, and fp16
 // rounds numbers below 2^-14 (its subnormals) to fewer bits, where
@@ -414,6 +424,25 @@ func TestDataParallelSumOrder(t *testing.T) {
 						require.InEpsilon(t, n, got[k].GradNorms[i], 1e-13, "%s, rank %d: gradient norm of step %d", what, k, i)
 					}
 				}
+			}
+			if mp == "fp16" {
+				continue
+			}
+			cfg := ptest.Config()
+			cfg.Train.Steps, cfg.Train.MixedPrecision, cfg.Train.Seed = 4, mp, seed
+			cfg.Model.MoE.Experts, cfg.Model.MoE.TopK = 4, 2
+			cfg.Model.MoE.AuxLossCoef, cfg.Model.MoE.ZLossCoef = 0, 0
+			cfg.Train.BatchSize /= 2
+			one := cfg
+			one.Train.GradAccum = 2
+			want := ptest.SingleSummed(t, one)
+			got := dpRow{"moe", 2, func(c *config.Config) { c.Parallel.DP, c.Parallel.EP = 2, 1 }}.run(t, cfg)
+			what := fmt.Sprintf("%s dp 2 moe without balance losses, seed %d", mp, seed)
+			ptest.AssertInitial(t, want, got, what)
+			for k := range got {
+				require.Equal(t, want.Losses, got[k].Losses, "%s, rank %d: losses", what, k)
+				require.Equal(t, want.GradNorms, got[k].GradNorms, "%s, rank %d: gradient norms", what, k)
+				require.Equal(t, want.Params, got[k].Params, "%s, rank %d: parameters", what, k)
 			}
 		}
 	}
