@@ -146,7 +146,9 @@ func TestEquivalenceMixedPrecision(t *testing.T) {
 // TestEquivalenceReduceDType runs data parallel under bf16 with gradients
 // reduced in float32 (ddp.reduce_dtype=fp32, the default) and in bf16,
 // against one process in bf16 on the same global batch. fp32 reduction
-// keeps the float32 bounds on the masters. bf16 reduction rounds each
+// is the data-parallel row of TestEquivalenceMixedPrecision (dpMixed;
+// bitwise one process that sums the gradients in its order,
+// TestDataParallelSumOrder). bf16 reduction rounds each
 // rank's gradients and their average to bf16 (8 significant bits, a
 // relative error up to 2^-9 per element), which AdamW carries into the
 // update; one process rounds nothing. Measured over 4 steps (bucketed,
@@ -226,8 +228,8 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 
 // moeMixed is the bound of TestMoEMixedPrecision's data- and
 // expert-parallel rows against one process over 4 steps at any seed: 3e-4
-// on losses and gradient norms and 5e-3 on weights, three to four times
-// the worst measured over seeds 1 to 20 (TestMoEMixedPrecision).
+// on losses and gradient norms and 5e-3 on weights, about four times the
+// worst measured over seeds 1 to 20 (TestMoEMixedPrecision).
 var moeMixed = ptest.Bounds{Loss: 3e-4, Weights: 5e-3}
 
 // A MoE GPT under bf16 (its experts' rows, hidden layers and outputs, the
