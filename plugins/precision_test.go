@@ -28,9 +28,10 @@ type mpLayout struct {
 
 // dpMixed is the bound of a data-parallel row (DDP or any ZeRO stage,
 // gradients reduced in float32) under mixed precision mp against one
-// process without gradient accumulation, over 4 steps at any seed: 3e-4
-// on losses and gradient norms, 3e-3 on weights in bf16 and 1e-2 in
-// fp16, three to five times the worst measured over seeds 1 to 20
+// process without gradient accumulation over 4 steps, set for every seed
+// rather than one: 3e-4 on losses and gradient norms, 3e-3 on weights in
+// bf16 and 1e-2 in fp16, three to five times the worst measured over
+// seeds 1 to 20
 // (TestEquivalenceMixedPrecision says what, and why the float32 bounds
 // hold only for the first step; TestDataParallelSumOrder holds the same
 // rows to one process that sums the gradients in data parallel's order,
@@ -227,9 +228,10 @@ func TestMixedPrecisionZeroResume(t *testing.T) {
 }
 
 // moeMixed is the bound of TestMoEMixedPrecision's data- and
-// expert-parallel rows against one process over 4 steps at any seed: 3e-4
-// on losses and gradient norms and 5e-3 on weights, about four times the
-// worst measured over seeds 1 to 20 (TestMoEMixedPrecision).
+// expert-parallel rows against one process over 4 steps, set for every
+// seed rather than one: 3e-4 on losses and gradient norms and 5e-3 on
+// weights, about four times the worst measured over seeds 1 to 20
+// (TestMoEMixedPrecision).
 var moeMixed = ptest.Bounds{Loss: 3e-4, Weights: 5e-3}
 
 // A MoE GPT under bf16 (its experts' rows, hidden layers and outputs, the
@@ -453,9 +455,9 @@ func TestDataParallelSumOrder(t *testing.T) {
 // TestEquivalenceMixedPrecisionSeeds runs the data-parallel rows of
 // TestEquivalenceMixedPrecision (bf16 and fp16) and TestMoEMixedPrecision
 // (dp 2 with ep 1 and 2) at seeds 1 to 5 against one process without
-// accumulation: over 4 steps within dpMixed and moeMixed, which hold at
-// any seed, and in bf16 after the first step, before any 2-byte copy can
-// differ, within float32's bounds (those doc comments give the figures
+// accumulation: over 4 steps within dpMixed and moeMixed, the bounds set
+// for every seed, and in bf16 after the first step, before any 2-byte
+// copy can differ, within float32's bounds (those doc comments give the figures
 // over seeds 1 to 20).
 func TestEquivalenceMixedPrecisionSeeds(t *testing.T) {
 	moe := []dpRow{
