@@ -317,3 +317,37 @@ func TestLeafContributionsReleasedPerOp(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, b.Usage().Peak[Activations]-before, int64(8*(4*64+1)), "Linear formed its weight gradient outside w.Grad")
 }
+
+// TestMatMulTLogitsGoBeforeItsBackward: the output head's logits are read
+// by the cross-entropy's backward, not by MatMulT's, so they are given
+// back before MatMulT's backward asks for the weight's gradient buffer:
+// the head's gradient does not sit beside a logits-sized buffer no one
+// reads any more, in float32 as under mixed precision, where the logits
+// were widened from their 2-byte copy for the cross-entropy.
+func TestMatMulTLogitsGoBeforeItsBackward(t *testing.T) {
+	for _, compute := range []DType{Float32, BFloat16} {
+		a := NewAllocator()
+		a.SetCompute(compute)
+		r := rand.New(rand.NewSource(7))
+		w := a.New(Params, Float32, 64, 8).RequiresGrad()
+		w.Name = "wte"
+		x := a.New(Params, Float32, 4, 8).RequiresGrad()
+		for _, p := range []*Tensor{w, x} {
+			for i := range p.f32 {
+				p.f32[i] = float32(r.NormFloat64())
+			}
+		}
+		h := Gelu(x)
+		logits := MatMulT(h, w)
+		loss := CrossEntropy(logits, FromI32([]int32{1, 2, 3, 4}, 4))
+		held := true
+		_, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a, NeedGrad: func(p *Tensor, _ PassInfo) {
+			if p == w {
+				held = logits.HasStorage()
+			}
+		}})
+		require.NoError(t, err)
+		require.False(t, held, "%s: the logits still had storage when the head's weight gradient was made", compute)
+		require.NotNil(t, w.Grad)
+	}
+}
