@@ -351,3 +351,39 @@ func TestMatMulTLogitsGoBeforeItsBackward(t *testing.T) {
 		require.NotNil(t, w.Grad)
 	}
 }
+
+// TestCrossEntropyReadsStoredLogits: under mixed precision the
+// cross-entropy's backward forms the logits' gradient from their 2-byte
+// copy in the gradient's own buffer, so the backward adds one float32
+// logits-sized buffer to what the forward kept, not two (the logits
+// widened beside their gradient); the gradient is bitwise the one formed
+// from the widened logits.
+func TestCrossEntropyReadsStoredLogits(t *testing.T) {
+	const rows, V = 4, 1000
+	grad := func(readsHalf bool) ([]float32, int64) {
+		a := NewAllocator()
+		a.SetCompute(BFloat16)
+		r := rand.New(rand.NewSource(8))
+		x := a.New(Params, Float32, rows, 8).RequiresGrad()
+		w := a.New(Params, Float32, V, 8).RequiresGrad()
+		for _, p := range []*Tensor{x, w} {
+			for i := range p.f32 {
+				p.f32[i] = float32(r.NormFloat64())
+			}
+		}
+		logits := MatMulT(x, w)
+		loss := CrossEntropy(logits, FromI32([]int32{1, 2, -1, 999}, rows))
+		require.True(t, logits.stored())
+		loss.node.readsHalf = readsHalf
+		before := a.Usage().Current[Activations]
+		a.ResetPeak()
+		_, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a})
+		require.NoError(t, err)
+		return append(append([]float32(nil), x.Grad.f32...), w.Grad.f32...), a.Usage().Peak[Activations] - before
+	}
+	g, added := grad(true)
+	gw, addedWidened := grad(false)
+	require.Equal(t, gw, g)
+	require.LessOrEqual(t, added, int64(4*rows*V+64), "the backward widened the logits beside their gradient")
+	require.GreaterOrEqual(t, addedWidened, int64(6*rows*V), "widened, the logits sit beside their gradient")
+}
