@@ -3,7 +3,6 @@ package tensor
 import (
 	"fmt"
 	"sync"
-	"unsafe"
 )
 
 // Category tags a buffer for memory accounting.
@@ -35,17 +34,14 @@ func (c Category) String() string {
 // accounting; the local comm backend runs several ranks in one process,
 // each with its own.
 type Allocator struct {
-	mu    sync.Mutex
-	cur   [numCategories]int64
-	peak  [numCategories]int64
-	total int64
-	tpeak int64
-	wpeak int64            // the most bytes in use since StartWindow
-	fresh int64            // storage taken from the Go heap: FreshBytes
-	free  map[int][]pooled // released storage by its bytes (pool.go)
-	// wide holds the bytes of the buffers handed out wider than asked
-	// (pool.go), by their first byte, until they come back.
-	wide   map[unsafe.Pointer]int
+	mu     sync.Mutex
+	cur    [numCategories]int64
+	peak   [numCategories]int64
+	total  int64
+	tpeak  int64
+	wpeak  int64            // the most bytes in use since StartWindow
+	fresh  int64            // storage taken from the Go heap: FreshBytes
+	free   map[int][]pooled // released storage by its bytes (pool.go)
 	noPool bool
 	// backing, when set, supplies the storage of new tensors (see
 	// SetBacking); nil means the Go heap.
@@ -74,7 +70,7 @@ var Default = NewAllocator()
 
 // NewAllocator returns an empty allocator.
 func NewAllocator() *Allocator {
-	return &Allocator{free: map[int][]pooled{}, wide: map[unsafe.Pointer]int{}}
+	return &Allocator{free: map[int][]pooled{}}
 }
 
 // New returns a zeroed tensor of category cat.

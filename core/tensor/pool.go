@@ -10,10 +10,15 @@ import "unsafe"
 // dtype and length would hold the forward's buffers idle while the
 // backward and the step took as many bytes again from the Go heap. A
 // request takes a buffer of exactly its bytes if one waits, else the
-// smallest that holds it with at most twice its bytes (the rest of the
-// buffer goes with it and comes back with it), else none. Every dtype
-// of a tensor is plain numbers, so one buffer may hold any of them in
-// turn; a buffer not aligned for the dtype asked is passed over.
+// smallest that holds it with at most twice its bytes, else none. The
+// rest of a wider buffer goes with it as the storage's capacity and comes
+// back with it: a released tensor's storage is pooled with its capacity,
+// which only the allocator's own slices carry beyond their length (the
+// pool's here, and the heap's and a backing's, whose capacity is their
+// length; a tensor that takes over another's storage takes it from its
+// first element). Every dtype of a tensor is plain numbers, so one buffer
+// may hold any of them in turn; a buffer not aligned for the dtype asked
+// is passed over.
 
 // pooled is one buffer on the free lists: its first byte and its bytes.
 type pooled struct {
@@ -53,54 +58,49 @@ func (a *Allocator) take(dt DType, n int) any {
 		} else {
 			a.free[best] = l
 		}
-		if best > need {
-			a.wide[b.p] = best
-		}
-		return storageAt(dt, b.p, n)
+		return storageAt(dt, b.p, n, best/dt.Size())
 	}
 	return nil
 }
 
-// put adds buf, a released tensor's storage, to the free lists, with the
-// whole of the buffer it was taken from. a.mu is held.
+// put adds buf, a released tensor's storage, to the free lists with its
+// capacity: the whole of the buffer it was taken from. a.mu is held.
 func (a *Allocator) put(buf any) {
 	p, bytes := bufferOf(buf)
 	if bytes == 0 {
 		return
 	}
-	if w, ok := a.wide[p]; ok {
-		bytes = w
-		delete(a.wide, p)
-	}
 	a.free[bytes] = append(a.free[bytes], pooled{p, bytes})
 }
 
-// storageAt is the storage of n elements of dt from p on.
-func storageAt(dt DType, p unsafe.Pointer, n int) any {
+// storageAt is the storage of n elements of dt from p on, with capacity
+// c elements (the buffer's).
+func storageAt(dt DType, p unsafe.Pointer, n, c int) any {
 	switch dt {
 	case Float32:
-		return unsafe.Slice((*float32)(p), n)
+		return unsafe.Slice((*float32)(p), c)[:n]
 	case Float64:
-		return unsafe.Slice((*float64)(p), n)
+		return unsafe.Slice((*float64)(p), c)[:n]
 	case Int32:
-		return unsafe.Slice((*int32)(p), n)
+		return unsafe.Slice((*int32)(p), c)[:n]
 	case BFloat16, Float16:
-		return unsafe.Slice((*uint16)(p), n)
+		return unsafe.Slice((*uint16)(p), c)[:n]
 	}
 	panic("tensor: no storage for " + dt.String())
 }
 
-// bufferOf is storage's first byte and its bytes (0 for none).
+// bufferOf is storage's first byte and the bytes of its capacity (0 for
+// none).
 func bufferOf(buf any) (unsafe.Pointer, int) {
 	switch s := buf.(type) {
 	case []float32:
-		return unsafe.Pointer(unsafe.SliceData(s)), 4 * len(s)
+		return unsafe.Pointer(unsafe.SliceData(s)), 4 * cap(s)
 	case []float64:
-		return unsafe.Pointer(unsafe.SliceData(s)), 8 * len(s)
+		return unsafe.Pointer(unsafe.SliceData(s)), 8 * cap(s)
 	case []int32:
-		return unsafe.Pointer(unsafe.SliceData(s)), 4 * len(s)
+		return unsafe.Pointer(unsafe.SliceData(s)), 4 * cap(s)
 	case []uint16:
-		return unsafe.Pointer(unsafe.SliceData(s)), 2 * len(s)
+		return unsafe.Pointer(unsafe.SliceData(s)), 2 * cap(s)
 	}
 	return nil, 0
 }
