@@ -27,20 +27,21 @@ func (c Category) String() string {
 	return fmt.Sprintf("category(%d)", int(c))
 }
 
-// Allocator hands out tensor storage and keeps, per category, the bytes in use
-// and the peak. Released buffers are kept on free lists by (dtype, length) so
-// a training loop reuses its activation buffers instead of churning the
-// garbage collector. One Allocator per rank gives per-rank accounting; the
-// local comm backend runs several ranks in one process, each with its own.
+// Allocator hands out tensor storage and keeps, per category, the bytes in
+// use and the peak. Released buffers are kept on free lists by their bytes
+// (pool.go) so a training loop reuses its activation buffers instead of
+// churning the garbage collector. One Allocator per rank gives per-rank
+// accounting; the local comm backend runs several ranks in one process,
+// each with its own.
 type Allocator struct {
 	mu     sync.Mutex
 	cur    [numCategories]int64
 	peak   [numCategories]int64
 	total  int64
 	tpeak  int64
-	wpeak  int64 // the most bytes in use since StartWindow
-	fresh  int64 // storage taken from the Go heap: FreshBytes
-	free   map[poolKey][]any
+	wpeak  int64            // the most bytes in use since StartWindow
+	fresh  int64            // storage taken from the Go heap: FreshBytes
+	free   map[int][]pooled // released storage by its bytes (pool.go)
 	noPool bool
 	// backing, when set, supplies the storage of new tensors (see
 	// SetBacking); nil means the Go heap.
@@ -63,17 +64,14 @@ func (a *Allocator) SetBacking(fn func(dtype DType, n int) any) {
 	a.mu.Unlock()
 }
 
-type poolKey struct {
-	dt DType
-	n  int
-}
-
 // Default is the allocator of New and of tensors created without an explicit
 // allocator.
 var Default = NewAllocator()
 
 // NewAllocator returns an empty allocator.
-func NewAllocator() *Allocator { return &Allocator{free: map[poolKey][]any{}} }
+func NewAllocator() *Allocator {
+	return &Allocator{free: map[int][]pooled{}}
+}
 
 // New returns a zeroed tensor of category cat.
 func (a *Allocator) New(cat Category, dtype DType, shape ...int) *Tensor {
@@ -90,12 +88,10 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	a.mu.Lock()
 	t.acct = a.accountAs(cat, dtype) // precision.go
 	var buf any
-	k := poolKey{dtype, n}
 	if a.backing != nil {
 		buf = a.backing(dtype, n)
-	} else if l := a.free[k]; len(l) > 0 {
-		buf = l[len(l)-1]
-		a.free[k] = l[:len(l)-1]
+	} else {
+		buf = a.take(dtype, n)
 	}
 	b := int64(n) * int64(dtype.Size())
 	if buf == nil {
@@ -176,8 +172,7 @@ func (t *Tensor) releaseStorage() {
 	a.cur[t.acct] -= b
 	a.total -= b
 	if !a.noPool && buf != nil {
-		k := poolKey{t.dtype, Numel(t.shape)}
-		a.free[k] = append(a.free[k], buf)
+		a.put(buf)
 	}
 	a.mu.Unlock()
 }
@@ -247,8 +242,8 @@ func (a *Allocator) PooledBytes() int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var n int64
-	for k, l := range a.free {
-		n += int64(len(l)) * int64(k.n) * int64(k.dt.Size())
+	for b, l := range a.free {
+		n += int64(len(l)) * int64(b)
 	}
 	return n
 }
@@ -268,7 +263,7 @@ func (a *Allocator) FreshBytes() int64 {
 // DropPool frees the cached buffers to the garbage collector.
 func (a *Allocator) DropPool() {
 	a.mu.Lock()
-	a.free = map[poolKey][]any{}
+	a.free = map[int][]pooled{}
 	a.mu.Unlock()
 }
 

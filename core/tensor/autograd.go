@@ -38,6 +38,11 @@ type node struct {
 	// float32 values (the attention: dout·out beside the log-sum-exp),
 	// so it is not stored in 2 bytes under mixed precision (StoreHalf).
 	exact bool
+	// readsHalf says the backward reads an input stored in 2 bytes
+	// through its copy (Tensor.StoredHalf) instead of widened: the
+	// cross-entropies, which form their gradient from the logits in a
+	// buffer of its own, so no widened logits sit beside it.
+	readsHalf bool
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
@@ -355,6 +360,9 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 			refill(t)
 		}
 		for _, in := range t.node.inputs {
+			if t.node.readsHalf && in != nil && in.stored() {
+				continue // read as stored (node.readsHalf)
+			}
 			refill(in)
 		}
 		ins := t.node.backward(b, g)

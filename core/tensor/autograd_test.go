@@ -317,3 +317,73 @@ func TestLeafContributionsReleasedPerOp(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, b.Usage().Peak[Activations]-before, int64(8*(4*64+1)), "Linear formed its weight gradient outside w.Grad")
 }
+
+// TestMatMulTLogitsGoBeforeItsBackward: the output head's logits are read
+// by the cross-entropy's backward, not by MatMulT's, so they are given
+// back before MatMulT's backward asks for the weight's gradient buffer:
+// the head's gradient does not sit beside a logits-sized buffer no one
+// reads any more, in float32 as under mixed precision, where the logits
+// were widened from their 2-byte copy for the cross-entropy.
+func TestMatMulTLogitsGoBeforeItsBackward(t *testing.T) {
+	for _, compute := range []DType{Float32, BFloat16} {
+		a := NewAllocator()
+		a.SetCompute(compute)
+		r := rand.New(rand.NewSource(7))
+		w := a.New(Params, Float32, 64, 8).RequiresGrad()
+		w.Name = "wte"
+		x := a.New(Params, Float32, 4, 8).RequiresGrad()
+		for _, p := range []*Tensor{w, x} {
+			for i := range p.f32 {
+				p.f32[i] = float32(r.NormFloat64())
+			}
+		}
+		h := Gelu(x)
+		logits := MatMulT(h, w)
+		loss := CrossEntropy(logits, FromI32([]int32{1, 2, 3, 4}, 4))
+		held := true
+		_, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a, NeedGrad: func(p *Tensor, _ PassInfo) {
+			if p == w {
+				held = logits.HasStorage()
+			}
+		}})
+		require.NoError(t, err)
+		require.False(t, held, "%s: the logits still had storage when the head's weight gradient was made", compute)
+		require.NotNil(t, w.Grad)
+	}
+}
+
+// TestCrossEntropyReadsStoredLogits: under mixed precision the
+// cross-entropy's backward forms the logits' gradient from their 2-byte
+// copy in the gradient's own buffer, so the backward adds one float32
+// logits-sized buffer to what the forward kept, not two (the logits
+// widened beside their gradient); the gradient is bitwise the one formed
+// from the widened logits.
+func TestCrossEntropyReadsStoredLogits(t *testing.T) {
+	const rows, V = 4, 1000
+	grad := func(readsHalf bool) ([]float32, int64) {
+		a := NewAllocator()
+		a.SetCompute(BFloat16)
+		r := rand.New(rand.NewSource(8))
+		x := a.New(Params, Float32, rows, 8).RequiresGrad()
+		w := a.New(Params, Float32, V, 8).RequiresGrad()
+		for _, p := range []*Tensor{x, w} {
+			for i := range p.f32 {
+				p.f32[i] = float32(r.NormFloat64())
+			}
+		}
+		logits := MatMulT(x, w)
+		loss := CrossEntropy(logits, FromI32([]int32{1, 2, -1, 999}, rows))
+		require.True(t, logits.stored())
+		loss.node.readsHalf = readsHalf
+		before := a.Usage().Current[Activations]
+		a.ResetPeak()
+		_, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a})
+		require.NoError(t, err)
+		return append(append([]float32(nil), x.Grad.f32...), w.Grad.f32...), a.Usage().Peak[Activations] - before
+	}
+	g, added := grad(true)
+	gw, addedWidened := grad(false)
+	require.Equal(t, gw, g)
+	require.LessOrEqual(t, added, int64(4*rows*V+64), "the backward widened the logits beside their gradient")
+	require.GreaterOrEqual(t, addedWidened, int64(6*rows*V), "widened, the logits sit beside their gradient")
+}

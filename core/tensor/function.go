@@ -33,7 +33,16 @@ type FuncCtx struct {
 	// Backprop is the pass running the backward (nil during forward); it
 	// gives the micro-batch index and the allocator.
 	Backprop *Backprop
+	// readsHalf: ReadsHalf.
+	readsHalf bool
 }
+
+// ReadsHalf says the backward reads the saved inputs stored in 2 bytes
+// under mixed precision through their copies (Tensor.StoredHalf), so the
+// backward pass does not widen them for it: a loss over the logits forms
+// its gradient from them in its own buffer, without a widened copy beside
+// it. Call it in Forward.
+func (c *FuncCtx) ReadsHalf() { c.readsHalf = true }
 
 // Save keeps tensors for the backward.
 func (c *FuncCtx) Save(ts ...*Tensor) { c.saved = append(c.saved, ts...) }
@@ -67,6 +76,9 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 	record(out, name, func(b *Backprop, g *Tensor) []*Tensor {
 		ctx.Backprop = b
 		for _, t := range ctx.saved {
+			if ctx.readsHalf && t.stored() {
+				continue // read as stored (ReadsHalf)
+			}
 			refill(t) // a saved tensor that is no input nor the output
 		}
 		gs, err := f.Backward(ctx, g)
@@ -76,6 +88,7 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 		return gs
 	}, inputs...)
 	if out.node != nil {
+		out.node.readsHalf = ctx.readsHalf
 		saveBuf(out, ctx.owned...)
 		if r, ok := f.(Refiller); ok {
 			setRefill(out, func(out *Tensor) { r.Refill(ctx, out) })

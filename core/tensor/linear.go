@@ -116,7 +116,9 @@ func linearFwd[T cpu.Float](x, w, b, y []T, rows, in, out int) {
 // Like Linear, it can defer its weight gradient. Its backward computes
 // x's gradient, its last read of w, before it asks for w's gradient
 // buffer (BackwardOptions.NeedGrad), so the owner of a gathered w (ZeRO-3)
-// may release w's values there and give the gradient their storage.
+// may release w's values there and give the gradient their storage. Its
+// backward does not read its output, the logits, so they go before it
+// runs: the cross-entropy's backward, their last reader, has run.
 func MatMulT(x, w *Tensor) *Tensor {
 	checkFloat("MatMulT", x, w)
 	in := x.Dim(-1)
@@ -161,5 +163,6 @@ func MatMulT(x, w *Tensor) *Tensor {
 		}
 		return []*Tensor{gx, gw}
 	}, x, w)
+	outUnread(y)
 	return y
 }

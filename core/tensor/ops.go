@@ -472,17 +472,25 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 	// rounded to the compute dtype as autocast's are, the softmax and the
 	// loss computed from them in float32, and the backward keeps the
 	// logits in 2 bytes instead of the probabilities in 4: it widens
-	// them and forms the probabilities again, with the same kernel, in
-	// the gradient's buffer.
+	// them into the gradient's buffer and forms the probabilities again
+	// there, in place, with the same kernel (node.readsHalf: no widened
+	// logits beside the gradient). So neither pass holds a second
+	// logits-sized float32 buffer beside the first.
 	half := logits.dtype == Float32 && computeOf(logits) != Float32
 	if half {
 		RoundHalf(logits)
 	}
-	probs := like(logits, logits.shape...)
 	losses := like(logits, rows)
-	if logits.dtype == Float32 {
+	var probs *Tensor
+	switch {
+	case half:
+		// Only the losses: no probabilities beside the logits.
+		cpu.CrossEntropyLosses(logits.f32, targets.i32, rows, V, losses.f32)
+	case logits.dtype == Float32:
+		probs = like(logits, logits.shape...)
 		cpu.CrossEntropyForward(logits.f32, targets.i32, rows, V, probs.f32, losses.f32)
-	} else {
+	default:
+		probs = like(logits, logits.shape...)
 		cpu.CrossEntropyForward(logits.f64, targets.i32, rows, V, probs.f64, losses.f64)
 	}
 	var sum float64
@@ -500,7 +508,13 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 			dl.Set(r, v)
 		}
 		if half {
-			cpu.CrossEntropyForward(logits.f32, targets.i32, rows, V, gl.f32, dl.f32) // dl as scratch for the losses
+			if h, d := logits.StoredHalf(); h != nil {
+				convGrain(len(h), func(lo, hi int) { WidenHalf(d, gl.f32[lo:hi], h[lo:hi]) })
+			} else {
+				copy(gl.f32, logits.f32)
+			}
+			// in place; dl as scratch for the losses
+			cpu.CrossEntropyForward(gl.f32, targets.i32, rows, V, gl.f32, dl.f32)
 			for r := 0; r < rows; r++ {
 				dl.Set(r, v)
 			}
@@ -515,11 +529,11 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 	}, logits)
 	switch {
 	case out.node != nil && half:
-		probs.Release()
 		storeHalf(logits) // precision.go
+		out.node.readsHalf = true
 	case out.node != nil:
 		saveBuf(out, probs)
-	default:
+	case probs != nil:
 		probs.Release()
 	}
 	return out

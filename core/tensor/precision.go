@@ -327,6 +327,17 @@ func widen(t *Tensor) {
 // stored reports whether t is an activation kept in its 2-byte form.
 func (t *Tensor) stored() bool { return t.half != nil && t.cat == Activations }
 
+// StoredHalf returns the 2-byte copy's bits of activation t while it is
+// stored in its compute dtype (StoreHalf), with that dtype; nil when t is
+// not stored (its float32 storage holds its values). A backward that
+// reads its inputs as stored (FuncCtx.ReadsHalf) widens what it needs.
+func (t *Tensor) StoredHalf() ([]uint16, DType) {
+	if !t.stored() {
+		return nil, t.dtype
+	}
+	return t.half.u16, t.half.dtype
+}
+
 // RoundHalf rounds activation t's elements in place to its compute dtype
 // (to nearest even), keeping float32 storage; a no-op outside mixed
 // precision. The block rounds q|k|v so that the attention's forward, its

@@ -180,8 +180,9 @@ func ModelPass(cfg config.Config, m nn.GPTConfig, l ActLayout) PassActs {
 	if e < 4 {
 		// The logits kept in 2 bytes instead of the probabilities
 		// (tensor.CrossEntropy, tensor parallel's vocabulary-parallel
-		// one), which the backward widens beside their gradient.
-		head, held, half = bt*c+2*bt+bt*v/n, 2*bt*v/n+4*bt*c+13*bt, bt*v/n
+		// one), which the backward widens into their gradient's buffer;
+		// a deferred pass holds them (HeadHalf) beside the gradient.
+		head, held, half = bt*c+2*bt+bt*v/n, bt*v/n+4*bt*c+13*bt, bt*v/n
 	}
 	return PassActs{
 		Block:     BlockActsOf(m, RecomputeOf(cfg), B, l),

@@ -162,8 +162,9 @@ type PassActs struct {
 	DeferredPass bool
 	E            int64
 	// HeadHalf is the part of Head stored at E bytes: the logits under
-	// mixed precision (tensor.CrossEntropy), which the backward widens
-	// beside their gradient.
+	// mixed precision (tensor.CrossEntropy), which the backward reads as
+	// stored, widening them into their gradient's buffer; a deferred
+	// pass holds them so until its W, beside HeldHead.
 	HeadHalf int64
 }
 
@@ -204,21 +205,22 @@ func (p PassActs) headBytes() int64 { return 4*(p.Head-p.HeadHalf) + p.E*p.HeadH
 // output it kept. A deferred backward frees nothing until its W: every
 // block holds Held (a recomputed one's rerun graph stays for W, beside
 // the output it kept), and selective refills stay; what was stored in 2
-// bytes is float32 again by then. Stored in 2 bytes, the last block's
+// bytes is float32 again by then, but for the logits (HeadHalf), which
+// the loss's backward reads as stored. Stored in 2 bytes, the last block's
 // MLP also holds what it widened (Widened), unless the block is
 // recomputed, whose rerun stores nothing.
 func (p PassActs) Peak() int64 {
 	a := p.Block
 	if p.DeferredPass {
-		return 4 * (p.Pre + p.HeldHead + int64(p.L)*a.Held + int64(p.K)*a.Out)
+		return 4*(p.Pre+p.HeldHead+int64(p.L)*a.Held+int64(p.K)*a.Out) + p.E*p.HeadHalf
 	}
 	return max(p.HeadMoment(), p.BlockMoment(p.L))
 }
 
 // HeadMoment is what the pass holds at the output stage's first backward
-// op, in bytes: everything saved, the head's terms float32 again (the
-// logits widened), and the gradient the backward starts from.
-func (p PassActs) HeadMoment() int64 { return p.Saved() - p.headBytes() + 4*(p.Head+p.Grad) }
+// op, in bytes: everything saved (the logits as stored: the loss's
+// backward reads them so) and the gradient the backward starts from.
+func (p PassActs) HeadMoment() int64 { return p.Saved() + 4*p.Grad }
 
 // BlockMoment is what the pass holds during the backward of its block j
 // (1 the first, L the last; 0: none, only what comes before), in bytes:

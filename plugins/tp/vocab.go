@@ -329,9 +329,15 @@ func crossEntropyForward[T cpu.Float](f *crossEntropyFn, ctx *tensor.FuncCtx, lo
 		return nil, err
 	}
 	// exp(logit - max) of this rank's columns (kept: the softmax once
-	// divided), their sums and the target logits, summed over the group.
-	probs := a.NewUninit(tensor.Activations, logits.DType(), logits.Shape()...)
-	p := floats[T](probs)
+	// divided; not formed under mixed precision, whose backward forms
+	// them again), their sums and the target logits, summed over the
+	// group.
+	var probs *tensor.Tensor
+	var p []T
+	if !f.half {
+		probs = a.NewUninit(tensor.Activations, logits.DType(), logits.Shape()...)
+		p = floats[T](probs)
+	}
 	st := a.New(tensor.Comm, logits.DType(), 2*rows)
 	defer st.Release()
 	s := floats[T](st)
@@ -340,7 +346,9 @@ func crossEntropyForward[T cpu.Float](f *crossEntropyFn, ctx *tensor.FuncCtx, lo
 			var sum float64
 			for i, x := range l[r*w : (r+1)*w] {
 				e := math.Exp(float64(x - m[r]))
-				p[r*w+i] = T(e)
+				if p != nil {
+					p[r*w+i] = T(e)
+				}
 				sum += e
 			}
 			s[r] = T(sum)
@@ -350,7 +358,9 @@ func crossEntropyForward[T cpu.Float](f *crossEntropyFn, ctx *tensor.FuncCtx, lo
 		}
 	})
 	if err := f.c.run("all_reduce cross_entropy.sum_target", st.Bytes(), func() error { return f.c.G.AllReduce(st, comm.Sum) }); err != nil {
-		probs.Release()
+		if probs != nil {
+			probs.Release()
+		}
 		return nil, err
 	}
 	var total float64
@@ -363,12 +373,12 @@ func crossEntropyForward[T cpu.Float](f *crossEntropyFn, ctx *tensor.FuncCtx, lo
 	}
 	if f.half {
 		// The rows' maximum and sum, float32, for the backward.
-		probs.Release()
 		ms := a.NewUninit(tensor.Activations, logits.DType(), 2*rows)
 		copy(floats[T](ms), m)
 		copy(floats[T](ms)[rows:], s[:rows])
 		ctx.Save(logits, ms)
 		ctx.Own(ms)
+		ctx.ReadsHalf() // the logits as stored: no widened copy beside gl
 	} else {
 		cpu.ParallelFor(rows, max(1, 4096/max(w, 1)), func(r0, r1 int) {
 			for r := r0; r < r1; r++ {
@@ -394,9 +404,14 @@ func (f *crossEntropyFn) Backward(ctx *tensor.FuncCtx, g *tensor.Tensor) ([]*ten
 	gl := backAlloc(ctx).NewUninit(tensor.Activations, probs.DType(), probs.Shape()...)
 	if f.half {
 		// The forward's probabilities again, bitwise, from the logits
-		// widened and the rows' statistics, written into gl.
-		l, ms := probs.F32(), ctx.Saved()[1].F32()
-		p := gl.F32()
+		// widened and the rows' statistics, written into gl: the logits
+		// are widened into gl itself and replaced there, in place.
+		ms, p := ctx.Saved()[1].F32(), gl.F32()
+		l := probs.F32()
+		if h, dt := probs.StoredHalf(); h != nil {
+			cpu.ParallelFor(len(h), 1<<16, func(lo, hi int) { tensor.WidenHalf(dt, p[lo:hi], h[lo:hi]) })
+			l = p
+		}
 		cpu.ParallelFor(rows, max(1, 4096/max(w, 1)), func(r0, r1 int) {
 			for r := r0; r < r1; r++ {
 				inv := 1 / ms[rows+r]

@@ -62,6 +62,33 @@ func ceForward32(logits []float32, targets []int32, rows, vocab int, probs, loss
 	})
 }
 
+// CrossEntropyLosses is CrossEntropyForward's losses without its
+// probabilities, for a caller that keeps the logits instead (mixed
+// precision's cross-entropy): each row's softmax is formed in a scratch
+// row of its thread and dropped, so no buffer of the logits' size sits
+// beside them. The losses are bitwise CrossEntropyForward's.
+func CrossEntropyLosses(logits []float32, targets []int32, rows, vocab int, losses []float32) {
+	checkRows("CrossEntropyLosses", rows, vocab, []int{len(logits)}, []int{len(targets), len(losses)}, nil)
+	if rows > 0 && vocab < 1 {
+		panic(fmt.Sprintf("cpu.CrossEntropyLosses: vocab is %d; a softmax needs at least one class", vocab))
+	}
+	checkTargets("CrossEntropyLosses", targets[:rows], vocab)
+	ParallelFor(rows, max(1, elemGrain/max(vocab, 1)), func(lo, hi int) {
+		row := getBuf[float32](vocab)
+		defer putBuf(row)
+		var mx, sum [1]float32
+		for r := lo; r < hi; r++ {
+			lr := logits[r*vocab : (r+1)*vocab]
+			softmaxRows32(lr, *row, 1, vocab, mx[:], sum[:])
+			if tg := targets[r]; tg >= 0 {
+				losses[r] = float32(math.Log(float64(sum[0]))) + mx[0] - lr[tg]
+			} else {
+				losses[r] = 0
+			}
+		}
+	})
+}
+
 // expShift writes dst[i] = exp(src[i] - shift) and returns their sum
 // (the float64 path of the softmax kernels).
 func expShift[T Float](src, dst []T, shift T) T {

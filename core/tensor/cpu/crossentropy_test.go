@@ -110,3 +110,24 @@ func TestCrossEntropyBadTarget(t *testing.T) {
 			CrossEntropyForward(make([]float32, 10), []int32{0, 5}, 2, 5, make([]float32, 10), make([]float32, 2))
 		})
 }
+
+// TestCrossEntropyLossesMatchForward: the losses without the
+// probabilities are bitwise CrossEntropyForward's, ignored positions
+// included, at a vocabulary that spans several of the kernel's chunks.
+func TestCrossEntropyLossesMatchForward(t *testing.T) {
+	rng := newRNG(21)
+	for _, sz := range [][2]int{{1, 1}, {7, 33}, {64, 256}, {5, 50257}} {
+		rows, V := sz[0], sz[1]
+		logits := randSlice[float32](rng, rows*V, 4)
+		targets := make([]int32, rows)
+		for r := range targets {
+			targets[r] = int32((r * 7919) % V)
+		}
+		targets[rows-1] = -1
+		probs, want := make([]float32, rows*V), make([]float32, rows)
+		CrossEntropyForward(logits, targets, rows, V, probs, want)
+		got := make([]float32, rows)
+		CrossEntropyLosses(logits, targets, rows, V, got)
+		require.Equal(t, want, got, "rows %d vocab %d", rows, V)
+	}
+}

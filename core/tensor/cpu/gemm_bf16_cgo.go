@@ -25,15 +25,68 @@ const (
 )
 
 // gemmBF16Native adds alpha*op(A)*op(B) to C (beta already applied), or
-// with overwrite sets C to it without reading C (beta == 0). B is
-// packed once into pair-interleaved panels, split over the threads by
-// panel; then the threads take rows of C, each packing its own rows of A.
-// Each element of C sees the same operations in the same order whatever
-// the split, so the result does not depend on Threads().
+// with overwrite sets C to it without reading C (beta == 0). It runs the
+// product over blocks of op(B) of at most packLimit packed bytes
+// (packBlock), columns outer and k inner, so the buffer a product packs
+// into is bounded whatever its shape: the tied head's 50257 x 512 would
+// otherwise pack whole, 49 MiB of garbage per call beside the tensors.
+// Blocks start at multiples of the panel width and of the kernel's k
+// block, so each element of C sees the same operations in the same order
+// as unblocked: the kernel sums each block of bf16KC pairs from zero and
+// adds it to C in k order, and only the first block overwrites.
 func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
-	kp := (k + 1) / 2
+	nb, kb := packBlock(n, k, packLimit)
+	for j0 := 0; j0 < n; j0 += nb {
+		nn := min(nb, n-j0)
+		for k0 := 0; k0 < k; k0 += kb {
+			kk := min(kb, k-k0)
+			// op(A)'s columns k0.. and op(B)'s block at (k0, j0)
+			ao, bo := k0, k0*ldb+j0
+			if transA {
+				ao = k0 * lda
+			}
+			if transB {
+				bo = j0*ldb + k0
+			}
+			gemmBF16Block(transA, transB, m, nn, kk, alpha, a.from(ao), lda, b.from(bo), ldb, overwrite && k0 == 0, c[j0:], ldc)
+		}
+	}
+}
+
+// packLimit bounds the bytes of op(B) one product packs at once
+// (packBlock); a variable so tests can force blocking at small shapes.
+var packLimit = 4 << 20
+
+// packBlock returns the columns nb and depth kb of the blocks of op(B)
+// (k x n) that gemmBF16Native packs one at a time, within limit bytes: the
+// whole of op(B) where it fits; else kb the whole k, or, past what leaves
+// room for 16 panels, a multiple of the kernel's k block (2*bf16KC
+// numbers), and nb as many panels as then fit. A block is at least one
+// panel of one k block.
+func packBlock(n, k, limit int) (nb, kb int) {
+	if 2*packedLen(n, k) <= limit {
+		return n, k
+	}
+	const step = 2 * bf16KC
+	kb = min(k, max(step, limit/(2*16*bf16NR)/step*step))
+	panels := max(1, limit/(2*packedLen(bf16NR, kb)))
+	return min(n, panels*bf16NR), kb
+}
+
+// packedLen is the uint16 length of op(B) (k x n) packed into panels:
+// ceil(n/NR) panels of ceil(k/2) pairs of NR lanes.
+func packedLen(n, k int) int {
+	return (n + bf16NR - 1) / bf16NR * ((k + 1) / 2) * 2 * bf16NR
+}
+
+// gemmBF16Block is one block of gemmBF16Native. op(B) is packed into
+// pair-interleaved panels, split over the threads by panel; then the
+// threads take rows of C, each packing its own rows of A. Each element of
+// C sees the same operations in the same order whatever the split, so the
+// result does not depend on Threads().
+func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	panels := (n + bf16NR - 1) / bf16NR
-	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
+	pb := getHalfBuf[uint16](&packedPool, packedLen(n, k))
 	defer packedPool.Put(pb)
 	packed := *pb
 	bp, bf32 := b.ptr()
@@ -51,12 +104,12 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	})
 }
 
-// gemmBF16Serial is gemmBF16Native for op(A) = A, op(B) = B^T and beta 0,
-// run on the calling goroutine.
+// gemmBF16Serial is gemmBF16Block for op(A) = A, op(B) = B^T and beta 0,
+// run on the calling goroutine: the attention's per-head scores, whose
+// op(B) (context x head width) is far below packLimit.
 func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
-	kp := (k + 1) / 2
 	panels := (n + bf16NR - 1) / bf16NR
-	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
+	pb := getHalfBuf[uint16](&packedPool, packedLen(n, k))
 	defer packedPool.Put(pb)
 	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
 	defer scratchPool.Put(sb)
@@ -80,6 +133,16 @@ func getHalfBuf[T uint16 | uint32](pool *sync.Pool, n int) *[]T {
 	}
 	s := make([]T, n)
 	return &s
+}
+
+// from returns the operand from element off of its storage on.
+func (o halfOperand) from(off int) halfOperand {
+	if o.f != nil {
+		o.f = o.f[off:]
+	} else {
+		o.h = o.h[off:]
+	}
+	return o
 }
 
 // ptr returns the operand's storage and whether it is float32.
