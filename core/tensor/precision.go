@@ -22,12 +22,13 @@ import (
 //     float32 across micro-batches (what crosses ranks between layers,
 //     tensor parallel's partial sums included, travels in the compute
 //     dtype: comm.AllReduceAs and its kin);
-//   - under bf16 the self-attention's scores q·k^T are a bf16 product too
-//     (cpu.AttnDims.BF16Scores; q|k|v already hold bf16 values, RoundHalf
-//     below, so only the order of the float32 sums changes);
+//   - the attention's products are half-precision products too, forward
+//     and backward (cpu.AttnDims.HalfProducts): q·k^T, P·v, dout·v^T,
+//     dS·k, dS^T·q and P^T·dout, with P and dS rounded as the products
+//     read them;
 //   - everything else (LayerNorm statistics, GELU, softmax, the attention's
-//     other products and its log-sum-exp, cross-entropy and the loss)
-//     computes in float32.
+//     log-sum-exp, delta and dS, cross-entropy and the loss) computes in
+//     float32.
 //
 // The weights are stored twice, as in Megatron: the float32 master the
 // optimizer updates, counted with the optimizer state (accountAs), and a

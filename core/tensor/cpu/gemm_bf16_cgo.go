@@ -51,9 +51,8 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	})
 }
 
-// gemmBF16Serial is gemmBF16Native for op(A) = A, op(B) = B^T and beta 0,
-// run on the calling goroutine.
-func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+// gemmBF16Serial is gemmBF16Native run on the calling goroutine.
+func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	kp := (k + 1) / 2
 	panels := (n + bf16NR - 1) / bf16NR
 	pb := getHalfBuf[uint16](&packedPool, panels*kp*2*bf16NR)
@@ -61,10 +60,10 @@ func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOp
 	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
 	defer scratchPool.Put(sb)
 	bp, bf32 := b.ptr()
-	C.tacc_bf16_pack_b(bp, bf32, 1, C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
+	C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
 	ap, af32 := a.ptr()
-	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, 0, C.long(lda),
-		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, (*C.uint32_t)(&(*sb)[0]))
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&(*sb)[0]))
 }
 
 // The packed operands are written in full before they are read, so their

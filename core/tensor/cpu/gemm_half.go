@@ -110,19 +110,57 @@ func (o halfOperand) widen() []float32 {
 	return out
 }
 
-// gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
-// the calling goroutine only, for the attention's per-head score products,
-// which run inside a head-parallel loop that holds the BLAS library
-// single-threaded (serialBLAS): the portable path calls gemmBLAS.
-func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
-	checkGemm(false, true, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+// gemmHalfSerial is GemmRoundBF16 (GemmRoundF16 when f16) on the calling
+// goroutine only, for the attention's per-head products, which run inside
+// a head-parallel loop that holds the BLAS library single-threaded
+// (serialBLAS). Each operand is a head's columns of a larger buffer (a
+// fused q|k|v, the probabilities of a row block), so the portable path
+// rounds only the region the product reads, into a dense scratch copy,
+// and calls gemmBLAS on the copies.
+func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
 		return
 	}
-	ao, bo := halfOperand{f: a}, halfOperand{f: b}
-	if bf16Native && k > 0 {
-		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
+	if k == 0 {
+		scaleC(m, n, beta, c, ldc)
 		return
 	}
-	gemmBLAS(false, true, m, n, k, alpha, ao.widen(), lda, bo.widen(), ldb, 0, c, ldc)
+	ao, bo := halfOperand{f: a, f16: f16}, halfOperand{f: b, f16: f16}
+	if bf16Native && !f16 {
+		// beta == 0: the kernel stores the products without reading C
+		if beta != 0 {
+			scaleC(m, n, beta, c, ldc)
+		}
+		gemmBF16Serial(transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta == 0, c, ldc)
+		return
+	}
+	ar, ac := m, k // op(A) is m x k, stored ar x ac
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	aw, bw := getBuf[float32](ar*ac), getBuf[float32](br*bc)
+	defer putBuf(aw)
+	defer putBuf(bw)
+	ao.roundInto(*aw, ar, ac, lda)
+	bo.roundInto(*bw, br, bc, ldb)
+	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
+}
+
+// roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
+// cols matrix of stride ld, rounded to the half format.
+func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
+	for r := range rows {
+		row := dst[r*cols : (r+1)*cols]
+		copy(row, o.f[r*ld:r*ld+cols])
+		if o.f16 {
+			RoundF16(row)
+		} else {
+			RoundBF16(row)
+		}
+	}
 }

@@ -97,6 +97,35 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 	}
 }
 
+// TestGemmHalfSerial: the attention's product on the calling goroutine
+// (every transpose, beta 0 and not) is GemmRoundBF16's and GemmRoundF16's:
+// bitwise on the bf16 kernel, which sums each element in the same order
+// however the rows are split, and to float32 accumulation accuracy of the
+// exact product of the rounded inputs on the portable path.
+func TestGemmHalfSerial(t *testing.T) {
+	for _, h := range halfCases() {
+		for _, f16 := range []bool{false, true} {
+			round, gemm, name := BF16FromF32, GemmRoundBF16, "bf16 "+h.name
+			if f16 {
+				round, gemm, name = F16FromF32, GemmRoundF16, "fp16 "+h.name
+			}
+			c, cs := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
+			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+			gemmHalfSerial(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cs, h.ldc)
+			if bf16Native && !f16 {
+				require.Equal(t, c, cs, name)
+			}
+			wide := func(x []float32) []float32 {
+				if f16 {
+					return widenAll(convert(x, round), F16ToF32)
+				}
+				return widenAll(convert(x, round), BF16ToF32)
+			}
+			requireClose(t, cs, h.want(wide(h.a), wide(h.b)), 1e-5, name)
+		}
+	}
+}
+
 // TestGemmBF16PathsAgree: the AVX512-BF16 kernel and the portable path
 // compute the same exact products and differ only in float32 summation
 // order. Skipped where the CPU has no AVX512-BF16 (only the portable path
