@@ -103,6 +103,25 @@ func productFor[F Float](d AttnDims) gemmFunc[F] {
 	return any(half).(gemmFunc[F])
 }
 
+// keyProduct returns mul(m, n, alpha, a, lda, c, ldc), which sets C to
+// alpha A X[:n]^T for X the rows rows of x (stride ld, HS columns), as
+// gemm(false, true, ..., beta 0) does: the products of one head over its
+// keys (the scores) or values (dout v^T), whose row blocks read growing
+// prefixes of the same rows. Under HalfProducts (float32) X is rounded
+// once for all of them (halfKeys), with the same result. release gives
+// back what it holds.
+func keyProduct[F Float](d AttnDims, gemm gemmFunc[F], x []F, ld, rows int) (mul func(m, n int, alpha F, a []F, lda int, c []F, ldc int), release func()) {
+	if d.HalfProducts == NoHalf || !isF32[F]() {
+		return func(m, n int, alpha F, a []F, lda int, c []F, ldc int) {
+			gemm(false, true, m, n, d.HS, alpha, a, lda, x, ld, 0, c, ldc)
+		}, func() {}
+	}
+	h := newHalfKeys(d.HalfProducts == F16, as32(x), ld, rows, d.HS)
+	return func(m, n int, alpha F, a []F, lda int, c []F, ldc int) {
+		h.mul(m, n, float32(alpha), as32(a), lda, as32(c), ldc)
+	}, h.release
+}
+
 // kvHeads is KVH with its default applied.
 func (d AttnDims) kvHeads() int {
 	if d.KVH == 0 {
@@ -233,6 +252,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 		var mx, sum [attnBlock]F
 		for bh := lo; bh < hi; bh++ {
 			hd := posHeadAt(d, bh, q, k, v, out, lse)
+			scores, release := keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1]) // keys visible to some row of the block
@@ -257,7 +277,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				} else {
 					p = (*scratch)[:(i1-i0)*Tk]
 				}
-				gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p, Tk)
+				scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p, Tk)
 				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				if hd.lse != nil {
 					for r := range i1 - i0 {
@@ -266,6 +286,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				}
 				gemm(false, false, i1-i0, hs, nk, 1, p, Tk, hd.v, d.LdV, 0, hd.o[i0*d.LdO:], d.LdO)
 			}
+			release()
 		}
 	})
 }
@@ -380,6 +401,12 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				p, dl = *pBuf, delta[bh*Tq:(bh+1)*Tq]
 			}
 			// Row blocks of P, dP and dS: rows [i0,i1) see keys [0,nk).
+			var scores func(m, n int, alpha F, a []F, lda int, c []F, ldc int)
+			releaseK := func() {}
+			if att == nil { // the scores are recomputed
+				scores, releaseK = keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
+			}
+			dP, releaseV := keyProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1])
@@ -387,7 +414,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					continue // no row of the block sees a key; none is read below
 				}
 				if att == nil {
-					gemm(false, true, i1-i0, nk, hs, scale, hd.q[i0*d.LdQ:], d.LdQ, hd.k, d.LdK, 0, p[i0*Tk:], Tk)
+					scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p[i0*Tk:], Tk)
 					for i := i0; i < i1; i++ {
 						n := int(vis[i])
 						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
@@ -398,7 +425,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 						clear(row[n:])
 					}
 				}
-				gemm(false, true, i1-i0, nk, hs, 1, hd.o[i0*d.LdO:], d.LdO, hd.v, d.LdV, 0, ds[i0*Tk:], Tk)
+				dP(i1-i0, nk, 1, hd.o[i0*d.LdO:], d.LdO, ds[i0*Tk:], Tk)
 				for i := i0; i < i1; i++ {
 					n := int(vis[i])
 					if att != nil {
@@ -410,6 +437,8 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				}
 				gemm(false, false, i1-i0, hs, nk, scale, ds[i0*Tk:], Tk, hd.k, d.LdK, 1, g.q[i0*d.LdQ:], d.LdQ)
 			}
+			releaseK()
+			releaseV()
 			// Column blocks for dk and dv: key rows [j0,j1) get contributions
 			// from the query rows that see key j0, rows [first,Tq).
 			first := 0

@@ -1,5 +1,7 @@
 package cpu
 
+import "fmt"
+
 // Half-precision matrix products: the operands hold bfloat16 or fp16
 // numbers, the products accumulate in float32 and C is float32, the
 // recipe of mixed-precision training (tensor cores and CPUs' bf16
@@ -149,6 +151,67 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 	ao.roundInto(*aw, ar, ac, lda)
 	bo.roundInto(*bw, br, bc, ldb)
 	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
+}
+
+// halfKeys is the right operand X^T of the half-precision products C =
+// alpha A X[:n]^T, for X the rows of a head's keys (or values): the
+// attention's row blocks read growing prefixes of the same rows, so X is
+// rounded once, packed for the bf16 kernel (packBF16Keys) or as a dense
+// rounded copy for the portable path, rather than once per product.
+// Results are bitwise gemmHalfSerial's on X's first n rows.
+type halfKeys struct {
+	f16        bool
+	rows, cols int
+	packed     *[]uint16  // the bf16 kernel's packing of X^T
+	dense      *[]float32 // the portable path's rounded X, stride cols
+}
+
+// newHalfKeys rounds (or packs) the rows x cols matrix x of stride ld.
+func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
+	h := &halfKeys{f16: f16, rows: rows, cols: cols}
+	if rows == 0 || cols == 0 {
+		return h
+	}
+	checkGemm(false, false, rows, cols, 0, len(x), ld, 0, 1, rows*cols, cols)
+	if bf16Native && !f16 {
+		h.packed = packBF16Keys(cols, rows, x, ld)
+		return h
+	}
+	h.dense = getBuf[float32](rows * cols)
+	halfOperand{f: x, f16: f16}.roundInto(*h.dense, rows, cols, ld)
+	return h
+}
+
+// mul sets C (m x n, stride ldc) to alpha*A*X[:n]^T, A (m x cols, stride
+// lda) rounded as read, on the calling goroutine.
+func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float32, ldc int) {
+	if n > h.rows {
+		panic(fmt.Sprintf("cpu: half product over %d rows of %d", n, h.rows))
+	}
+	checkGemm(false, true, m, n, h.cols, len(a), lda, n*h.cols, h.cols, len(c), ldc)
+	switch {
+	case m == 0 || n == 0:
+	case h.cols == 0:
+		scaleC(m, n, 0, c, ldc)
+	case h.packed != nil:
+		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
+	default:
+		aw := getBuf[float32](m * h.cols)
+		defer putBuf(aw)
+		halfOperand{f: a, f16: h.f16}.roundInto(*aw, m, h.cols, lda)
+		gemmBLAS(false, true, m, n, h.cols, alpha, *aw, h.cols, *h.dense, h.cols, 0, c, ldc)
+	}
+}
+
+// release gives the rounded rows back.
+func (h *halfKeys) release() {
+	if h.packed != nil {
+		releaseBF16Keys(h.packed)
+	}
+	if h.dense != nil {
+		putBuf(h.dense)
+	}
+	h.packed, h.dense = nil, nil
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x

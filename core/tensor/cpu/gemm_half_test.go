@@ -126,6 +126,30 @@ func TestGemmHalfSerial(t *testing.T) {
 	}
 }
 
+// TestHalfKeys: products over prefixes of rows rounded (or packed) once
+// are bitwise gemmHalfSerial's on those rows, for every prefix, on both
+// formats and at row counts that end inside and on a panel of the bf16
+// kernel.
+func TestHalfKeys(t *testing.T) {
+	rng := newRNG(13)
+	for _, f16 := range []bool{false, true} {
+		for _, sz := range [][3]int{{5, 3, 4}, {64, 256, 64}, {70, 45, 33}, {12, 96, 64}} {
+			m, rows, cols := sz[0], sz[1], sz[2]
+			lda, ldx, ldc := cols+3, 3*cols+1, rows+2
+			a, x := randSlice[float32](rng, m*lda, 1), randSlice[float32](rng, rows*ldx, 1)
+			h := newHalfKeys(f16, x, ldx, rows, cols)
+			for _, n := range []int{1, rows / 3, rows/2 + 1, rows} {
+				want, got := randSlice[float32](rng, m*ldc, 1), randSlice[float32](rng, m*ldc, 1)
+				copy(got, want) // beta 0: what C held is not read
+				gemmHalfSerial(f16, false, true, m, n, cols, 0.5, a, lda, x, ldx, 0, want, ldc)
+				h.mul(m, n, 0.5, a, lda, got, ldc)
+				require.Equal(t, want, got, "f16 %v m %d rows %d cols %d n %d", f16, m, rows, cols, n)
+			}
+			h.release()
+		}
+	}
+}
+
 // TestGemmBF16PathsAgree: the AVX512-BF16 kernel and the portable path
 // compute the same exact products and differ only in float32 summation
 // order. Skipped where the CPU has no AVX512-BF16 (only the portable path
