@@ -1,6 +1,9 @@
 package cpu
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Half-precision matrix products: the operands hold bfloat16 or fp16
 // numbers, the products accumulate in float32 and C is float32, the
@@ -219,11 +222,39 @@ func (h *halfKeys) release() {
 func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
 	for r := range rows {
 		row := dst[r*cols : (r+1)*cols]
-		copy(row, o.f[r*ld:r*ld+cols])
 		if o.f16 {
-			RoundF16(row)
+			roundF16s(row, o.f[r*ld:r*ld+cols])
 		} else {
+			copy(row, o.f[r*ld:r*ld+cols])
 			RoundBF16(row)
+		}
+	}
+}
+
+// roundF16s sets dst to src rounded to fp16, F16ToF32(F16FromF32(x))
+// element by element as RoundF16 makes it, computed on the float32s
+// themselves: the attention's products round every operand they read
+// this way on the portable path, where the two conversions cost several
+// times as much. In fp16's normal range the significand is rounded to 11
+// bits as bf16's is to 8; below it the float32 addition of ±0.5, whose
+// unit in the last place is fp16's smallest subnormal 2^-24, rounds to a
+// multiple of it (ties to even).
+func roundF16s(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		u := math.Float32bits(x)
+		sign, a := u&0x80000000, u&0x7fffffff
+		switch {
+		case a-0x38800000 < 0x477ff000-0x38800000: // normal: 2^-14 up to 65520
+			a += 0xfff + (a>>13)&1
+			dst[i] = math.Float32frombits(sign | a&^0x1fff)
+		case a < 0x38800000: // subnormal fp16, or zero
+			h := math.Float32frombits(sign | 0x3f000000) // ±0.5
+			dst[i] = math.Float32frombits(sign | math.Float32bits((x+h)-h)&0x7fffffff)
+		case a > 0x7f800000: // NaN, quiet, as F16FromF32 makes it
+			dst[i] = math.Float32frombits(sign | 0x7fc00000)
+		default: // 65520 and up round past 65504
+			dst[i] = math.Float32frombits(sign | 0x7f800000)
 		}
 	}
 }

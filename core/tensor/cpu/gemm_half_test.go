@@ -150,6 +150,29 @@ func TestHalfKeys(t *testing.T) {
 	}
 }
 
+// TestRoundF16s: roundF16s is RoundF16, bit for bit, on
+// every float32 whose low 16 bits are one of the patterns around fp16's
+// rounding points (its ties among them), and on random ones.
+func TestRoundF16s(t *testing.T) {
+	check := func(u uint32) {
+		x := math.Float32frombits(u)
+		want, got := []float32{x}, []float32{0}
+		RoundF16(want)
+		if roundF16s(got, []float32{x}); math.Float32bits(got[0]) != math.Float32bits(want[0]) {
+			t.Fatalf("roundF16s(%#08x) = %#08x, RoundF16 %#08x", u, math.Float32bits(got[0]), math.Float32bits(want[0]))
+		}
+	}
+	for hi := uint32(0); hi < 1<<16; hi++ {
+		for _, lo := range []uint32{0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001, 0xffff} {
+			check(hi<<16 | lo)
+		}
+	}
+	rng := newRNG(14)
+	for range 1 << 20 {
+		check(rng.Uint32())
+	}
+}
+
 // TestGemmBF16PathsAgree: the AVX512-BF16 kernel and the portable path
 // compute the same exact products and differ only in float32 summation
 // order. Skipped where the CPU has no AVX512-BF16 (only the portable path
