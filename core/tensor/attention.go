@@ -64,7 +64,7 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		pos = slices.Clone(pos) // the backward must see these, whatever the caller does later
 	}
 	d := cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C,
-		BF16Scores: qkv.dtype == Float32 && computeOf(qkv) == BFloat16} // precision.go
+		HalfProducts: HalfProducts(qkv)}
 	out = like(qkv, B, T, C)
 	// The backward needs only out and the log-sum-exp: it recomputes the
 	// probabilities from q, k and lse (the arithmetic of the context
@@ -129,6 +129,20 @@ func selfAttentionBackward[F cpu.Float](d cpu.AttnDims, g, qkv, out, lse *Tensor
 	cpu.AttentionLSEBackward(d, data[F](g), x, x[C:], x[2*C:], data[F](delta), data[F](lse), pos, pos, dx, dx[C:], dx[2*C:])
 }
 
+// HalfProducts is the format of the attention's matrix products on t's
+// rank (cpu.AttnDims.HalfProducts): under mixed precision its compute
+// dtype, as every matrix product's (precision.go); none otherwise. Every
+// attention of a rank, context parallel's included, takes it from here.
+func HalfProducts(t *Tensor) cpu.HalfFormat {
+	switch computeOf(t) {
+	case BFloat16:
+		return cpu.BF16
+	case Float16:
+		return cpu.F16
+	}
+	return cpu.NoHalf
+}
+
 // dataOrNil is data for an optional tensor.
 func dataOrNil[F cpu.Float](t *Tensor) []F {
 	if t == nil {
@@ -188,7 +202,8 @@ func BlockAttention(q *Tensor, qpos []int, blocks []KVBlock, nHead int) *Tensor 
 		}
 		checkPositions("BlockAttention", fmt.Sprintf("block %d", n), b.Pos, b.K.shape[1])
 		blocks[n].Pos = slices.Clone(b.Pos)
-		dims[n] = cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: Tq, Tk: b.K.shape[1], LdQ: C, LdK: C, LdV: C, LdO: C}
+		dims[n] = cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: Tq, Tk: b.K.shape[1], LdQ: C, LdK: C, LdV: C, LdO: C,
+			HalfProducts: HalfProducts(q)}
 	}
 	out := like(q, B, Tq, C)
 	lse := like(q, B, nHead, Tq)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tinyacc/tinyacc/core/tensor/cpu"
 )
 
 // randF32 returns a float32 leaf with normal(0, std) entries.
@@ -229,4 +231,105 @@ func TestAttentionErrors(t *testing.T) {
 		func() {
 			BlockAttention(q, []int{0, 1}, []KVBlock{{K: k, V: FromF64(make([]float64, 18), 1, 3, 6), Pos: []int{0, 1, 2}}}, 2)
 		})
+}
+
+// TestAttentionHalfProductsFollowCompute: on a bf16 or fp16 rank the
+// attention ops run every product of the kernels in the compute dtype
+// (cpu.AttnDims.HalfProducts): SelfAttention's, GroupedAttention's and
+// BlockAttention's outputs are bitwise the kernel's with the format set,
+// and outputs and gradients are within the format's bound of the float32
+// rank's (1e-2 bf16, 2e-3 fp16) and not equal to them.
+func TestAttentionHalfProductsFollowCompute(t *testing.T) {
+	const B, T, NH, HS = 2, 70, 2, 8
+	C := NH * HS
+	r := rand.New(rand.NewSource(27))
+	x := make([]float32, B*T*3*C)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	g := make([]float32, B*T*C)
+	for i := range g {
+		g[i] = float32(r.NormFloat64())
+	}
+	// run returns the outputs and qkv gradients of the three ops on a rank
+	// computing in d (GroupedAttention with as many key/value heads as
+	// query heads, BlockAttention over two key blocks).
+	run := func(d DType) (outs, grads [][]float64) {
+		a := NewAllocator()
+		a.SetCompute(d)
+		leaf := func(data []float32, shape ...int) *Tensor {
+			t := a.New(Params, Float32, shape...)
+			copy(t.F32(), data)
+			return t.RequiresGrad()
+		}
+		gt := a.New(Activations, Float32, B, T, C)
+		copy(gt.F32(), g)
+		// cols is the leaf of columns [c0, c0+n) of rows [r0, r1) of x.
+		cols := func(r0, r1, c0, n int) *Tensor {
+			var data []float32
+			for b := range B {
+				for i := r0; i < r1; i++ {
+					data = append(data, x[(b*T+i)*3*C+c0:][:n]...)
+				}
+			}
+			return leaf(data, B, r1-r0, n)
+		}
+		for _, name := range []string{"SelfAttention", "GroupedAttention", "BlockAttention"} {
+			qkv := leaf(x, B, T, 3*C)
+			var out *Tensor
+			var leaves []*Tensor
+			switch name {
+			case "SelfAttention":
+				var lse *Tensor
+				out, lse = SelfAttention(qkv, NH, nil)
+				lse.Release()
+				leaves = []*Tensor{qkv}
+			case "GroupedAttention":
+				out = GroupedAttention(qkv, NH, NH, nil)
+				leaves = []*Tensor{qkv}
+			default:
+				pos := make([]int, T)
+				for i := range pos {
+					pos[i] = i
+				}
+				q, k1, v1, k2, v2 := cols(0, T, 0, C), cols(0, 30, C, C), cols(0, 30, 2*C, C), cols(30, T, C, C), cols(30, T, 2*C, C)
+				out = BlockAttention(q, pos, []KVBlock{{K: k2, V: v2, Pos: pos[30:]}, {K: k1, V: v1, Pos: pos[:30]}}, NH)
+				leaves = []*Tensor{q, k1, v1, k2, v2}
+			}
+			outs = append(outs, out.Float64s())
+			_, err := Backward(out, gt, BackwardOptions{})
+			require.NoError(t, err)
+			var grad []float64
+			for _, l := range leaves {
+				grad = append(grad, l.Grad.Float64s()...)
+			}
+			grads = append(grads, grad)
+		}
+		return outs, grads
+	}
+	outs, grads := run(Float32)
+	for _, c := range []struct {
+		d   DType
+		f   cpu.HalfFormat
+		tol float64
+	}{{BFloat16, cpu.BF16, 1e-2}, {Float16, cpu.F16, 2e-3}} {
+		hOuts, hGrads := run(c.d)
+		d := cpu.AttnDims{B: B, NH: NH, HS: HS, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C, HalfProducts: c.f}
+		want := make([]float32, B*T*C)
+		pos := make([]int, T)
+		for i := range pos {
+			pos[i] = i
+		}
+		cpu.AttentionPosForward(d, x, x[C:], x[2*C:], pos, pos, want, nil, nil)
+		for i, name := range []string{"SelfAttention", "GroupedAttention", "BlockAttention"} {
+			if name != "BlockAttention" { // merged from two blocks: another order of sums
+				require.Equal(t, FromF32(want, B, T, C).Float64s(), hOuts[i], "%s %s: the kernel with HalfProducts", c.d, name)
+			}
+			for what, p := range map[string][2][]float64{"out": {hOuts[i], outs[i]}, "grad": {hGrads[i], grads[i]}} {
+				e := relNorm(p[0], p[1])
+				require.LessOrEqual(t, e, c.tol, "%s %s %s", c.d, name, what)
+				require.Greater(t, e, 0.0, "%s %s %s: the half products changed nothing", c.d, name, what)
+			}
+		}
+	}
 }

@@ -31,7 +31,8 @@ func GroupedAttention(qkv *Tensor, nHead, nKV int, pos []int) *Tensor {
 		checkPositions("GroupedAttention", "pos", pos, T)
 		pos = slices.Clone(pos)
 	}
-	d := cpu.AttnDims{B: B, NH: nHead, HS: hs, Tq: T, Tk: T, LdQ: W, LdK: W, LdV: W, LdO: nHead * hs, KVH: nKV}
+	d := cpu.AttnDims{B: B, NH: nHead, HS: hs, Tq: T, Tk: T, LdQ: W, LdK: W, LdV: W, LdO: nHead * hs, KVH: nKV,
+		HalfProducts: HalfProducts(qkv)}
 	kc, vc := nHead*hs, (nHead+nKV)*hs
 	out := like(qkv, B, T, nHead*hs)
 	var att *Tensor

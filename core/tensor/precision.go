@@ -22,12 +22,13 @@ import (
 //     float32 across micro-batches (what crosses ranks between layers,
 //     tensor parallel's partial sums included, travels in the compute
 //     dtype: comm.AllReduceAs and its kin);
-//   - under bf16 the self-attention's scores q·k^T are a bf16 product too
-//     (cpu.AttnDims.BF16Scores; q|k|v already hold bf16 values, RoundHalf
-//     below, so only the order of the float32 sums changes);
+//   - the attention's products are half-precision products too, forward
+//     and backward (cpu.AttnDims.HalfProducts): q·k^T, P·v, dout·v^T,
+//     dS·k, dS^T·q and P^T·dout, with P and dS rounded as the products
+//     read them;
 //   - everything else (LayerNorm statistics, GELU, softmax, the attention's
-//     other products and its log-sum-exp, cross-entropy and the loss)
-//     computes in float32.
+//     log-sum-exp, delta and dS, cross-entropy and the loss) computes in
+//     float32.
 //
 // The weights are stored twice, as in Megatron: the float32 master the
 // optimizer updates, counted with the optimizer state (accountAs), and a
@@ -252,9 +253,12 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 // are rounded where they are made (RoundHalf), so its forward and its
 // log-sum-exp see what its backward reads, and its output stays float32
 // (node.exact): the backward's dout·out must be that of the output the
-// log-sum-exp and the probabilities made, or the gradients that are zero
-// in theory (the key bias: softmax ignores a shift of a row's scores)
-// become rounding noise, which AdamW turns into full-size steps.
+// log-sum-exp and the probabilities made, or delta moves every row of dS
+// by the output's rounding. (The gradients that are zero in theory, the
+// key bias's, since softmax ignores a shift of a row's scores, carry
+// rounding noise all the same: the half-precision products round dS as
+// they read it, as autocast's do, and AdamW turns that noise into steps
+// of about the learning rate.)
 
 // StoreHalf stores in the compute dtype every activation of the graph
 // from in to out (a block's input and output: in is included, out, which

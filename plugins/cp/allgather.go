@@ -58,7 +58,7 @@ func gatherForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.T
 		all.Release()
 		return nil, a.errorf("all-gather of keys and values", err)
 	}
-	d := C.dims(B, T)
+	d := C.dims(B, T, tensor.HalfProducts(qkv))
 	out := al.New(tensor.Activations, dt, B, T, C.Q)
 	lse := al.New(tensor.Activations, dt, B, a.NHead, T)
 	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C.Q)
@@ -91,7 +91,7 @@ func gatherBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor
 	B, T, C, _ := a.shape(qkv)
 	n, r, al, dt := a.G.Size(), a.G.Rank(), backAlloc(ctx), qkv.DType()
 	blk := B * T * C.KV2
-	d := C.dims(B, T)
+	d := C.dims(B, T, tensor.HalfProducts(qkv))
 	gq := al.New(tensor.Activations, dt, B, T, C.W)
 	delta := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	defer delta.Release()

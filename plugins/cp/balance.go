@@ -34,7 +34,7 @@ func TimeRank(B, nHead, C int, pos [][]int, r int) (time.Duration, int64) {
 		kvs[j] = fill(B, T, 2*C)
 		pairs += Pairs(pos[r], pos[j])
 	}
-	d := widths{NH: nHead, KVH: nHead, HS: C / nHead, Q: C, KV: C, KV2: 2 * C, W: 3 * C}.dims(B, T)
+	d := widths{NH: nHead, KVH: nHead, HS: C / nHead, Q: C, KV: C, KV2: 2 * C, W: 3 * C}.dims(B, T, cpu.NoHalf)
 	out, lse := tensor.New(tensor.Float32, B, T, C), tensor.New(tensor.Float32, B, nHead, T)
 	tmpOut, tmpLse := tensor.New(tensor.Float32, B, T, C), tensor.New(tensor.Float32, B, nHead, T)
 	delta := tensor.New(tensor.Float32, B, nHead, T)

@@ -33,9 +33,11 @@ type widths struct {
 
 // dims are the attention shapes of B batches of T queries over a key
 // block of T rows: q read from qkv (stride W), k and v from kv (stride
-// 2·KV), out [B, T, Q].
-func (w widths) dims(B, T int) cpu.AttnDims {
-	return cpu.AttnDims{B: B, NH: w.NH, HS: w.HS, Tq: T, Tk: T, LdQ: w.W, LdK: w.KV2, LdV: w.KV2, LdO: w.Q, KVH: w.KVH}
+// 2·KV), out [B, T, Q]; its products in the format half
+// (tensor.HalfProducts of qkv: half-precision under mixed precision, as
+// one process's).
+func (w widths) dims(B, T int, half cpu.HalfFormat) cpu.AttnDims {
+	return cpu.AttnDims{B: B, NH: w.NH, HS: w.HS, Tq: T, Tk: T, LdQ: w.W, LdK: w.KV2, LdV: w.KV2, LdO: w.Q, KVH: w.KVH, HalfProducts: half}
 }
 
 // kvHeads is the number of key/value heads the core reads.

@@ -72,7 +72,7 @@ func ringForward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, qkv *tensor.Ten
 	w := newRingWire(a.G, al, dt)
 	defer w.release()
 	w.round(kv) // every rank computes with the block as the others receive it
-	d := C.dims(B, T)
+	d := C.dims(B, T, tensor.HalfProducts(qkv))
 	out := al.New(tensor.Activations, dt, B, T, C.Q)
 	lse := al.New(tensor.Activations, dt, B, a.NHead, T)
 	tmpOut := al.NewUninit(tensor.Activations, dt, B, T, C.Q)
@@ -115,7 +115,7 @@ func ringBackward[F cpu.Float](a *Attention, ctx *tensor.FuncCtx, gout *tensor.T
 	B, T, C, _ := a.shape(qkv)
 	n, r, al, dt := a.G.Size(), a.G.Rank(), backAlloc(ctx), qkv.DType()
 	next, prev := a.neighbours()
-	d := C.dims(B, T)
+	d := C.dims(B, T, tensor.HalfProducts(qkv))
 	gq := al.New(tensor.Activations, dt, B, T, C.W)
 	delta := al.NewUninit(tensor.Activations, dt, B, a.NHead, T)
 	cpu.AttentionDelta(d, vals[F](gout), vals[F](out), vals[F](delta))

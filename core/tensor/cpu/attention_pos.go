@@ -56,15 +56,29 @@ import (
 // and v, so the NH/KVH query heads of a group share their keys and values
 // without copies of them. 0 means NH (every head its own).
 //
-// BF16Scores makes the float32 scores q k^T a bf16 product (q and k rounded
-// to bf16 as read, float32 accumulation: GemmRoundBF16), as under PyTorch's
-// autocast; mixed precision sets it, where q and k already hold bf16 values
-// and only the order of the float32 sums changes. The softmax, the
-// log-sum-exp and the other products stay float32.
+// HalfProducts makes every matrix product of the attention a
+// half-precision product in that format (operands rounded to it as read,
+// float32 accumulation: GemmRoundBF16, GemmRoundF16), as PyTorch's
+// autocast does: the scores q k^T, the output P v, and the backward's dP =
+// dout v^T, dq = dS k, dk = dS^T q and dv = P^T dout. Mixed precision sets
+// it to the compute dtype, as for every other product. The softmax, the
+// log-sum-exp, delta and dS = P∘(dP - delta) stay float32; P and dS are
+// rounded only where a product reads them. NoHalf (the default) keeps
+// every product in the buffers' type; float64 attention ignores it.
 type AttnDims struct {
 	B, NH, HS, Tq, Tk, LdQ, LdK, LdV, LdO, KVH int
-	BF16Scores                                 bool
+	HalfProducts                               HalfFormat
 }
+
+// HalfFormat names the format of half-precision products: NoHalf, BF16
+// or F16.
+type HalfFormat uint8
+
+const (
+	NoHalf HalfFormat = iota // the products of the buffers' type
+	BF16                     // bfloat16 operands, float32 accumulation
+	F16                      // IEEE fp16 operands, float32 accumulation
+)
 
 // shape prints d's sizes and strides for error messages.
 func (d AttnDims) shape() string {
@@ -72,15 +86,40 @@ func (d AttnDims) shape() string {
 		d.B, d.NH, d.HS, d.Tq, d.Tk, d.LdQ, d.LdK, d.LdV, d.LdO, d.KVH)
 }
 
-// scores sets p (stride ldp) to scale * q k^T for rows [0, m) of one head
-// and n keys: gemm, or the bf16 product when d.BF16Scores (float32 only).
-func scores[F Float](d AttnDims, gemm func(ta, tb bool, m, n, k int, alpha F, a []F, lda int, b []F, ldb int, beta F, c []F, ldc int),
-	m, n int, scale F, q, k, p []F, ldp int) {
-	if d.BF16Scores && isF32[F]() {
-		gemmRoundBF16Serial(m, n, d.HS, float32(scale), as32(q), d.LdQ, as32(k), d.LdK, as32(p), ldp)
-		return
+// gemmFunc is the signature of the attention's matrix products (Gemm's).
+type gemmFunc[F Float] func(ta, tb bool, m, n, k int, alpha F, a []F, lda int, b []F, ldb int, beta F, c []F, ldc int)
+
+// productFor returns the matrix product every product of the attention
+// runs, on the calling goroutine: gemmFor's, or under d.HalfProducts
+// (float32 only) the half-precision product of that format.
+func productFor[F Float](d AttnDims) gemmFunc[F] {
+	if d.HalfProducts == NoHalf || !isF32[F]() {
+		return gemmFor[F]()
 	}
-	gemm(false, true, m, n, d.HS, scale, q, d.LdQ, k, d.LdK, 0, p, ldp)
+	f16 := d.HalfProducts == F16
+	half := gemmFunc[float32](func(ta, tb bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+		gemmHalfSerial(f16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	})
+	return any(half).(gemmFunc[F])
+}
+
+// keyProduct returns mul(m, n, alpha, a, lda, c, ldc), which sets C to
+// alpha A X[:n]^T for X the rows rows of x (stride ld, HS columns), as
+// gemm(false, true, ..., beta 0) does: the products of one head over its
+// keys (the scores) or values (dout v^T), whose row blocks read growing
+// prefixes of the same rows. Under HalfProducts (float32) X is rounded
+// once for all of them (halfKeys), with the same result. release gives
+// back what it holds.
+func keyProduct[F Float](d AttnDims, gemm gemmFunc[F], x []F, ld, rows int) (mul func(m, n int, alpha F, a []F, lda int, c []F, ldc int), release func()) {
+	if d.HalfProducts == NoHalf || !isF32[F]() {
+		return func(m, n int, alpha F, a []F, lda int, c []F, ldc int) {
+			gemm(false, true, m, n, d.HS, alpha, a, lda, x, ld, 0, c, ldc)
+		}, func() {}
+	}
+	h := newHalfKeys(d.HalfProducts == F16, as32(x), ld, rows, d.HS)
+	return func(m, n int, alpha F, a []F, lda int, c []F, ldc int) {
+		h.mul(m, n, float32(alpha), as32(a), lda, as32(c), ldc)
+	}, h.release
 }
 
 // kvHeads is KVH with its default applied.
@@ -200,7 +239,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 	}
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
-	gemm := gemmFor[F]()
+	gemm := productFor[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -213,6 +252,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 		var mx, sum [attnBlock]F
 		for bh := lo; bh < hi; bh++ {
 			hd := posHeadAt(d, bh, q, k, v, out, lse)
+			scores, release := keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1]) // keys visible to some row of the block
@@ -237,7 +277,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				} else {
 					p = (*scratch)[:(i1-i0)*Tk]
 				}
-				scores(d, gemm, i1-i0, nk, scale, hd.q[i0*d.LdQ:], hd.k, p, Tk)
+				scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p, Tk)
 				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				if hd.lse != nil {
 					for r := range i1 - i0 {
@@ -246,6 +286,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				}
 				gemm(false, false, i1-i0, hs, nk, 1, p, Tk, hd.v, d.LdV, 0, hd.o[i0*d.LdO:], d.LdO)
 			}
+			release()
 		}
 	})
 }
@@ -333,7 +374,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 	}
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
-	gemm := gemmFor[F]()
+	gemm := productFor[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -360,6 +401,12 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				p, dl = *pBuf, delta[bh*Tq:(bh+1)*Tq]
 			}
 			// Row blocks of P, dP and dS: rows [i0,i1) see keys [0,nk).
+			var scores func(m, n int, alpha F, a []F, lda int, c []F, ldc int)
+			releaseK := func() {}
+			if att == nil { // the scores are recomputed
+				scores, releaseK = keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
+			}
+			dP, releaseV := keyProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1])
@@ -367,7 +414,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					continue // no row of the block sees a key; none is read below
 				}
 				if att == nil {
-					scores(d, gemm, i1-i0, nk, scale, hd.q[i0*d.LdQ:], hd.k, p[i0*Tk:], Tk)
+					scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p[i0*Tk:], Tk)
 					for i := i0; i < i1; i++ {
 						n := int(vis[i])
 						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
@@ -378,7 +425,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 						clear(row[n:])
 					}
 				}
-				gemm(false, true, i1-i0, nk, hs, 1, hd.o[i0*d.LdO:], d.LdO, hd.v, d.LdV, 0, ds[i0*Tk:], Tk)
+				dP(i1-i0, nk, 1, hd.o[i0*d.LdO:], d.LdO, ds[i0*Tk:], Tk)
 				for i := i0; i < i1; i++ {
 					n := int(vis[i])
 					if att != nil {
@@ -390,6 +437,8 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				}
 				gemm(false, false, i1-i0, hs, nk, scale, ds[i0*Tk:], Tk, hd.k, d.LdK, 1, g.q[i0*d.LdQ:], d.LdQ)
 			}
+			releaseK()
+			releaseV()
 			// Column blocks for dk and dv: key rows [j0,j1) get contributions
 			// from the query rows that see key j0, rows [first,Tq).
 			first := 0

@@ -411,39 +411,148 @@ func TestAttentionPosBadInput(t *testing.T) {
 		func() { AttentionMerge(bad, buf(6), buf(3), buf(6), buf(3)) })
 }
 
-// TestAttentionBF16Scores: with BF16Scores the scores are a bf16 product.
-// On q and k that hold bf16 values (as mixed precision rounds them) it
-// changes only the order of float32 sums, so forward and backward, over 1
-// and 3 key blocks, match the float32 scores to 1e-5; on unrounded q and k
-// it is within bf16's 1e-2 of the float64 reference.
-func TestAttentionBF16Scores(t *testing.T) {
-	for _, c := range posCases() {
-		for _, hs := range []int{4, 64} {
-			for _, nb := range []int{1, 3} {
-				t.Run(fmt.Sprintf("%s/hs%d/%d_blocks", c.name, hs, nb), func(t *testing.T) {
-					d, q, k, v, dout := posInputs[float32](c, 2, 2, hs, 45)
-					w := d.NH * d.HS
-					rq, rk := append([]float32(nil), q...), append([]float32(nil), k...)
-					RoundBF16(rq)
-					RoundBF16(rk)
-					db := d
-					db.BF16Scores = true
-					out, lse, dq, dk, dv := blockwise(d, c, nb, rq, rk, v, dout)
-					bout, blse, bdq, bdk, bdv := blockwise(db, c, nb, rq, rk, v, dout)
-					requireClose(t, colsOf(bout, d.LdO, w), to64(colsOf(out, d.LdO, w)), 1e-5, "out")
-					for i := range lse {
-						require.InDelta(t, float64(lse[i]), float64(blse[i]), 1e-5*math.Max(1, math.Abs(float64(lse[i]))), "lse %d", i)
-					}
-					requireClose(t, colsOf(bdq, d.LdQ, w), to64(colsOf(dq, d.LdQ, w)), 1e-5, "dq")
-					requireClose(t, colsOf(bdk, d.LdK, w), to64(colsOf(dk, d.LdK, w)), 1e-5, "dk")
-					requireClose(t, colsOf(bdv, d.LdV, w), to64(colsOf(dv, d.LdV, w)), 1e-5, "dv")
+// halfFormats are the formats of HalfProducts with their rounding, a
+// relative perturbation every value of the format rounds back from (a
+// quarter of its unit in the last place), and the norm-wise bound of
+// the kernel tests (1e-2 for bf16's 8-bit significand, 2e-3 for
+// fp16's 11 bits).
+var halfFormats = []struct {
+	name  string
+	f     HalfFormat
+	round func([]float32)
+	nudge float32
+	tol   float64
+}{
+	{"bf16", BF16, RoundBF16, 0x1p-10, 1e-2},
+	{"fp16", F16, RoundF16, 0x1p-13, 2e-3},
+}
 
-					bout, _, bdq, _, _ = blockwise(db, c, nb, q, k, v, dout)
-					wantOut, att, _ := refAttnPos(d, to64(q), to64(k), to64(v), c.qpos, c.kpos)
-					wq, _, _ := refAttnPosBackward(d, to64(dout), to64(q), to64(k), to64(v), att)
-					requireClose(t, colsOf(bout, d.LdO, w), colsOf(wantOut, d.LdO, w), 1e-2, "out, unrounded q and k")
-					requireClose(t, colsOf(bdq, d.LdQ, w), colsOf(wq, d.LdQ, w), 1e-2, "dq, unrounded q and k")
-				})
+// TestAttentionHalfProducts: with HalfProducts the attention, forward and
+// backward, over 1 and 3 key blocks, is within the half format's bound
+// of the float64 reference on the same inputs.
+func TestAttentionHalfProducts(t *testing.T) {
+	for _, hf := range halfFormats {
+		for _, c := range posCases() {
+			for _, hs := range []int{4, 64} {
+				for _, nb := range []int{1, 3} {
+					t.Run(fmt.Sprintf("%s/%s/hs%d/%d_blocks", hf.name, c.name, hs, nb), func(t *testing.T) {
+						d, q, k, v, dout := posInputs[float32](c, 2, 2, hs, 45)
+						w := d.NH * d.HS
+						d.HalfProducts = hf.f
+						out, lse, dq, dk, dv := blockwise(d, c, nb, q, k, v, dout)
+						wantOut, att, wantLSE := refAttnPos(d, to64(q), to64(k), to64(v), c.qpos, c.kpos)
+						wq, wk, wv := refAttnPosBackward(d, to64(dout), to64(q), to64(k), to64(v), att)
+						requireClose(t, colsOf(out, d.LdO, w), colsOf(wantOut, d.LdO, w), hf.tol, "out")
+						for i, want := range wantLSE {
+							if !math.IsInf(want, -1) {
+								require.InDelta(t, want, float64(lse[i]), hf.tol*math.Max(1, math.Abs(want)), "lse %d", i)
+							}
+						}
+						requireClose(t, dq, wq, hf.tol, "dq")
+						requireClose(t, dk, wk, hf.tol, "dk")
+						requireClose(t, dv, wv, hf.tol, "dv")
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestAttentionHalfProductsRoundEveryOperand: each of the six products
+// rounds the operands it reads from outside to the half format. q, k, v
+// and dout hold values of the format; nudged by a quarter of their last
+// place, they round back to the same numbers. So with HalfProducts:
+//
+//   - nudging q, k and v changes no bit of out, lse, dq, dk or dv: the
+//     scores read q and k, P v reads v, dP = dout v^T reads v, dq = dS k
+//     reads k, dk = dS^T q reads q (P, dP and dS are computed from the
+//     products' results alone);
+//   - nudging dout changes no bit of dv = P^T dout (dq and dk move: delta
+//     = rowsum(dout∘out) is float32).
+//
+// A product left in float32 reads the nudged values and moves its result;
+// the float32 attention (NoHalf), checked alongside, does move every one.
+func TestAttentionHalfProductsRoundEveryOperand(t *testing.T) {
+	c := posCase{"zigzag", cat(seq(0, 70), seq(210, 280)), cat(seq(0, 70), seq(70, 140), seq(210, 280))}
+	for _, hf := range halfFormats {
+		for _, nb := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/%d_blocks", hf.name, nb), func(t *testing.T) {
+				d, q, k, v, dout := posInputs[float32](c, 2, 2, 32, 47)
+				for _, x := range [][]float32{q, k, v, dout} {
+					hf.round(x)
+				}
+				nudged := func(x []float32) []float32 {
+					y := append([]float32(nil), x...)
+					for i := range y {
+						y[i] += y[i] * hf.nudge
+					}
+					hf.round(y)
+					require.Equal(t, x, y, "the nudge rounds back")
+					for i := range y {
+						y[i] += y[i] * hf.nudge
+					}
+					return y
+				}
+				nq, nk, nv, ndout := nudged(q), nudged(k), nudged(v), nudged(dout)
+				// run returns out, lse, dq, dk and dv of the blocks' path,
+				// then of the stored probabilities' (AttentionPosBackward).
+				run := func(q, k, v, dout []float32) [][]float32 {
+					out, lse, dq, dk, dv := blockwise(d, c, nb, q, k, v, dout)
+					sout, att, slse := make([]float32, len(out)), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, len(lse))
+					AttentionPosForward(d, q, k, v, c.qpos, c.kpos, sout, att, slse)
+					sq, sk, sv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+					AttentionPosBackward(d, dout, q, k, v, att, c.qpos, c.kpos, sq, sk, sv)
+					return [][]float32{out, lse, dq, dk, dv, sout, slse, sq, sk, sv}
+				}
+				names := []string{"out", "lse", "dq", "dk", "dv"}
+				for _, f := range []HalfFormat{NoHalf, hf.f} {
+					d.HalfProducts = f
+					base, moved := run(q, k, v, dout), run(nq, nk, nv, dout)
+					for i := range base {
+						what := fmt.Sprintf("%s (%s path)", names[i%5], []string{"blocks'", "stored probabilities'"}[i/5])
+						if f == NoHalf {
+							require.NotEqual(t, base[i], moved[i], "float32 %s moves with q, k, v", what)
+						} else {
+							require.Equal(t, base[i], moved[i], "%s of the half products reads q, k, v rounded", what)
+						}
+					}
+					moved = run(q, k, v, ndout)
+					for _, i := range []int{4, 9} {
+						if f == NoHalf {
+							require.NotEqual(t, base[i], moved[i], "float32 dv moves with dout")
+						} else {
+							require.Equal(t, base[i], moved[i], "dv = P^T dout of the half products reads dout rounded")
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAttentionHalfProductsDeterministic: the half products give bitwise
+// the same results at 1, 2 and 3 threads.
+func TestAttentionHalfProductsDeterministic(t *testing.T) {
+	c := posCase{"zigzag", cat(seq(0, 70), seq(210, 280)), cat(seq(0, 70), seq(70, 140), seq(210, 280))}
+	for _, hf := range halfFormats {
+		d, q, k, v, dout := posInputs[float32](c, 2, 4, 8, 46)
+		d.HalfProducts = hf.f
+		run := func(n int) (res [][]float32) {
+			withThreads(n, func() {
+				out, att, lse := make([]float32, d.B*d.Tq*d.LdO), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, d.B*d.NH*d.Tq)
+				AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, att, lse)
+				dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+				AttentionPosBackward(d, dout, q, k, v, att, c.qpos, c.kpos, dq, dk, dv)
+				bo, bl, bq, bk, bv := blockwise(d, c, 3, q, k, v, dout)
+				res = [][]float32{out, att, lse, dq, dk, dv, bo, bl, bq, bk, bv}
+			})
+			return
+		}
+		r1 := run(1)
+		for _, n := range []int{2, 3} {
+			rn := run(n)
+			for i := range r1 {
+				require.Equal(t, r1[i], rn[i], "%s: result %d with %d threads", hf.name, i, n)
 			}
 		}
 	}

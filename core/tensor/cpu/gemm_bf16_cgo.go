@@ -104,19 +104,45 @@ func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperan
 	})
 }
 
-// gemmBF16Serial is gemmBF16Block for op(A) = A, op(B) = B^T and beta 0,
-// run on the calling goroutine: the attention's per-head scores, whose
-// op(B) (context x head width) is far below packLimit.
-func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+// gemmBF16Serial is gemmBF16Block run on the calling goroutine, unblocked:
+// the attention's per-head products, whose op(B) (context x head width)
+// is far below packLimit.
+func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	panels := (n + bf16NR - 1) / bf16NR
 	pb := getHalfBuf[uint16](&packedPool, packedLen(n, k))
 	defer packedPool.Put(pb)
 	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
 	defer scratchPool.Put(sb)
 	bp, bf32 := b.ptr()
-	C.tacc_bf16_pack_b(bp, bf32, 1, C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
+	C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
 	ap, af32 := a.ptr()
-	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, 0, C.long(lda),
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&(*sb)[0]))
+}
+
+// packBF16Keys packs op(B) = X^T for X the n rows of k float32 numbers
+// at x (stride ldx): what gemmBF16Serial packs for transB, once for
+// products over any prefix of X's rows (gemmBF16Keys). Panel p of the
+// packing holds the same numbers whatever n, so the first panels of one
+// packing serve a smaller n.
+func packBF16Keys(k, n int, x []float32, ldx int) *[]uint16 {
+	panels := (n + bf16NR - 1) / bf16NR
+	pb := getHalfBuf[uint16](&packedPool, packedLen(n, k))
+	C.tacc_bf16_pack_b(unsafe.Pointer(&x[0]), 1, 1, C.long(k), C.long(n), C.long(ldx), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
+	return pb
+}
+
+// releaseBF16Keys gives a packing of packBF16Keys back.
+func releaseBF16Keys(pb *[]uint16) { packedPool.Put(pb) }
+
+// gemmBF16Keys sets C (m x n) to alpha*A*X[:n]^T on the calling goroutine,
+// A float32 (m x k, stride lda) rounded as packed, X packed by
+// packBF16Keys with at least n rows: bitwise gemmBF16Serial(false, true,
+// ...) with beta 0 on X's first n rows.
+func gemmBF16Keys(packed []uint16, m, n, k int, alpha float32, a []float32, lda int, c []float32, ldc int) {
+	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
+	defer scratchPool.Put(sb)
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), unsafe.Pointer(&a[0]), 1, 0, C.long(lda),
 		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, (*C.uint32_t)(&(*sb)[0]))
 }
 

@@ -9,6 +9,16 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	panic("cpu: no bf16 kernel in this build")
 }
 
-func gemmBF16Serial(m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, c []float32, ldc int) {
+func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	panic("cpu: no bf16 kernel in this build")
 }
+
+func packBF16Keys(k, n int, x []float32, ldx int) *[]uint16 {
+	panic("cpu: no bf16 kernel in this build")
+}
+
+func gemmBF16Keys(packed []uint16, m, n, k int, alpha float32, a []float32, lda int, c []float32, ldc int) {
+	panic("cpu: no bf16 kernel in this build")
+}
+
+func releaseBF16Keys(pb *[]uint16) {}

@@ -1,5 +1,10 @@
 package cpu
 
+import (
+	"fmt"
+	"math"
+)
+
 // Half-precision matrix products: the operands hold bfloat16 or fp16
 // numbers, the products accumulate in float32 and C is float32, the
 // recipe of mixed-precision training (tensor cores and CPUs' bf16
@@ -110,19 +115,146 @@ func (o halfOperand) widen() []float32 {
 	return out
 }
 
-// gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
-// the calling goroutine only, for the attention's per-head score products,
-// which run inside a head-parallel loop that holds the BLAS library
-// single-threaded (serialBLAS): the portable path calls gemmBLAS.
-func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
-	checkGemm(false, true, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+// gemmHalfSerial is GemmRoundBF16 (GemmRoundF16 when f16) on the calling
+// goroutine only, for the attention's per-head products, which run inside
+// a head-parallel loop that holds the BLAS library single-threaded
+// (serialBLAS). Each operand is a head's columns of a larger buffer (a
+// fused q|k|v, the probabilities of a row block), so the portable path
+// rounds only the region the product reads, into a dense scratch copy,
+// and calls gemmBLAS on the copies.
+func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
 		return
 	}
-	ao, bo := halfOperand{f: a}, halfOperand{f: b}
-	if bf16Native && k > 0 {
-		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
+	if k == 0 {
+		scaleC(m, n, beta, c, ldc)
 		return
 	}
-	gemmBLAS(false, true, m, n, k, alpha, ao.widen(), lda, bo.widen(), ldb, 0, c, ldc)
+	ao, bo := halfOperand{f: a, f16: f16}, halfOperand{f: b, f16: f16}
+	if bf16Native && !f16 {
+		// beta == 0: the kernel stores the products without reading C
+		if beta != 0 {
+			scaleC(m, n, beta, c, ldc)
+		}
+		gemmBF16Serial(transA, transB, m, n, k, alpha, ao, lda, bo, ldb, beta == 0, c, ldc)
+		return
+	}
+	ar, ac := m, k // op(A) is m x k, stored ar x ac
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	aw, bw := getBuf[float32](ar*ac), getBuf[float32](br*bc)
+	defer putBuf(aw)
+	defer putBuf(bw)
+	ao.roundInto(*aw, ar, ac, lda)
+	bo.roundInto(*bw, br, bc, ldb)
+	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
+}
+
+// halfKeys is the right operand X^T of the half-precision products C =
+// alpha A X[:n]^T, for X the rows of a head's keys (or values): the
+// attention's row blocks read growing prefixes of the same rows, so X is
+// rounded once, packed for the bf16 kernel (packBF16Keys) or as a dense
+// rounded copy for the portable path, rather than once per product.
+// Results are bitwise gemmHalfSerial's on X's first n rows.
+type halfKeys struct {
+	f16        bool
+	rows, cols int
+	packed     *[]uint16  // the bf16 kernel's packing of X^T
+	dense      *[]float32 // the portable path's rounded X, stride cols
+}
+
+// newHalfKeys rounds (or packs) the rows x cols matrix x of stride ld.
+func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
+	h := &halfKeys{f16: f16, rows: rows, cols: cols}
+	if rows == 0 || cols == 0 {
+		return h
+	}
+	checkGemm(false, false, rows, cols, 0, len(x), ld, 0, 1, rows*cols, cols)
+	if bf16Native && !f16 {
+		h.packed = packBF16Keys(cols, rows, x, ld)
+		return h
+	}
+	h.dense = getBuf[float32](rows * cols)
+	halfOperand{f: x, f16: f16}.roundInto(*h.dense, rows, cols, ld)
+	return h
+}
+
+// mul sets C (m x n, stride ldc) to alpha*A*X[:n]^T, A (m x cols, stride
+// lda) rounded as read, on the calling goroutine.
+func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float32, ldc int) {
+	if n > h.rows {
+		panic(fmt.Sprintf("cpu: half product over %d rows of %d", n, h.rows))
+	}
+	checkGemm(false, true, m, n, h.cols, len(a), lda, n*h.cols, h.cols, len(c), ldc)
+	switch {
+	case m == 0 || n == 0:
+	case h.cols == 0:
+		scaleC(m, n, 0, c, ldc)
+	case h.packed != nil:
+		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
+	default:
+		aw := getBuf[float32](m * h.cols)
+		defer putBuf(aw)
+		halfOperand{f: a, f16: h.f16}.roundInto(*aw, m, h.cols, lda)
+		gemmBLAS(false, true, m, n, h.cols, alpha, *aw, h.cols, *h.dense, h.cols, 0, c, ldc)
+	}
+}
+
+// release gives the rounded rows back.
+func (h *halfKeys) release() {
+	if h.packed != nil {
+		releaseBF16Keys(h.packed)
+	}
+	if h.dense != nil {
+		putBuf(h.dense)
+	}
+	h.packed, h.dense = nil, nil
+}
+
+// roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
+// cols matrix of stride ld, rounded to the half format.
+func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
+	for r := range rows {
+		row := dst[r*cols : (r+1)*cols]
+		if o.f16 {
+			roundF16s(row, o.f[r*ld:r*ld+cols])
+		} else {
+			copy(row, o.f[r*ld:r*ld+cols])
+			RoundBF16(row)
+		}
+	}
+}
+
+// roundF16s sets dst to src rounded to fp16, F16ToF32(F16FromF32(x))
+// element by element as RoundF16 makes it, computed on the float32s
+// themselves: the attention's products round every operand they read
+// this way on the portable path, where the two conversions cost several
+// times as much. In fp16's normal range the significand is rounded to 11
+// bits as bf16's is to 8; below it the float32 addition of ±0.5, whose
+// unit in the last place is fp16's smallest subnormal 2^-24, rounds to a
+// multiple of it (ties to even).
+func roundF16s(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		u := math.Float32bits(x)
+		sign, a := u&0x80000000, u&0x7fffffff
+		switch {
+		case a-0x38800000 < 0x477ff000-0x38800000: // normal: 2^-14 up to 65520
+			a += 0xfff + (a>>13)&1
+			dst[i] = math.Float32frombits(sign | a&^0x1fff)
+		case a < 0x38800000: // subnormal fp16, or zero
+			h := math.Float32frombits(sign | 0x3f000000) // ±0.5
+			dst[i] = math.Float32frombits(sign | math.Float32bits((x+h)-h)&0x7fffffff)
+		case a > 0x7f800000: // NaN, quiet, as F16FromF32 makes it
+			dst[i] = math.Float32frombits(sign | 0x7fc00000)
+		default: // 65520 and up round past 65504
+			dst[i] = math.Float32frombits(sign | 0x7f800000)
+		}
+	}
 }

@@ -97,6 +97,82 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 	}
 }
 
+// TestGemmHalfSerial: the attention's product on the calling goroutine
+// (every transpose, beta 0 and not) is GemmRoundBF16's and GemmRoundF16's:
+// bitwise on the bf16 kernel, which sums each element in the same order
+// however the rows are split, and to float32 accumulation accuracy of the
+// exact product of the rounded inputs on the portable path.
+func TestGemmHalfSerial(t *testing.T) {
+	for _, h := range halfCases() {
+		for _, f16 := range []bool{false, true} {
+			round, gemm, name := BF16FromF32, GemmRoundBF16, "bf16 "+h.name
+			if f16 {
+				round, gemm, name = F16FromF32, GemmRoundF16, "fp16 "+h.name
+			}
+			c, cs := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
+			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+			gemmHalfSerial(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cs, h.ldc)
+			if bf16Native && !f16 {
+				require.Equal(t, c, cs, name)
+			}
+			wide := func(x []float32) []float32 {
+				if f16 {
+					return widenAll(convert(x, round), F16ToF32)
+				}
+				return widenAll(convert(x, round), BF16ToF32)
+			}
+			requireClose(t, cs, h.want(wide(h.a), wide(h.b)), 1e-5, name)
+		}
+	}
+}
+
+// TestHalfKeys: products over prefixes of rows rounded (or packed) once
+// are bitwise gemmHalfSerial's on those rows, for every prefix, on both
+// formats and at row counts that end inside and on a panel of the bf16
+// kernel.
+func TestHalfKeys(t *testing.T) {
+	rng := newRNG(13)
+	for _, f16 := range []bool{false, true} {
+		for _, sz := range [][3]int{{5, 3, 4}, {64, 256, 64}, {70, 45, 33}, {12, 96, 64}} {
+			m, rows, cols := sz[0], sz[1], sz[2]
+			lda, ldx, ldc := cols+3, 3*cols+1, rows+2
+			a, x := randSlice[float32](rng, m*lda, 1), randSlice[float32](rng, rows*ldx, 1)
+			h := newHalfKeys(f16, x, ldx, rows, cols)
+			for _, n := range []int{1, rows / 3, rows/2 + 1, rows} {
+				want, got := randSlice[float32](rng, m*ldc, 1), randSlice[float32](rng, m*ldc, 1)
+				copy(got, want) // beta 0: what C held is not read
+				gemmHalfSerial(f16, false, true, m, n, cols, 0.5, a, lda, x, ldx, 0, want, ldc)
+				h.mul(m, n, 0.5, a, lda, got, ldc)
+				require.Equal(t, want, got, "f16 %v m %d rows %d cols %d n %d", f16, m, rows, cols, n)
+			}
+			h.release()
+		}
+	}
+}
+
+// TestRoundF16s: roundF16s is RoundF16, bit for bit, on
+// every float32 whose low 16 bits are one of the patterns around fp16's
+// rounding points (its ties among them), and on random ones.
+func TestRoundF16s(t *testing.T) {
+	check := func(u uint32) {
+		x := math.Float32frombits(u)
+		want, got := []float32{x}, []float32{0}
+		RoundF16(want)
+		if roundF16s(got, []float32{x}); math.Float32bits(got[0]) != math.Float32bits(want[0]) {
+			t.Fatalf("roundF16s(%#08x) = %#08x, RoundF16 %#08x", u, math.Float32bits(got[0]), math.Float32bits(want[0]))
+		}
+	}
+	for hi := uint32(0); hi < 1<<16; hi++ {
+		for _, lo := range []uint32{0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001, 0xffff} {
+			check(hi<<16 | lo)
+		}
+	}
+	rng := newRNG(14)
+	for range 1 << 20 {
+		check(rng.Uint32())
+	}
+}
+
 // TestGemmBF16PathsAgree: the AVX512-BF16 kernel and the portable path
 // compute the same exact products and differ only in float32 summation
 // order. Skipped where the CPU has no AVX512-BF16 (only the portable path
