@@ -38,6 +38,11 @@ type node struct {
 	// float32 values (the attention: dout·out beside the log-sum-exp),
 	// so it is not stored in 2 bytes under mixed precision (StoreHalf).
 	exact bool
+	// halfReads says the backward reads its inputs only as operands of
+	// matrix products, which round them to the compute dtype as they
+	// read them: an input kept in 2 bytes (StoreHalf) is read as stored
+	// rather than widened first (storedHalf).
+	halfReads bool
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
@@ -355,7 +360,9 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 			refill(t)
 		}
 		for _, in := range t.node.inputs {
-			refill(in)
+			if !t.node.halfReads || in == nil || storedHalf(in) == nil {
+				refill(in)
+			}
 		}
 		ins := t.node.backward(b, g)
 		if t.refilled && early {

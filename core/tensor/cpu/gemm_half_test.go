@@ -84,6 +84,12 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 		cr := append([]float32(nil), h.c...)
 		GemmRoundBF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
 		require.Equal(t, c, cr, "GemmRoundBF16 equals GemmBF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmRoundAHalfB(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bb, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundAHalfB equals GemmBF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmHalfARoundB(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, ab, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmHalfARoundB equals GemmBF16 of the rounded inputs, "+h.name)
 
 		ah, bh := convert(h.a, F16FromF32), convert(h.b, F16FromF32)
 		c = append(c[:0], h.c...)
@@ -94,6 +100,12 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 		cr = append(cr[:0], h.c...)
 		GemmRoundF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
 		require.Equal(t, c, cr, "GemmRoundF16 equals GemmF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmRoundAHalfB(true, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundAHalfB equals GemmF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmHalfARoundB(true, h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmHalfARoundB equals GemmF16 of the rounded inputs, "+h.name)
 	}
 }
 
