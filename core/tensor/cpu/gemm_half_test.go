@@ -159,11 +159,12 @@ func TestGemmHalfBadArguments(t *testing.T) {
 // (A = [1 0] or [0 1]) gives back B's numbers rounded to bf16 exactly as
 // BF16FromF32 rounds them, ties to even, the largest float32 to infinity,
 // infinities kept, in every packing of B (stored or transposed, full
-// panels and the columns past them). Subnormals are left out: VDPBF16PS
-// treats subnormal inputs as zero.
+// panels and the columns past them). Of the subnormals only those that
+// round up to the smallest normal bf16 are in (VDPBF16PS treats subnormal
+// inputs as zero): the packing rounds them itself rather than flush them.
 func TestGemmRoundBF16SpecialValues(t *testing.T) {
 	bits := []uint32{0x3f808000, 0x3f818000, 0x3f80c000, 0x7f7fffff, 0xff7fffff, 0x3f80bfff, 0x3f808001, 0,
-		0x7f800000, 0xff800000, 0x3f7fffff, 0x477fe000, 0xc2fe8000, 0x00800000, 0x80800000}
+		0x7f800000, 0xff800000, 0x3f7fffff, 0x477fe000, 0xc2fe8000, 0x00800000, 0x80800000, 0x007fffff, 0x807f8000}
 	n := 70 // two full panels of 32 columns and 6 past them
 	row := make([]float32, n)
 	for j := range row {
