@@ -21,6 +21,7 @@
 #define MR TACC_BF16_MR
 #define KC TACC_BF16_KC
 #define MC TACC_BF16_MC
+#define KS TACC_BF16_KS
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
@@ -307,7 +308,7 @@ static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint1
 }
 
 // kernel_pairs reads a tile packed pairs outer (transposed A), kernel_rows
-// one packed rows outer (A not transposed).
+// one packed rows outer (A not transposed), its rows rs pairs apart.
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
 			 int overwrite) {
@@ -315,9 +316,9 @@ static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float 
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void kernel_rows(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
-			int overwrite) {
-	kernel_body(ap, kc, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr,
+			float alpha, int overwrite) {
+	kernel_body(ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
 }
 
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
@@ -340,10 +341,17 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 				for (long t = 0; i0 + t * MR < i1; t++) {
 					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;
 					float *ct = c + (i0 + t * MR) * ldc + p * NR;
-					if (trans) {
-						kernel_pairs(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
-					} else {
-						kernel_rows(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
+					// KS pairs a call, their sum added to C before the
+					// next: the same additions in the same order whatever
+					// KC is
+					for (long s = 0; s < kc; s += KS) {
+						long ks = s + KS < kc ? KS : kc - s;
+						int ow = overwrite && q0 + s == 0;
+						if (trans) {
+							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+						} else {
+							kernel_rows(ap + t * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+						}
 					}
 				}
 			}
