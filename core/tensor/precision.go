@@ -207,15 +207,16 @@ func HalfBytes(params []*Tensor) int64 {
 // parameter's half-precision copy, or an activation kept in 2 bytes, is
 // read as it is stored.
 func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, beta float32, c []float32, ldc int) {
-	if d != Float32 {
-		h := halfOf(w, d)
-		if h == nil {
-			h = storedHalf(w)
-		}
-		if h != nil && h.dtype == d {
-			cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
-			return
-		}
+	h := storedHalf(w)
+	if d != Float32 && h == nil {
+		h = halfOf(w, d)
+	}
+	if h != nil && h.dtype == d {
+		cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
+		return
+	}
+	if h != nil {
+		refill(w) // stored in another dtype: read widened
 	}
 	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
 }
@@ -223,9 +224,13 @@ func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, l
 // gemmX is gemm32 with x, an activation, as operand A: one kept in 2
 // bytes is read as it is stored.
 func gemmX(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	if h := storedHalf(x); d != Float32 && h != nil && h.dtype == d {
+	h := storedHalf(x)
+	if h != nil && h.dtype == d {
 		cpu.GemmHalfARoundB(d == Float16, ta, tb, m, n, k, 1, h.u16, lda, b, ldb, beta, c, ldc)
 		return
+	}
+	if h != nil {
+		refill(x) // stored in another dtype: read widened
 	}
 	gemm32(d, ta, tb, m, n, k, x.f32, lda, b, ldb, beta, c, ldc)
 }
