@@ -220,8 +220,9 @@ func TestHalfCopies(t *testing.T) {
 // sum(y·r) on a bf16 rank, storing h and g in 2 bytes (StoreHalf) or
 // rounding them in place (RoundHalf) after the forward, and returns the
 // gradients of x, w1 and w2, the activation bytes held after the forward
-// and whether the backward widened h and g.
-func halfGraph(store bool, x, w1, w2, r []float32) (grads [][]float64, held int64, widened [2]bool) {
+// and whether the backward widened h and g; deferW defers the weight
+// gradients to after the backward (zero-bubble pipelines).
+func halfGraph(store, deferW bool, x, w1, w2, r []float32) (grads [][]float64, held int64, widened [2]bool) {
 	a := NewAllocator()
 	a.SetCompute(BFloat16)
 	param := func(data []float32, shape ...int) *Tensor {
@@ -244,9 +245,11 @@ func halfGraph(store bool, x, w1, w2, r []float32) (grads [][]float64, held int6
 		RoundHalf(g)
 	}
 	held = a.Usage().Current[Activations]
-	if _, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a}); err != nil {
+	d, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a, DeferWeightGrads: deferW})
+	if err != nil {
 		panic(err)
 	}
+	d.Run()
 	return [][]float64{xt.Grad.Float64s(), w1t.Grad.Float64s(), w2t.Grad.Float64s()}, held, [2]bool{h.refilled, g.refilled}
 }
 
@@ -266,9 +269,11 @@ func TestStoreHalfWidensExactly(t *testing.T) {
 		return out
 	}
 	x, w1, w2, r := rnd(6*16), rnd(16*32), rnd(32*8), rnd(6*8)
-	stored, heldStored, widened := halfGraph(true, x, w1, w2, r)
-	rounded, heldRounded, _ := halfGraph(false, x, w1, w2, r)
+	stored, heldStored, widened := halfGraph(true, false, x, w1, w2, r)
+	rounded, heldRounded, _ := halfGraph(false, false, x, w1, w2, r)
 	require.Equal(t, rounded, stored)
+	deferred, _, _ := halfGraph(true, true, x, w1, w2, r)
+	require.Equal(t, rounded, deferred, "weight gradients deferred past the backward")
 	require.Equal(t, [2]bool{true, false}, widened, "h widened for Gelu's backward, g read as stored by Linear's")
 	require.Equal(t, int64(2*(6*32+6*32)), heldRounded-heldStored, "h and g stored in 2 bytes instead of 4")
 }
