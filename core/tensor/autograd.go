@@ -38,9 +38,12 @@ type node struct {
 	// float32 values (the attention: dout·out beside the log-sum-exp),
 	// so it is not stored in 2 bytes under mixed precision (StoreHalf).
 	exact bool
-	// readsHalf says the backward reads an input stored in 2 bytes
-	// through its copy (Tensor.StoredHalf) instead of widened: the
-	// cross-entropies, which form their gradient from the logits in a
+	// readsHalf says the backward reads its inputs kept in 2 bytes
+	// (StoreHalf) as stored rather than widened first (storedHalf,
+	// Tensor.StoredHalf): Linear's and MatMulT's, whose matrix products
+	// round their operands to the compute dtype as they read them, so the
+	// exactly widened copy would round back to the stored numbers; and the
+	// cross-entropies', which form their gradient from the logits in a
 	// buffer of its own, so no widened logits sit beside it.
 	readsHalf bool
 }
@@ -360,10 +363,9 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 			refill(t)
 		}
 		for _, in := range t.node.inputs {
-			if t.node.readsHalf && in != nil && in.stored() {
-				continue // read as stored (node.readsHalf)
+			if !t.node.readsHalf || in == nil || storedHalf(in) == nil {
+				refill(in)
 			}
-			refill(in)
 		}
 		ins := t.node.backward(b, g)
 		if t.refilled && early {

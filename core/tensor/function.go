@@ -76,7 +76,7 @@ func Apply(name string, f Function, inputs ...*Tensor) (*Tensor, error) {
 	record(out, name, func(b *Backprop, g *Tensor) []*Tensor {
 		ctx.Backprop = b
 		for _, t := range ctx.saved {
-			if ctx.readsHalf && t.stored() {
+			if ctx.readsHalf && storedHalf(t) != nil {
 				continue // read as stored (ReadsHalf)
 			}
 			refill(t) // a saved tensor that is no input nor the output

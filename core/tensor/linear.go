@@ -49,7 +49,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				gemm32(d, true, false, in, out, rows, x.f32, in, g.f32, out, float32(beta), gw.f32, out)
+				gemmX(d, true, false, in, out, rows, x, in, g.f32, out, float32(beta), gw.f32, out)
 			} else {
 				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, beta, gw.f64, out)
 			}
@@ -82,6 +82,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		return []*Tensor{gx, gw, gb}
 	}, x, w, b)
 	outUnread(y)
+	halfReads(y)
 	return y
 }
 
@@ -148,7 +149,7 @@ func MatMulT(x, w *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				gemm32(d, true, false, out, in, rows, g.f32, out, x.f32, in, float32(beta), gw.f32, in)
+				gemmW(d, true, false, out, in, rows, g.f32, out, x, in, float32(beta), gw.f32, in)
 			} else {
 				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, beta, gw.f64, in)
 			}
@@ -164,5 +165,6 @@ func MatMulT(x, w *Tensor) *Tensor {
 		return []*Tensor{gx, gw}
 	}, x, w)
 	outUnread(y)
+	halfReads(y)
 	return y
 }

@@ -420,6 +420,14 @@ func outUnread(out *Tensor) {
 	}
 }
 
+// halfReads records that out's backward reads its inputs only as operands
+// of matrix products that take them as stored in 2 bytes (node.readsHalf).
+func halfReads(out *Tensor) {
+	if out.node != nil {
+		out.node.readsHalf = true
+	}
+}
+
 // Gelu applies the tanh approximation of GELU elementwise.
 func Gelu(x *Tensor) *Tensor {
 	checkFloat("Gelu", x)

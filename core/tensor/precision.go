@@ -205,15 +205,35 @@ func HalfBytes(params []*Tensor) int64 {
 }
 
 // gemmW is gemm32 with w, a parameter or an activation, as operand B: a
-// parameter's half-precision copy is read as it is stored.
+// parameter's half-precision copy, or an activation kept in 2 bytes, is
+// read as it is stored.
 func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, beta float32, c []float32, ldc int) {
-	if d != Float32 {
-		if h := halfOf(w, d); h != nil {
-			cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
-			return
-		}
+	h := storedHalf(w)
+	if d != Float32 && h == nil {
+		h = halfOf(w, d)
+	}
+	if h != nil && h.dtype == d {
+		cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
+		return
+	}
+	if h != nil {
+		refill(w) // stored in another dtype: read widened
 	}
 	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
+}
+
+// gemmX is gemm32 with x, an activation, as operand A: one kept in 2
+// bytes is read as it is stored.
+func gemmX(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	h := storedHalf(x)
+	if h != nil && h.dtype == d {
+		cpu.GemmHalfARoundB(d == Float16, ta, tb, m, n, k, 1, h.u16, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	if h != nil {
+		refill(x) // stored in another dtype: read widened
+	}
+	gemm32(d, ta, tb, m, n, k, x.f32, lda, b, ldb, beta, c, ldc)
 }
 
 // gemm32 is cpu.Gemm on float32 slices in compute dtype d.
@@ -240,7 +260,9 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 // The backward widens each one into float32 storage, exactly, just
 // before the first op backward that reads it (refill, as selective
 // recomputation forms its dropped outputs again) and gives it back after
-// its producer's backward, its last reader. What is not a tensor of the
+// its producer's backward, its last reader; the matrix products of
+// Linear's and MatMulT's backwards read it as stored instead (storedHalf),
+// so one that only they read is never widened. What is not a tensor of the
 // graph stays float32: the norms' statistics, the attention's
 // log-sum-exp, the cross-entropy's probabilities, the loss and every
 // gradient.
@@ -331,15 +353,36 @@ func widen(t *Tensor) {
 // stored reports whether t is an activation kept in its 2-byte form.
 func (t *Tensor) stored() bool { return t.half != nil && t.cat == Activations }
 
-// StoredHalf returns the 2-byte copy's bits of activation t while it is
-// stored in its compute dtype (StoreHalf), with that dtype; nil when t is
-// not stored (its float32 storage holds its values). A backward that
-// reads its inputs as stored (FuncCtx.ReadsHalf) widens what it needs.
-func (t *Tensor) StoredHalf() ([]uint16, DType) {
+// storedHalf is the 2-byte copy of activation t (or of the activation t
+// views, whose elements t shares in the same order) while it is kept
+// stored, nil otherwise. A matrix product in the backward reads it as it
+// is, without the widening: the product rounds a float32 operand to the
+// compute dtype as it reads it, and rounding the exactly widened copy
+// gives back the stored numbers, so the result is the same bitwise. The
+// ops whose backwards read their inputs so (node.readsHalf) leave them
+// stored, and the ops' other readers and producers widen or release them
+// as before.
+func storedHalf(t *Tensor) *Tensor {
+	if t.base != nil {
+		t = t.base
+	}
 	if !t.stored() {
+		return nil
+	}
+	return t.half
+}
+
+// StoredHalf returns the 2-byte copy's bits of activation t while it is
+// stored in its compute dtype (StoreHalf, storedHalf), with that dtype;
+// nil when t is not stored (its float32 storage holds its values). A
+// backward that reads its inputs as stored (FuncCtx.ReadsHalf) widens
+// what it needs.
+func (t *Tensor) StoredHalf() ([]uint16, DType) {
+	h := storedHalf(t)
+	if h == nil {
 		return nil, t.dtype
 	}
-	return t.half.u16, t.half.dtype
+	return h.u16, h.dtype
 }
 
 // RoundHalf rounds activation t's elements in place to its compute dtype

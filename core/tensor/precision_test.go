@@ -219,9 +219,10 @@ func TestHalfCopies(t *testing.T) {
 // halfGraph runs x → Linear(w1, b1) = h → Gelu = g → Linear(w2, b2) = y →
 // sum(y·r) on a bf16 rank, storing h and g in 2 bytes (StoreHalf) or
 // rounding them in place (RoundHalf) after the forward, and returns the
-// gradients of x, w1 and w2 and the activation bytes held after the
-// forward.
-func halfGraph(store bool, x, w1, w2, r []float32) (grads [][]float64, held int64) {
+// gradients of x, w1 and w2, the activation bytes held after the forward
+// and whether the backward widened h and g; deferW defers the weight
+// gradients to after the backward (zero-bubble pipelines).
+func halfGraph(store, deferW bool, x, w1, w2, r []float32) (grads [][]float64, held int64, widened [2]bool) {
 	a := NewAllocator()
 	a.SetCompute(BFloat16)
 	param := func(data []float32, shape ...int) *Tensor {
@@ -244,16 +245,20 @@ func halfGraph(store bool, x, w1, w2, r []float32) (grads [][]float64, held int6
 		RoundHalf(g)
 	}
 	held = a.Usage().Current[Activations]
-	if _, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a}); err != nil {
+	d, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a, DeferWeightGrads: deferW})
+	if err != nil {
 		panic(err)
 	}
-	return [][]float64{xt.Grad.Float64s(), w1t.Grad.Float64s(), w2t.Grad.Float64s()}, held
+	d.Run()
+	return [][]float64{xt.Grad.Float64s(), w1t.Grad.Float64s(), w2t.Grad.Float64s()}, held, [2]bool{h.refilled, g.refilled}
 }
 
 // TestStoreHalfWidensExactly: activations stored in 2 bytes after the
-// forward take 2 bytes each, and the backward reads them widened exactly:
-// its gradients are bitwise those of a backward reading the same
-// activations rounded in place in float32.
+// forward take 2 bytes each, and the backward reads them widened exactly
+// or, where only a matrix product reads one (g, Linear's input), as
+// stored: its gradients are bitwise those of a backward reading the same
+// activations rounded in place in float32. h, which Gelu's backward reads,
+// is widened; g is not.
 func TestStoreHalfWidensExactly(t *testing.T) {
 	rng := rand.New(rand.NewSource(5))
 	rnd := func(n int) []float32 {
@@ -264,9 +269,12 @@ func TestStoreHalfWidensExactly(t *testing.T) {
 		return out
 	}
 	x, w1, w2, r := rnd(6*16), rnd(16*32), rnd(32*8), rnd(6*8)
-	stored, heldStored := halfGraph(true, x, w1, w2, r)
-	rounded, heldRounded := halfGraph(false, x, w1, w2, r)
+	stored, heldStored, widened := halfGraph(true, false, x, w1, w2, r)
+	rounded, heldRounded, _ := halfGraph(false, false, x, w1, w2, r)
 	require.Equal(t, rounded, stored)
+	deferred, _, _ := halfGraph(true, true, x, w1, w2, r)
+	require.Equal(t, rounded, deferred, "weight gradients deferred past the backward")
+	require.Equal(t, [2]bool{true, false}, widened, "h widened for Gelu's backward, g read as stored by Linear's")
 	require.Equal(t, int64(2*(6*32+6*32)), heldRounded-heldStored, "h and g stored in 2 bytes instead of 4")
 }
 

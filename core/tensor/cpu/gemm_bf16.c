@@ -21,6 +21,7 @@
 #define MR TACC_BF16_MR
 #define KC TACC_BF16_KC
 #define MC TACC_BF16_MC
+#define KS TACC_BF16_KS
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
@@ -56,6 +57,38 @@ static inline __m512i round16(__m512i u) {
 	return _mm512_mask_mov_epi32(r, nan, quiet);
 }
 
+// transpose16 writes the 16x16 block of 32-bit pairs at rows
+// j0..j0+15, pairs q0..q0+15 of a stored bf16 matrix (pair q of row j: its
+// numbers 2q and 2q+1) transposed: pair q0+c of rows j0.. to out + c*NR.
+// Four rounds of shuffles: the pairs of two rows interleaved, then of four
+// (a 128-bit lane holds one pair of four rows), then the lanes gathered.
+__attribute__((target("avx512f")))
+static void transpose16(const uint16_t *b, long ldb, long j0, long q0, uint32_t *out) {
+	__m512i r[16], t[16], u[16];
+	for (int i = 0; i < 16; i++) {
+		r[i] = _mm512_loadu_si512(b + (j0 + i) * ldb + 2 * q0);
+	}
+	for (int i = 0; i < 16; i += 2) {
+		t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+		t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+	}
+	// u[4g+c], 128-bit lane L: pair 4L+c of rows 4g..4g+3
+	for (int g = 0; g < 16; g += 4) {
+		u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+		u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+		u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+		u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+	}
+	for (int c = 0; c < 4; c++) {
+		__m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+		__m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+		_mm512_storeu_si512(out + c * NR, _mm512_shuffle_i32x4(x0, y0, 0x88));
+		_mm512_storeu_si512(out + (4 + c) * NR, _mm512_shuffle_i32x4(x0, y0, 0xdd));
+		_mm512_storeu_si512(out + (8 + c) * NR, _mm512_shuffle_i32x4(x1, y1, 0x88));
+		_mm512_storeu_si512(out + (12 + c) * NR, _mm512_shuffle_i32x4(x1, y1, 0xdd));
+	}
+}
+
 // pack_pairs_vec packs the first pairs full pairs of panel columns
 // j0..j0+NR (all below n) 16 columns at a time: the same lanes as the scalar
 // loop of tacc_bf16_pack_b, each a 32-bit (B[2q][j], B[2q+1][j]). Not
@@ -66,7 +99,17 @@ static inline __m512i round16(__m512i u) {
 __attribute__((target("avx512f,avx512bw")))
 static void pack_pairs_vec(const void *b, int b_f32, int trans, long ldb, long j0, long pairs, uint32_t *out) {
 	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-	for (long q = 0; q < pairs; q++) {
+	long q = 0;
+	if (trans && !b_f32) {
+		// a stored bf16 pair is already a lane: 16x16 blocks of them are
+		// transposed in registers
+		for (; q + 16 <= pairs; q += 16) {
+			for (long h = 0; h < NR; h += 16) {
+				transpose16((const uint16_t *)b, ldb, j0 + h, q, out + q * NR + h);
+			}
+		}
+	}
+	for (; q < pairs; q++) {
 		for (long h = 0; h < NR; h += 16) {
 			__m512i lo, hi, v;
 			if (!trans) {
@@ -265,7 +308,7 @@ static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint1
 }
 
 // kernel_pairs reads a tile packed pairs outer (transposed A), kernel_rows
-// one packed rows outer (A not transposed).
+// one packed rows outer (A not transposed), its rows rs pairs apart.
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
 			 int overwrite) {
@@ -273,9 +316,9 @@ static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float 
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void kernel_rows(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
-			int overwrite) {
-	kernel_body(ap, kc, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr,
+			float alpha, int overwrite) {
+	kernel_body(ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
 }
 
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
@@ -298,10 +341,17 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 				for (long t = 0; i0 + t * MR < i1; t++) {
 					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;
 					float *ct = c + (i0 + t * MR) * ldc + p * NR;
-					if (trans) {
-						kernel_pairs(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
-					} else {
-						kernel_rows(ap + t * kc * MR, bp, kc, ct, ldc, mr, nr, alpha, overwrite && q0 == 0);
+					// KS pairs a call, their sum added to C before the
+					// next: the same additions in the same order whatever
+					// KC is
+					for (long s = 0; s < kc; s += KS) {
+						long ks = s + KS < kc ? KS : kc - s;
+						int ow = overwrite && q0 + s == 0;
+						if (trans) {
+							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+						} else {
+							kernel_rows(ap + t * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+						}
 					}
 				}
 			}

@@ -93,6 +93,6 @@ func TestPackBlock(t *testing.T) {
 			}
 		}
 	}
-	nb, kb := packBlock(50257, 512, 1)
+	nb, kb := packBlock(50257, 3072, 1)
 	require.Equal(t, [2]int{bf16NR, 2 * bf16KC}, [2]int{nb, kb})
 }

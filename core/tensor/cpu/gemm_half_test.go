@@ -84,6 +84,12 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 		cr := append([]float32(nil), h.c...)
 		GemmRoundBF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
 		require.Equal(t, c, cr, "GemmRoundBF16 equals GemmBF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmRoundAHalfB(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bb, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundAHalfB equals GemmBF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmHalfARoundB(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, ab, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmHalfARoundB equals GemmBF16 of the rounded inputs, "+h.name)
 
 		ah, bh := convert(h.a, F16FromF32), convert(h.b, F16FromF32)
 		c = append(c[:0], h.c...)
@@ -94,6 +100,12 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 		cr = append(cr[:0], h.c...)
 		GemmRoundF16(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
 		require.Equal(t, c, cr, "GemmRoundF16 equals GemmF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmRoundAHalfB(true, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmRoundAHalfB equals GemmF16 of the rounded inputs, "+h.name)
+		cr = append(cr[:0], h.c...)
+		GemmHalfARoundB(true, h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, h.b, h.ldb, h.beta, cr, h.ldc)
+		require.Equal(t, c, cr, "GemmHalfARoundB equals GemmF16 of the rounded inputs, "+h.name)
 	}
 }
 
@@ -223,11 +235,12 @@ func TestGemmHalfBadArguments(t *testing.T) {
 // (A = [1 0] or [0 1]) gives back B's numbers rounded to bf16 exactly as
 // BF16FromF32 rounds them, ties to even, the largest float32 to infinity,
 // infinities kept, in every packing of B (stored or transposed, full
-// panels and the columns past them). Subnormals are left out: VDPBF16PS
-// treats subnormal inputs as zero.
+// panels and the columns past them). Of the subnormals only those that
+// round up to the smallest normal bf16 are in (VDPBF16PS treats subnormal
+// inputs as zero): the packing rounds them itself rather than flush them.
 func TestGemmRoundBF16SpecialValues(t *testing.T) {
 	bits := []uint32{0x3f808000, 0x3f818000, 0x3f80c000, 0x7f7fffff, 0xff7fffff, 0x3f80bfff, 0x3f808001, 0,
-		0x7f800000, 0xff800000, 0x3f7fffff, 0x477fe000, 0xc2fe8000, 0x00800000, 0x80800000}
+		0x7f800000, 0xff800000, 0x3f7fffff, 0x477fe000, 0xc2fe8000, 0x00800000, 0x80800000, 0x007fffff, 0x807f8000}
 	n := 70 // two full panels of 32 columns and 6 past them
 	row := make([]float32, n)
 	for j := range row {
