@@ -98,8 +98,12 @@ func bf16ToF32sGo(dst []float32, src []uint16) {
 	}
 }
 
-// F16FromF32s rounds src into dst (at least len(src) long).
-func F16FromF32s(dst []uint16, src []float32) {
+// F16FromF32s rounds src into dst (at least len(src) long). The fp16
+// slice conversions run on the F16C instructions in the cgo build
+// (half_f16c.c), the same bits as these Go loops.
+func F16FromF32s(dst []uint16, src []float32) { f16FromF32s(dst, src) }
+
+func f16FromF32sGo(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = F16FromF32(v)
@@ -107,7 +111,9 @@ func F16FromF32s(dst []uint16, src []float32) {
 }
 
 // F16ToF32s widens src into dst (at least len(src) long).
-func F16ToF32s(dst []float32, src []uint16) {
+func F16ToF32s(dst []float32, src []uint16) { f16ToF32s(dst, src) }
+
+func f16ToF32sGo(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = F16ToF32(v)
@@ -126,8 +132,47 @@ func roundBF16Go(x []float32) {
 
 // RoundF16 rounds every element of x to the nearest fp16 in place, keeping
 // float32 storage.
-func RoundF16(x []float32) {
-	for i, v := range x {
-		x[i] = F16ToF32(F16FromF32(v))
+func RoundF16(x []float32) { roundF16To(x, x) }
+
+// roundF16ToGo sets dst to src rounded to fp16 (dst at least len(src)
+// long; dst may be src).
+func roundF16ToGo(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = F16ToF32(F16FromF32(v))
 	}
+}
+
+// roundBF16ToGo is roundF16ToGo for bfloat16.
+func roundBF16ToGo(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = BF16ToF32(BF16FromF32(v))
+	}
+}
+
+// Exactness. A float32 that already holds a half value (a stored
+// activation widened back, q|k|v rounded where they are made) is left
+// unchanged by rounding, so a product need not round a copy of it:
+// bf16Exact and f16Exact report whether every element of x is a number
+// that rounding to the format gives back bitwise (NaNs count as not
+// exact). They stop at the first element that is not, which for a
+// float32 activation is one of the first.
+
+func bf16ExactGo(x []float32) bool {
+	for _, v := range x {
+		if u := math.Float32bits(v); u&0xffff != 0 || u&0x7fffffff > 0x7f800000 {
+			return false
+		}
+	}
+	return true
+}
+
+func f16ExactGo(x []float32) bool {
+	for _, v := range x {
+		if v != v || math.Float32bits(F16ToF32(F16FromF32(v))) != math.Float32bits(v) {
+			return false
+		}
+	}
+	return true
 }
