@@ -9,11 +9,12 @@ package cpu
 //   - bf16 on a CPU with AVX512-BF16 in the cgo build: the kernel of
 //     gemm_bf16.c on VDPBF16PS, which multiplies bf16 pairs and adds them
 //     to float32 lanes at twice the float32 FMA rate;
-//   - bf16 elsewhere, and fp16 everywhere: the operands are widened to
-//     float32 (exactly: every half is a float32) and the float32 Gemm
-//     runs, so the products are exact and the sums are float32 sums.
-//     fp16 has no fast path here: x86 CPUs without AVX512-FP16 have only
-//     conversions for it.
+//   - bf16 elsewhere (and with TINYACC_BF16_KERNEL=off), and fp16
+//     everywhere: the operands are widened to float32 (exactly: every
+//     half is a float32) and the float32 Gemm runs, so the products are
+//     exact and the sums are float32 sums. fp16 has no fast path here:
+//     x86 CPUs without AVX512-FP16 have only conversions for it (F16C's,
+//     which half_f16c.c uses).
 
 // halfOperand is one operand of a half-precision product: stored as 16-bit
 // patterns (h), or as float32 (f) that the product rounds to the half
@@ -64,18 +65,22 @@ func GemmF16(transA, transB bool, m, n, k int, alpha float32, a []uint16, lda in
 	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{h: a, f16: true}, lda, halfOperand{h: b, f16: true}, ldb, beta, c, ldc)
 }
 
-// HalfGemmPath names the path GemmBF16 takes on this CPU and build:
-// "avx512bf16" or "float32 <BLASName>".
+// HalfGemmPath names the path GemmBF16 takes now on this CPU and build:
+// "avx512bf16", or "float32 <BLASName>", the portable path, which fp16
+// products always take (with the reason where the CPU has the kernel).
 func HalfGemmPath() string {
-	if bf16Native {
+	if bf16Kernel.Load() {
 		return "avx512bf16"
+	}
+	if bf16Native {
+		return "float32 " + BLASName() + " (avx512bf16 turned off)"
 	}
 	return "float32 " + BLASName()
 }
 
 func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, a.len(), lda, b.len(), ldb, len(c), ldc)
-	if bf16Native && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
+	if bf16Kernel.Load() && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
 		// beta == 0: the kernel stores the products without reading C
 		if beta != 0 {
 			scaleC(m, n, beta, c, ldc)
@@ -89,25 +94,43 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 // gemmHalfWiden is the portable path: widen both operands to float32 and
 // run the float32 Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	Gemm(transA, transB, m, n, k, alpha, a.widen(), lda, b.widen(), ldb, beta, c, ldc)
+	wa, ba := a.widen(true)
+	wb, bb := b.widen(true)
+	Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
+	putWidenBuf(ba)
+	putWidenBuf(bb)
 }
 
-// widen returns the operand's numbers as float32 in a new slice.
-func (o halfOperand) widen() []float32 {
-	out := make([]float32, o.len())
-	switch {
-	case o.f != nil && o.f16:
-		copy(out, o.f)
-		RoundF16(out)
-	case o.f != nil:
-		copy(out, o.f)
-		RoundBF16(out)
-	case o.f16:
-		F16ToF32s(out, o.h)
-	default:
-		BF16ToF32s(out, o.h)
+// widen returns the operand's numbers as float32, and the pooled buffer
+// holding them (putWidenBuf gives it back), over the kernels' threads
+// when par: a float32 operand that already holds half values (a stored
+// activation widened back, q|k|v) is returned as it is, with no buffer,
+// since rounding would change none of its bits; any other is rounded, or
+// its 2-byte numbers widened, into the buffer in one pass.
+func (o halfOperand) widen(par bool) ([]float32, *[]float32) {
+	if o.f != nil && (o.f16 && f16Exact(o.f) || !o.f16 && bf16Exact(o.f)) {
+		return o.f, nil
 	}
-	return out
+	buf := getWidenBuf(o.len())
+	out := *buf
+	conv := func(lo, hi int) {
+		switch {
+		case o.f != nil && o.f16:
+			roundF16To(out[lo:hi], o.f[lo:hi])
+		case o.f != nil:
+			roundBF16To(out[lo:hi], o.f[lo:hi])
+		case o.f16:
+			F16ToF32s(out[lo:hi], o.h[lo:hi])
+		default:
+			BF16ToF32s(out[lo:hi], o.h[lo:hi])
+		}
+	}
+	if par {
+		ParallelFor(len(out), 1<<16, conv)
+	} else {
+		conv(0, len(out))
+	}
+	return out, buf
 }
 
 // gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
@@ -120,9 +143,13 @@ func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []f
 		return
 	}
 	ao, bo := halfOperand{f: a}, halfOperand{f: b}
-	if bf16Native && k > 0 {
+	if bf16Kernel.Load() && k > 0 {
 		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
 		return
 	}
-	gemmBLAS(false, true, m, n, k, alpha, ao.widen(), lda, bo.widen(), ldb, 0, c, ldc)
+	wa, ba := ao.widen(false)
+	wb, bb := bo.widen(false)
+	gemmBLAS(false, true, m, n, k, alpha, wa, lda, wb, ldb, 0, c, ldc)
+	putWidenBuf(ba)
+	putWidenBuf(bb)
 }
