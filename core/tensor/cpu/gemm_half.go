@@ -94,43 +94,62 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 // gemmHalfWiden is the portable path: widen both operands to float32 and
 // run the float32 Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	wa, ba := a.widen(true)
-	wb, bb := b.widen(true)
+	wa, ba := a.widen(transA, m, k, lda, true)
+	wb, bb := b.widen(transB, k, n, ldb, true)
 	Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
 	putWidenBuf(ba)
 	putWidenBuf(bb)
 }
 
-// widen returns the operand's numbers as float32, and the pooled buffer
-// holding them (putWidenBuf gives it back), over the kernels' threads
-// when par: a float32 operand that already holds half values (a stored
-// activation widened back, q|k|v) is returned as it is, with no buffer,
-// since rounding would change none of its bits; any other is rounded, or
-// its 2-byte numbers widened, into the buffer in one pass.
-func (o halfOperand) widen(par bool) ([]float32, *[]float32) {
-	if o.f != nil && (o.f16 && f16Exact(o.f) || !o.f16 && bf16Exact(o.f)) {
+// widen returns op(o), an operand of rows x cols (stored transposed when
+// trans) at row stride ld, as float32 numbers at the same stride, and the
+// pooled buffer holding them (putWidenBuf gives it back), over the
+// kernels' threads when par. A float32 operand that already holds half
+// values (a stored activation widened back, q|k|v) is returned as it is,
+// with no buffer: rounding would change none of its bits. Any other is
+// rounded, or its 2-byte numbers widened, into the buffer, in one pass
+// over the elements the product reads: callers' slices may run on past
+// them (a head's queries, to the end of the batch's) and hold other
+// columns between the rows (the other heads'), which stay unread.
+func (o halfOperand) widen(trans bool, rows, cols, ld int, par bool) ([]float32, *[]float32) {
+	if trans {
+		rows, cols = cols, rows
+	}
+	if rows == 0 || cols == 0 {
+		return nil, nil // the product reads nothing of it
+	}
+	if o.f != nil && exactHalf(o.f16, o.f, rows, cols, ld) {
 		return o.f, nil
 	}
-	buf := getWidenBuf(o.len())
+	buf := getWidenBuf((rows-1)*ld + cols)
 	out := *buf
-	conv := func(lo, hi int) {
+	conv := func(lo, hi int) { // rows [lo, hi)
 		switch {
-		case o.f != nil && o.f16:
-			roundF16To(out[lo:hi], o.f[lo:hi])
 		case o.f != nil:
-			roundBF16To(out[lo:hi], o.f[lo:hi])
-		case o.f16:
-			F16ToF32s(out[lo:hi], o.h[lo:hi])
+			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld)
+		case ld == cols:
+			widenHalfs(o.f16, out[lo*ld:hi*ld], o.h[lo*ld:hi*ld])
 		default:
-			BF16ToF32s(out[lo:hi], o.h[lo:hi])
+			for r := lo; r < hi; r++ {
+				widenHalfs(o.f16, out[r*ld:r*ld+cols], o.h[r*ld:r*ld+cols])
+			}
 		}
 	}
 	if par {
-		ParallelFor(len(out), 1<<16, conv)
+		ParallelFor(rows, max(1, (1<<16)/cols), conv)
 	} else {
-		conv(0, len(out))
+		conv(0, rows)
 	}
 	return out, buf
+}
+
+// widenHalfs is F16ToF32s (f16) or BF16ToF32s.
+func widenHalfs(f16 bool, dst []float32, src []uint16) {
+	if f16 {
+		F16ToF32s(dst, src)
+	} else {
+		BF16ToF32s(dst, src)
+	}
 }
 
 // gemmRoundBF16Serial is GemmRoundBF16(false, true, ...) with beta 0 on
@@ -147,8 +166,8 @@ func gemmRoundBF16Serial(m, n, k int, alpha float32, a []float32, lda int, b []f
 		gemmBF16Serial(m, n, k, alpha, ao, lda, bo, ldb, c, ldc)
 		return
 	}
-	wa, ba := ao.widen(false)
-	wb, bb := bo.widen(false)
+	wa, ba := ao.widen(false, m, k, lda, false)
+	wb, bb := bo.widen(true, k, n, ldb, false)
 	gemmBLAS(false, true, m, n, k, alpha, wa, lda, wb, ldb, 0, c, ldc)
 	putWidenBuf(ba)
 	putWidenBuf(bb)

@@ -228,12 +228,18 @@ func TestGemmHalfPortablePath(t *testing.T) {
 
 			// the operand that holds half values is read in place; the
 			// one that does not is rounded into a buffer
-			got, buf := halfOperand{f: aw, f16: f16}.widen(true)
+			got, buf := halfOperand{f: aw, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
 			require.Nil(t, buf, name)
 			require.Same(t, &aw[0], &got[0], name)
-			got, buf = halfOperand{f: h.a, f16: f16}.widen(true)
+			got, buf = halfOperand{f: h.a, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
 			require.NotNil(t, buf, name)
-			requireSameBits(t, aw, got, "rounded "+name)
+			rows, cols := h.m, h.k
+			if h.ta {
+				rows, cols = cols, rows
+			}
+			for r := 0; r < rows; r++ {
+				requireSameBits(t, aw[r*h.lda:r*h.lda+cols], got[r*h.lda:r*h.lda+cols], "rounded "+name)
+			}
 			putWidenBuf(buf)
 		}
 	}

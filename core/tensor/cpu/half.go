@@ -132,46 +132,40 @@ func roundBF16Go(x []float32) {
 
 // RoundF16 rounds every element of x to the nearest fp16 in place, keeping
 // float32 storage.
-func RoundF16(x []float32) { roundF16To(x, x) }
+func RoundF16(x []float32) { roundHalf(true, x, x, 1, len(x), len(x)) }
 
-// roundF16ToGo sets dst to src rounded to fp16 (dst at least len(src)
-// long; dst may be src).
-func roundF16ToGo(dst, src []float32) {
-	dst = dst[:len(src)]
-	for i, v := range src {
-		dst[i] = F16ToF32(F16FromF32(v))
-	}
-}
-
-// roundBF16ToGo is roundF16ToGo for bfloat16.
-func roundBF16ToGo(dst, src []float32) {
-	dst = dst[:len(src)]
-	for i, v := range src {
-		dst[i] = BF16ToF32(BF16FromF32(v))
+// roundHalfGo sets the rows x cols elements at row stride ld of dst to
+// those of src rounded to fp16 (f16) or bfloat16, widened back: what the
+// portable product reads of an operand (dst may be src; the elements
+// between the rows are left alone).
+func roundHalfGo(f16 bool, dst, src []float32, rows, cols, ld int) {
+	for r := 0; r < rows; r++ {
+		d, s := dst[r*ld:r*ld+cols], src[r*ld:r*ld+cols]
+		for i, v := range s {
+			if f16 {
+				d[i] = F16ToF32(F16FromF32(v))
+			} else {
+				d[i] = BF16ToF32(BF16FromF32(v))
+			}
+		}
 	}
 }
 
 // Exactness. A float32 that already holds a half value (a stored
 // activation widened back, q|k|v rounded where they are made) is left
 // unchanged by rounding, so a product need not round a copy of it:
-// bf16Exact and f16Exact report whether every element of x is a number
-// that rounding to the format gives back bitwise (NaNs count as not
-// exact). They stop at the first element that is not, which for a
-// float32 activation is one of the first.
+// exactHalf reports whether every element of the rows x cols at stride ld
+// of x is a number that rounding to fp16 (f16) or bfloat16 gives back
+// bitwise (NaNs count as not exact). It stops at the first element that
+// is not, which for a float32 activation is one of the first.
 
-func bf16ExactGo(x []float32) bool {
-	for _, v := range x {
-		if u := math.Float32bits(v); u&0xffff != 0 || u&0x7fffffff > 0x7f800000 {
-			return false
-		}
-	}
-	return true
-}
-
-func f16ExactGo(x []float32) bool {
-	for _, v := range x {
-		if v != v || math.Float32bits(F16ToF32(F16FromF32(v))) != math.Float32bits(v) {
-			return false
+func exactHalfGo(f16 bool, x []float32, rows, cols, ld int) bool {
+	for r := 0; r < rows; r++ {
+		for _, v := range x[r*ld : r*ld+cols] {
+			u := math.Float32bits(v)
+			if v != v || !f16 && u&0xffff != 0 || f16 && math.Float32bits(F16ToF32(F16FromF32(v))) != u {
+				return false
+			}
 		}
 	}
 	return true

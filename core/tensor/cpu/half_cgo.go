@@ -33,34 +33,35 @@ func f16ToF32s(dst []float32, src []uint16) {
 	C.tacc_f16_to_f32((*C.uint16_t)(&src[0]), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
 }
 
-func roundF16To(dst, src []float32) {
-	if !f16c || len(src) < convC {
-		roundF16ToGo(dst, src)
+func roundHalf(f16 bool, dst, src []float32, rows, cols, ld int) {
+	if rows == 0 || cols == 0 {
 		return
 	}
-	_ = dst[len(src)-1]
-	C.tacc_round_f16((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
-}
-
-func roundBF16To(dst, src []float32) {
-	if len(src) < convC {
-		roundBF16ToGo(dst, src)
+	if f16 && !f16c || rows*cols < convC {
+		roundHalfGo(f16, dst, src, rows, cols, ld)
 		return
 	}
-	_ = dst[len(src)-1]
-	C.tacc_round_bf16_to((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
+	end := (rows-1)*ld + cols - 1
+	_, _ = src[end], dst[end]
+	s, d := (*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint32_t)(unsafe.Pointer(&dst[0]))
+	if f16 {
+		C.tacc_round_f16_2d(s, d, C.long(rows), C.long(cols), C.long(ld))
+	} else {
+		C.tacc_round_bf16_2d(s, d, C.long(rows), C.long(cols), C.long(ld))
+	}
 }
 
-func f16Exact(x []float32) bool {
-	if !f16c || len(x) < convC {
-		return f16ExactGo(x)
+func exactHalf(f16 bool, x []float32, rows, cols, ld int) bool {
+	if rows == 0 || cols == 0 {
+		return true
 	}
-	return C.tacc_f16_exact((*C.uint32_t)(unsafe.Pointer(&x[0])), C.long(len(x))) != 0
-}
-
-func bf16Exact(x []float32) bool {
-	if len(x) < convC {
-		return bf16ExactGo(x)
+	if f16 && !f16c || rows*cols < convC {
+		return exactHalfGo(f16, x, rows, cols, ld)
 	}
-	return C.tacc_bf16_exact((*C.uint32_t)(unsafe.Pointer(&x[0])), C.long(len(x))) != 0
+	_ = x[(rows-1)*ld+cols-1]
+	p := (*C.uint32_t)(unsafe.Pointer(&x[0]))
+	if f16 {
+		return C.tacc_f16_exact_2d(p, C.long(rows), C.long(cols), C.long(ld)) != 0
+	}
+	return C.tacc_bf16_exact_2d(p, C.long(rows), C.long(cols), C.long(ld)) != 0
 }

@@ -111,7 +111,7 @@ F16C void tacc_f16_to_f32(const uint16_t *src, uint32_t *dst, long n) {
 	}
 }
 
-F16C void tacc_round_f16(const uint32_t *src, uint32_t *dst, long n) {
+F16C static inline void round_f16_row(const uint32_t *src, uint32_t *dst, long n) {
 	long i = 0;
 	for (; i + 8 <= n; i += 8) {
 		__m256i v = _mm256_loadu_si256((const __m256i *)(src + i));
@@ -129,7 +129,7 @@ F16C void tacc_round_f16(const uint32_t *src, uint32_t *dst, long n) {
 	}
 }
 
-F16C int tacc_f16_exact(const uint32_t *src, long n) {
+F16C static inline int f16_exact_row(const uint32_t *src, long n) {
 	long i = 0;
 	for (; i + 8 <= n; i += 8) {
 		__m256i v = _mm256_loadu_si256((const __m256i *)(src + i));
@@ -147,13 +147,32 @@ F16C int tacc_f16_exact(const uint32_t *src, long n) {
 	return 1;
 }
 
+// The 2-D forms work on rows x cols elements at row stride ld (an
+// operand of a product inside a larger matrix) and leave the elements
+// between the rows alone.
+
+F16C void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {
+	for (long r = 0; r < rows; r++) {
+		round_f16_row(src + r * ld, dst + r * ld, cols);
+	}
+}
+
+F16C int tacc_f16_exact_2d(const uint32_t *src, long rows, long cols, long ld) {
+	for (long r = 0; r < rows; r++) {
+		if (!f16_exact_row(src + r * ld, cols)) {
+			return 0;
+		}
+	}
+	return 1;
+}
+
 #else
 
 int tacc_f16c_supported(void) { return 0; }
 void tacc_f16_from_f32(const uint32_t *src, uint16_t *dst, long n) {}
 void tacc_f16_to_f32(const uint16_t *src, uint32_t *dst, long n) {}
-void tacc_round_f16(const uint32_t *src, uint32_t *dst, long n) {}
-int tacc_f16_exact(const uint32_t *src, long n) { return 0; }
+void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {}
+int tacc_f16_exact_2d(const uint32_t *src, long rows, long cols, long ld) { return 0; }
 
 #endif
 
@@ -168,23 +187,30 @@ static inline uint32_t bf16_round(uint32_t u) {
 
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-CLONES void tacc_round_bf16_to(const uint32_t *src, uint32_t *dst, long n) {
-	for (long i = 0; i < n; i++) {
-		dst[i] = bf16_round(src[i]);
+CLONES void tacc_round_bf16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {
+	for (long r = 0; r < rows; r++) {
+		const uint32_t *s = src + r * ld;
+		uint32_t *d = dst + r * ld;
+		for (long i = 0; i < cols; i++) {
+			d[i] = bf16_round(s[i]);
+		}
 	}
 }
 
-CLONES int tacc_bf16_exact(const uint32_t *src, long n) {
+CLONES int tacc_bf16_exact_2d(const uint32_t *src, long rows, long cols, long ld) {
 	// in blocks, so a float32 operand (almost never exact) stops at once
 	// and an exact one is read at the vector rate
-	for (long i = 0; i < n; i += 64) {
-		long e = i + 64 < n ? i + 64 : n;
-		uint32_t bad = 0;
-		for (long j = i; j < e; j++) {
-			bad |= (src[j] & 0xffffu) | ((src[j] & 0x7fffffffu) > 0x7f800000u);
-		}
-		if (bad) {
-			return 0;
+	for (long r = 0; r < rows; r++) {
+		const uint32_t *s = src + r * ld;
+		for (long i = 0; i < cols; i += 64) {
+			long e = i + 64 < cols ? i + 64 : cols;
+			uint32_t bad = 0;
+			for (long j = i; j < e; j++) {
+				bad |= (s[j] & 0xffffu) | ((s[j] & 0x7fffffffu) > 0x7f800000u);
+			}
+			if (bad) {
+				return 0;
+			}
 		}
 	}
 	return 1;

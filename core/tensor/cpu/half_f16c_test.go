@@ -84,7 +84,7 @@ func TestF16SliceConversionsEveryHalf(t *testing.T) {
 				require.Equal(t, h[i], back[i])
 			}
 		}
-		require.True(t, f16Exact(got[off:off+0x7c00]), "the positive finite halves are fp16 values")
+		require.True(t, exactHalf(true, got[off:off+0x7c00], 1, 0x7c00, 0x7c00), "the positive finite halves are fp16 values")
 	}
 }
 
@@ -97,20 +97,43 @@ func TestF16SliceConversionsTricky(t *testing.T) {
 			t.Fatalf("F16FromF32s(bits %#08x) = %#04x, want %#04x", math.Float32bits(v), h[i], want)
 		}
 	}
-	want := make([]float32, len(x))
-	roundF16ToGo(want, x)
-	got := make([]float32, len(x))
-	roundF16To(got, x)
-	requireSameBits(t, want, got, "roundF16To")
+	n := len(x)
+	want := make([]float32, n)
+	for i, v := range x {
+		want[i] = F16ToF32(F16FromF32(v))
+	}
+	got := make([]float32, n)
+	roundHalf(true, got, x, 1, n, n)
+	requireSameBits(t, want, got, "roundHalf fp16")
 	copy(got, x)
 	RoundF16(got)
 	requireSameBits(t, want, got, "RoundF16 in place")
 
-	roundBF16ToGo(want, x)
-	roundBF16To(got, x)
-	requireSameBits(t, want, got, "roundBF16To")
 	for i, v := range x {
-		require.Equal(t, math.Float32bits(BF16ToF32(BF16FromF32(v))), math.Float32bits(want[i]))
+		want[i] = BF16ToF32(BF16FromF32(v))
+	}
+	roundHalf(false, got, x, 1, n, n)
+	requireSameBits(t, want, got, "roundHalf bf16")
+
+	// as a matrix of rows of 37 at stride 40: the rows rounded, the three
+	// elements after each row left as they were
+	rows, cols, ld := n/40, 37, 40
+	for _, f16 := range []bool{false, true} {
+		got := make([]float32, n)
+		for i := range got {
+			got[i] = -7
+		}
+		roundHalf(f16, got, x, rows, cols, ld)
+		for i := 0; i < rows*ld; i++ {
+			w := float32(-7)
+			if i%ld < cols {
+				w = BF16ToF32(BF16FromF32(x[i]))
+				if f16 {
+					w = F16ToF32(F16FromF32(x[i]))
+				}
+			}
+			require.Equal(t, math.Float32bits(w), math.Float32bits(got[i]), "f16 %v: element %d", f16, i)
+		}
 	}
 }
 
@@ -120,19 +143,26 @@ func TestF16SliceConversionsTricky(t *testing.T) {
 func TestHalfExact(t *testing.T) {
 	rng := newRNG(11)
 	for _, f16 := range []bool{false, true} {
-		exact, round := bf16Exact, roundBF16ToGo
-		if f16 {
-			exact, round = f16Exact, roundF16ToGo
-		}
+		exact := func(x []float32) bool { return exactHalf(f16, x, 1, len(x), len(x)) }
+		round := func(x []float32) { roundHalfGo(f16, x, x, 1, len(x), len(x)) }
 		x := randSlice[float32](rng, 1003, 10)
-		round(x, x)
+		round(x)
 		require.True(t, exact(x), "f16 %v: rounded values", f16)
+		// only the rows x cols at the stride count: the elements between
+		// the rows are not read
+		y := append([]float32(nil), x...)
+		for i := 30; i < len(y); i += 32 {
+			y[i], y[i+1] = float32(math.NaN()), 0.1
+		}
+		require.True(t, exactHalf(f16, y, 31, 30, 32), "f16 %v: between the rows", f16)
+		y[5*32+7] = 0.1
+		require.False(t, exactHalf(f16, y, 31, 30, 32), "f16 %v: in a row", f16)
 		for _, p := range []int{0, 5, 63, 64, 500, 999, 1000, 1002} {
 			for _, bad := range []float32{math.Nextafter32(x[p], 100), float32(math.NaN()), 1e-30} {
 				y := append([]float32(nil), x...)
 				y[p] = bad
 				single := []float32{bad}
-				round(single, single)
+				round(single)
 				want := math.Float32bits(single[0]) == math.Float32bits(bad) && bad == bad
 				require.Equal(t, want, exact(y), "f16 %v: element %d set to %v", f16, p, bad)
 				require.Equal(t, want, exact(y[:p+1]), "f16 %v: ending at element %d set to %v", f16, p, bad)

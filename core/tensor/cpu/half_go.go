@@ -9,7 +9,10 @@ const f16c = false
 
 func f16FromF32s(dst []uint16, src []float32) { f16FromF32sGo(dst, src) }
 func f16ToF32s(dst []float32, src []uint16)   { f16ToF32sGo(dst, src) }
-func roundF16To(dst, src []float32)           { roundF16ToGo(dst, src) }
-func roundBF16To(dst, src []float32)          { roundBF16ToGo(dst, src) }
-func f16Exact(x []float32) bool               { return f16ExactGo(x) }
-func bf16Exact(x []float32) bool              { return bf16ExactGo(x) }
+func roundHalf(f16 bool, dst, src []float32, rows, cols, ld int) {
+	roundHalfGo(f16, dst, src, rows, cols, ld)
+}
+
+func exactHalf(f16 bool, x []float32, rows, cols, ld int) bool {
+	return exactHalfGo(f16, x, rows, cols, ld)
+}
