@@ -3,6 +3,9 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -243,4 +246,29 @@ func TestGemmHalfPortablePath(t *testing.T) {
 			putWidenBuf(buf)
 		}
 	}
+}
+
+// TestBF16KernelEnv: TINYACC_BF16_KERNEL=off, read at start, sends bf16
+// products down the portable path (a test binary started with it reports
+// that path); unset, a CPU with the kernel uses it.
+func TestBF16KernelEnv(t *testing.T) {
+	if os.Getenv("TINYACC_TEST_BF16_CHILD") == "1" {
+		fmt.Println("path=" + HalfGemmPath())
+		return
+	}
+	path := func(env string) string {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBF16KernelEnv$")
+		cmd.Env = append(os.Environ(), "TINYACC_TEST_BF16_CHILD=1", env)
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		_, p, ok := strings.Cut(string(out), "path=")
+		require.True(t, ok, string(out))
+		return strings.Split(p, "\n")[0]
+	}
+	want := "float32 " + BLASName()
+	if bf16Native {
+		want += " (avx512bf16 turned off)"
+	}
+	require.Equal(t, want, path(BF16KernelEnv+"=off"))
+	require.Equal(t, HalfGemmPath(), path(BF16KernelEnv+"="))
 }
