@@ -246,6 +246,12 @@ func TestGemmHalfPortablePath(t *testing.T) {
 			putWidenBuf(buf)
 		}
 	}
+	// k = 0: no operand is read, C is beta*C
+	for _, f16 := range []bool{false, true} {
+		c := []float32{1, 2, 3, 4, 5, 6}
+		GemmRoundAHalfB(f16, false, false, 2, 3, 0, 1, nil, 1, nil, 3, 0.5, c, 3)
+		require.Equal(t, []float32{0.5, 1, 1.5, 2, 2.5, 3}, c)
+	}
 }
 
 // TestBF16KernelEnv: TINYACC_BF16_KERNEL=off, read at start, sends bf16
