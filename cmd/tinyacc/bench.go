@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +64,7 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	script := fs.String("torch-script", "bench/torch_step.py", "the PyTorch side")
 	python := fs.String("python", "/usr/bin/python3", "Python with torch")
 	asJSON := fs.Bool("json", false, "print one JSON object per thread count and precision")
-	precFlag := fs.String("precision", "fp32,bf16", "precisions to compare: fp32 (train.mixed_precision=no) and bf16 (the engine's bf16 against PyTorch autocast bf16)")
+	precFlag := fs.String("precision", "fp32,bf16", "precisions to compare: fp32 (train.mixed_precision=no), bf16 (the engine's bf16 against PyTorch autocast bf16), bf16-portable (bf16 on the portable path, as TINYACC_BF16_KERNEL=off runs it) and fp16 (no PyTorch peer: its CPU autocast is bf16 only)")
 	var s benchShape
 	fs.IntVar(&s.NLayer, "n_layer", 4, "")
 	fs.IntVar(&s.NHead, "n_head", 4, "")
@@ -91,8 +92,8 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	var precs []string
 	for _, p := range strings.Split(*precFlag, ",") {
 		p = strings.TrimSpace(p)
-		if p != "fp32" && p != "bf16" {
-			return fmt.Errorf("bench step: --precision %q: want a list of fp32 and bf16", *precFlag)
+		if !slices.Contains(benchPrecisions, p) {
+			return fmt.Errorf("bench step: --precision %q: want a list of %s", *precFlag, strings.Join(benchPrecisions, ", "))
 		}
 		precs = append(precs, p)
 	}
@@ -103,15 +104,15 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 	if c := s.config(); s.Arch == "llama" {
 		what = fmt.Sprintf("Llama (n_kv_head %d, intermediate_size %d)", c.KVHeads(), c.FFNWidth())
 	}
-	fmt.Fprintf(stderr, "bench step: %s n_layer %d n_head %d n_embd %d block %d vocab %d batch %d; %d steps x %d repeats; blas %s, bf16 products %s\n",
-		what, s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName(), cpu.HalfGemmPath())
+	fmt.Fprintf(stderr, "bench step: %s n_layer %d n_head %d n_embd %d block %d vocab %d batch %d; %d steps x %d repeats; blas %s, bf16 products %s, bf16-portable and fp16 products float32 %s\n",
+		what, s.NLayer, s.NHead, s.NEmbd, s.Block, s.Vocab, s.Batch, *steps, *repeats, cpu.BLASName(), cpu.HalfGemmPath(), cpu.BLASName())
 	type row struct {
 		Threads   int     `json:"threads"`
 		Precision string  `json:"precision"`
 		TinyaccMS float64 `json:"tinyacc_ms"`
-		TorchMS   float64 `json:"pytorch_ms"`
+		TorchMS   float64 `json:"pytorch_ms"` // 0 where PyTorch has no peer (fp16)
 		TokensPS  float64 `json:"tinyacc_tokens_per_s"`
-		Ratio     float64 `json:"ratio_vs_best_pytorch"` // against PyTorch's best thread count in the same precision
+		Ratio     float64 `json:"ratio_vs_best_pytorch"` // against PyTorch's best thread count in the same precision; 0 without a peer
 	}
 	var rows []row
 	for _, th := range threads {
@@ -123,6 +124,10 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 					return err
 				}
 				ours = append(ours, ms)
+				if torchPeer(prec) == "" {
+					fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step\n", th, prec, r+1, ms)
+					continue
+				}
 				tms, err := torchStepMS(*python, *script, s, prec, th, *warmup, *steps)
 				if err != nil {
 					return err
@@ -130,8 +135,11 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 				theirs = append(theirs, tms)
 				fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step, pytorch %.1f ms/step\n", th, prec, r+1, ms, tms)
 			}
-			ms := median(ours)
-			rows = append(rows, row{Threads: th, Precision: prec, TinyaccMS: ms, TorchMS: median(theirs),
+			ms, tms := median(ours), 0.0
+			if len(theirs) > 0 {
+				tms = median(theirs)
+			}
+			rows = append(rows, row{Threads: th, Precision: prec, TinyaccMS: ms, TorchMS: tms,
 				TokensPS: float64(s.Batch*s.Block) / (ms / 1000)})
 		}
 	}
@@ -149,29 +157,58 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 		return b
 	}
 	for i := range rows {
-		rows[i].Ratio = rows[i].TinyaccMS / best(rows[i].Precision, true).TorchMS
+		if t := best(rows[i].Precision, true).TorchMS; t > 0 {
+			rows[i].Ratio = rows[i].TinyaccMS / t
+		}
 	}
 	if *asJSON {
 		return writeJSONLines(stdout, rows)
 	}
-	fmt.Fprintf(stdout, "%8s %10s %16s %16s %18s %22s\n", "threads", "precision", "tinyacc ms/step", "pytorch ms/step", "tinyacc tokens/s", "tinyacc/best pytorch")
+	fmt.Fprintf(stdout, "%8s %13s %16s %16s %18s %22s\n", "threads", "precision", "tinyacc ms/step", "pytorch ms/step", "tinyacc tokens/s", "tinyacc/best pytorch")
 	for _, r := range rows {
-		fmt.Fprintf(stdout, "%8d %10s %16.1f %16.1f %18.0f %22.3f\n", r.Threads, r.Precision, r.TinyaccMS, r.TorchMS, r.TokensPS, r.Ratio)
+		torch, ratio := "-", "-"
+		if r.TorchMS > 0 {
+			torch, ratio = fmt.Sprintf("%.1f", r.TorchMS), fmt.Sprintf("%.3f", r.Ratio)
+		}
+		fmt.Fprintf(stdout, "%8d %13s %16.1f %16s %18.0f %22s\n", r.Threads, r.Precision, r.TinyaccMS, torch, r.TokensPS, ratio)
 	}
 	for _, prec := range precs {
 		o, t := best(prec, false), best(prec, true)
-		peer := "pytorch"
-		if prec == "bf16" {
-			peer = "pytorch autocast bf16"
+		if torchPeer(prec) == "" {
+			fmt.Fprintf(stdout, "%s: best tinyacc (%d threads) %.1f ms; no PyTorch peer (torch's CPU autocast is bf16 only)\n", prec, o.Threads, o.TinyaccMS)
+			continue
 		}
 		fmt.Fprintf(stdout, "%s: best tinyacc (%d threads) %.1f ms vs best %s (%d threads) %.1f ms: ratio %.3f\n",
-			prec, o.Threads, o.TinyaccMS, peer, t.Threads, t.TorchMS, o.TinyaccMS/t.TorchMS)
+			prec, o.Threads, o.TinyaccMS, torchPeer(prec), t.Threads, t.TorchMS, o.TinyaccMS/t.TorchMS)
 	}
-	if len(precs) == 2 {
-		f, b := best("fp32", false), best("bf16", false)
-		fmt.Fprintf(stdout, "tinyacc bf16 vs fp32 (best of each): %.0f vs %.0f tokens/s, %.2fx\n", b.TokensPS, f.TokensPS, b.TokensPS/f.TokensPS)
+	if slices.Contains(precs, "fp32") {
+		f := best("fp32", false)
+		for _, prec := range precs {
+			if prec != "fp32" {
+				b := best(prec, false)
+				fmt.Fprintf(stdout, "tinyacc %s vs fp32 (best of each): %.0f vs %.0f tokens/s, %.2fx\n", prec, b.TokensPS, f.TokensPS, b.TokensPS/f.TokensPS)
+			}
+		}
 	}
 	return nil
+}
+
+// benchPrecisions are bench step's precisions: fp32, the engine's bf16
+// (on the AVX512-BF16 kernel where the CPU has it), bf16 on the portable
+// path every other CPU takes (the kernel turned off for the run, as
+// TINYACC_BF16_KERNEL=off does), and fp16, which always takes it.
+var benchPrecisions = []string{"fp32", "bf16", "bf16-portable", "fp16"}
+
+// torchPeer names the PyTorch run a precision is compared with: "" for
+// fp16, since torch's CPU autocast is bf16 only.
+func torchPeer(prec string) string {
+	switch prec {
+	case "fp32":
+		return "pytorch"
+	case "bf16", "bf16-portable":
+		return "pytorch autocast bf16"
+	}
+	return ""
 }
 
 func median(xs []float64) float64 {
@@ -197,8 +234,12 @@ func tinyaccStepMS(s benchShape, prec string, threads, warmup, steps int) (float
 	cfg.Train.Schedule = "constant"
 	cfg.Train.GradClip = 0
 	cfg.Data.Order = "random"
-	if prec == "bf16" {
+	switch prec {
+	case "bf16", "fp16":
+		cfg.Train.MixedPrecision = prec
+	case "bf16-portable":
 		cfg.Train.MixedPrecision = "bf16"
+		defer cpu.SetBF16Kernel(cpu.SetBF16Kernel(false)) // off for this run, then as it was
 	}
 	r := nn.NewRand(1, "bench-tokens")
 	tokens := make([]int32, 1<<20)
@@ -225,7 +266,7 @@ func tinyaccStepMS(s benchShape, prec string, threads, warmup, steps int) (float
 func torchStepMS(python, script string, s benchShape, prec string, threads, warmup, steps int) (float64, error) {
 	args := append([]string{script}, s.args()...)
 	args = append(args, "--steps", strconv.Itoa(steps), "--warmup", strconv.Itoa(warmup), "--threads", strconv.Itoa(threads))
-	if prec == "bf16" {
+	if prec == "bf16" || prec == "bf16-portable" {
 		args = append(args, "--autocast", "bf16")
 	}
 	cmd := exec.Command(python, args...)

@@ -291,6 +291,7 @@ var Reserved = []ReservedVar{
 	{"TINYACC_GO", "the go command the Makefile and the README test build with"},
 	{"TINYACC_README_STEPS", "the step count the README test turns the README's examples down to"},
 	{"TINYACC_README_TEST", "1 runs the README test (make test-readme); go test ./... skips it"},
+	{"TINYACC_BF16_KERNEL", "off: bf16 matrix products take the portable path (float32 products of the widened operands) on a CPU with AVX512-BF16 too; on (default) uses the kernel where the CPU has it"},
 	{"TINYACC_HOST_ID", "overrides the host identity that decides which ranks share memory (ranks in separate network namespaces of one machine)"},
 }
 

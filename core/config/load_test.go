@@ -17,7 +17,7 @@ const (
 		"warmup_steps, weight_decay"
 	topKeys = "checkpoint, comm, cp, data, ddp, device, ep, init_from, lora, memory, metrics_file, model, parallel, plugins, pp, recompute, resume, resume_allow_nonfinite, save_to, tp, trace, trace_per_rank, train, zero"
 	// noSuggestion ends the message about a TINYACC_ variable close to no name.
-	noSuggestion = "; TINYACC_ variables are config keys (TINYACC_TRAIN__LR sets train.lr) or one of TINYACC_SHM, TINYACC_DEBUG, TINYACC_LIB, TINYACC_TOKEN, TINYACC_JOB_TOKEN, TINYACC_LOCAL_RANK, TINYACC_RESTART, TINYACC_PLUGIN, TINYACC_PLUGIN_BUILTIN, TINYACC_GO, TINYACC_README_STEPS, TINYACC_README_TEST, TINYACC_HOST_ID"
+	noSuggestion = "; TINYACC_ variables are config keys (TINYACC_TRAIN__LR sets train.lr) or one of TINYACC_SHM, TINYACC_DEBUG, TINYACC_LIB, TINYACC_TOKEN, TINYACC_JOB_TOKEN, TINYACC_LOCAL_RANK, TINYACC_RESTART, TINYACC_PLUGIN, TINYACC_PLUGIN_BUILTIN, TINYACC_GO, TINYACC_README_STEPS, TINYACC_README_TEST, TINYACC_BF16_KERNEL, TINYACC_HOST_ID"
 )
 
 func writeFile(t *testing.T, name, text string) string {
@@ -224,14 +224,14 @@ func TestEveryLayerErrorReportedTogether(t *testing.T) {
 
 func TestReservedEnvSkipped(t *testing.T) {
 	env := []string{"PATH=/usr/bin", "HOME=/root", "tinyacc_train__lr=5"}
-	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_README_TEST", "TINYACC_HOST_ID"} {
-		value := map[string]string{"TINYACC_DEBUG": "detail", "TINYACC_SHM": "0", "TINYACC_README_STEPS": "1000"}[name] // their own checks: reserved_test.go, readme_test.go
+	for _, name := range []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_README_TEST", "TINYACC_HOST_ID", "TINYACC_BF16_KERNEL"} {
+		value := map[string]string{"TINYACC_DEBUG": "detail", "TINYACC_SHM": "0", "TINYACC_README_STEPS": "1000", "TINYACC_BF16_KERNEL": "off"}[name] // their own checks: reserved_test.go, readme_test.go
 		if value == "" {
 			value = "not a config value"
 		}
 		env = append(env, name+"="+value)
 	}
-	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_README_TEST", "TINYACC_HOST_ID"}, ReservedEnv)
+	assert.ElementsMatch(t, []string{"TINYACC_DEBUG", "TINYACC_LIB", "TINYACC_TOKEN", "TINYACC_JOB_TOKEN", "TINYACC_LOCAL_RANK", "TINYACC_RESTART", "TINYACC_SHM", "TINYACC_PLUGIN", "TINYACC_PLUGIN_BUILTIN", "TINYACC_GO", "TINYACC_README_STEPS", "TINYACC_README_TEST", "TINYACC_HOST_ID", "TINYACC_BF16_KERNEL"}, ReservedEnv)
 	r, err := Load("", env, nil)
 	require.NoError(t, err)
 	for key, src := range r.Sources() {

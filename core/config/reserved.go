@@ -10,8 +10,9 @@ import (
 // settings accepts ("" = unset). A value outside it is a mistake that would
 // otherwise be read as some default (TINYACC_SHM=maybe meant "on").
 var reservedValues = map[string][]string{
-	"TINYACC_SHM":   {"", "0", "1", "true", "false"},
-	"TINYACC_DEBUG": {"", "0", "off", "detail"},
+	"TINYACC_SHM":         {"", "0", "1", "true", "false"},
+	"TINYACC_DEBUG":       {"", "0", "off", "detail"},
+	"TINYACC_BF16_KERNEL": {"", "on", "off"},
 }
 
 // CheckReservedEnv refuses reserved variables set to values they do not

@@ -9,13 +9,14 @@ import (
 
 func TestReservedEnvValuesChecked(t *testing.T) {
 	for _, ok := range []string{"TINYACC_SHM=0", "TINYACC_SHM=1", "TINYACC_SHM=true", "TINYACC_SHM=false", "TINYACC_SHM=",
-		"TINYACC_DEBUG=detail", "TINYACC_DEBUG=off", "TINYACC_DEBUG=0"} {
+		"TINYACC_DEBUG=detail", "TINYACC_DEBUG=off", "TINYACC_DEBUG=0", "TINYACC_BF16_KERNEL=off", "TINYACC_BF16_KERNEL=on"} {
 		_, err := Load("", []string{ok}, nil)
 		require.NoError(t, err, ok)
 	}
-	_, err := Load("", []string{"TINYACC_SHM=maybe", "TINYACC_DEBUG=yes"}, nil)
+	_, err := Load("", []string{"TINYACC_SHM=maybe", "TINYACC_DEBUG=yes", "TINYACC_BF16_KERNEL=0"}, nil)
 	require.EqualError(t, err, `config: TINYACC_SHM="maybe" is not one of "0", "1", "true", "false" (or unset)`+"\n"+
-		`config: TINYACC_DEBUG="yes" is not one of "0", "off", "detail" (or unset)`)
+		`config: TINYACC_DEBUG="yes" is not one of "0", "off", "detail" (or unset)`+"\n"+
+		`config: TINYACC_BF16_KERNEL="0" is not one of "on", "off" (or unset)`)
 }
 
 // TestReservedTableIsDocumented: the README's table of variables that are

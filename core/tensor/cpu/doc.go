@@ -19,9 +19,10 @@
 // which). Half-precision products (GemmBF16 and GemmF16, and GemmRoundBF16
 // and GemmRoundF16 on float32 operands) take bf16 or fp16 operands and
 // accumulate in float32: on a CPU with AVX512-BF16 in the cgo build bf16
-// runs a kernel of its own (gemm_bf16.c), elsewhere the operands are
-// widened and the float32 Gemm runs (HalfGemmPath says which); half.go
-// converts with round to nearest even.
+// runs a kernel of its own (gemm_bf16.c), elsewhere (or with
+// TINYACC_BF16_KERNEL=off) the operands are widened and the float32 Gemm
+// runs (HalfGemmPath says which); half.go converts with round to nearest
+// even, on F16C for fp16 in the cgo build (half_f16c.c).
 //
 // Kernels split their work over a small pool of goroutines (see SetThreads
 // and ParallelFor). Every reduction is arranged so that its result does not

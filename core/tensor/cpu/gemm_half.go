@@ -14,11 +14,12 @@ import (
 //   - bf16 on a CPU with AVX512-BF16 in the cgo build: the kernel of
 //     gemm_bf16.c on VDPBF16PS, which multiplies bf16 pairs and adds them
 //     to float32 lanes at twice the float32 FMA rate;
-//   - bf16 elsewhere, and fp16 everywhere: the operands are widened to
-//     float32 (exactly: every half is a float32) and the float32 Gemm
-//     runs, so the products are exact and the sums are float32 sums.
-//     fp16 has no fast path here: x86 CPUs without AVX512-FP16 have only
-//     conversions for it.
+//   - bf16 elsewhere (and with TINYACC_BF16_KERNEL=off), and fp16
+//     everywhere: the operands are widened to float32 (exactly: every
+//     half is a float32) and the float32 Gemm runs, so the products are
+//     exact and the sums are float32 sums. fp16 has no fast path here:
+//     x86 CPUs without AVX512-FP16 have only conversions for it (F16C's,
+//     which half_f16c.c uses).
 
 // halfOperand is one operand of a half-precision product: stored as 16-bit
 // patterns (h), or as float32 (f) that the product rounds to the half
@@ -78,18 +79,22 @@ func GemmF16(transA, transB bool, m, n, k int, alpha float32, a []uint16, lda in
 	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{h: a, f16: true}, lda, halfOperand{h: b, f16: true}, ldb, beta, c, ldc)
 }
 
-// HalfGemmPath names the path GemmBF16 takes on this CPU and build:
-// "avx512bf16" or "float32 <BLASName>".
+// HalfGemmPath names the path GemmBF16 takes now on this CPU and build:
+// "avx512bf16", or "float32 <BLASName>", the portable path, which fp16
+// products always take (with the reason where the CPU has the kernel).
 func HalfGemmPath() string {
-	if bf16Native {
+	if bf16Kernel.Load() {
 		return "avx512bf16"
+	}
+	if bf16Native {
+		return "float32 " + BLASName() + " (avx512bf16 turned off)"
 	}
 	return "float32 " + BLASName()
 }
 
 func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, a.len(), lda, b.len(), ldb, len(c), ldc)
-	if bf16Native && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
+	if bf16Kernel.Load() && !a.f16 && !b.f16 && m > 0 && n > 0 && k > 0 {
 		// beta == 0: the kernel stores the products without reading C
 		if beta != 0 {
 			scaleC(m, n, beta, c, ldc)
@@ -103,25 +108,62 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 // gemmHalfWiden is the portable path: widen both operands to float32 and
 // run the float32 Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	Gemm(transA, transB, m, n, k, alpha, a.widen(), lda, b.widen(), ldb, beta, c, ldc)
+	wa, ba := a.widen(transA, m, k, lda, true)
+	wb, bb := b.widen(transB, k, n, ldb, true)
+	Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
+	putWidenBuf(ba)
+	putWidenBuf(bb)
 }
 
-// widen returns the operand's numbers as float32 in a new slice.
-func (o halfOperand) widen() []float32 {
-	out := make([]float32, o.len())
-	switch {
-	case o.f != nil && o.f16:
-		copy(out, o.f)
-		RoundF16(out)
-	case o.f != nil:
-		copy(out, o.f)
-		RoundBF16(out)
-	case o.f16:
-		F16ToF32s(out, o.h)
-	default:
-		BF16ToF32s(out, o.h)
+// widen returns op(o), an operand of rows x cols (stored transposed when
+// trans) at row stride ld, as float32 numbers at the same stride, and the
+// pooled buffer holding them (putWidenBuf gives it back), over the
+// kernels' threads when par. A float32 operand that already holds half
+// values (a stored activation widened back, q|k|v) is returned as it is,
+// with no buffer: rounding would change none of its bits. Any other is
+// rounded, or its 2-byte numbers widened, into the buffer, in one pass
+// over the elements the product reads: callers' slices may run on past
+// them (a head's queries, to the end of the batch's) and hold other
+// columns between the rows (the other heads'), which stay unread.
+func (o halfOperand) widen(trans bool, rows, cols, ld int, par bool) ([]float32, *[]float32) {
+	if trans {
+		rows, cols = cols, rows
 	}
-	return out
+	if rows == 0 || cols == 0 {
+		return nil, nil // the product reads nothing of it
+	}
+	if o.f != nil && exactHalf(o.f16, o.f, rows, cols, ld) {
+		return o.f, nil
+	}
+	buf := getWidenBuf((rows-1)*ld + cols)
+	out := *buf
+	conv := func(lo, hi int) { // rows [lo, hi)
+		switch {
+		case o.f != nil:
+			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld)
+		case ld == cols:
+			widenHalfs(o.f16, out[lo*ld:hi*ld], o.h[lo*ld:hi*ld])
+		default:
+			for r := lo; r < hi; r++ {
+				widenHalfs(o.f16, out[r*ld:r*ld+cols], o.h[r*ld:r*ld+cols])
+			}
+		}
+	}
+	if par {
+		ParallelFor(rows, max(1, (1<<16)/cols), conv)
+	} else {
+		conv(0, rows)
+	}
+	return out, buf
+}
+
+// widenHalfs is F16ToF32s (f16) or BF16ToF32s.
+func widenHalfs(f16 bool, dst []float32, src []uint16) {
+	if f16 {
+		F16ToF32s(dst, src)
+	} else {
+		BF16ToF32s(dst, src)
+	}
 }
 
 // gemmHalfSerial is GemmRoundBF16 (GemmRoundF16 when f16) on the calling
@@ -141,7 +183,7 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 		return
 	}
 	ao, bo := halfOperand{f: a, f16: f16}, halfOperand{f: b, f16: f16}
-	if bf16Native && !f16 {
+	if bf16Kernel.Load() && !f16 {
 		// beta == 0: the kernel stores the products without reading C
 		if beta != 0 {
 			scaleC(m, n, beta, c, ldc)
@@ -185,7 +227,7 @@ func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
 		return h
 	}
 	checkGemm(false, false, rows, cols, 0, len(x), ld, 0, 1, rows*cols, cols)
-	if bf16Native && !f16 {
+	if bf16Kernel.Load() && !f16 {
 		h.packed = packBF16Keys(cols, rows, x, ld)
 		return h
 	}

@@ -3,6 +3,9 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -278,4 +281,89 @@ func TestGemmRoundBF16SpecialValues(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestGemmHalfPortablePath: with the bf16 kernel turned off
+// (TINYACC_BF16_KERNEL=off, SetBF16Kernel) a bf16 product is bitwise the
+// float32 Gemm of its widened operands, as an fp16 product always is, and
+// HalfGemmPath says so; the rounding products equal the stored-operand
+// ones bitwise, also when an operand already holds half values, which
+// the product reads as it is, with no rounded copy.
+func TestGemmHalfPortablePath(t *testing.T) {
+	was := SetBF16Kernel(false)
+	defer SetBF16Kernel(was)
+	require.Contains(t, HalfGemmPath(), "float32 "+BLASName())
+	for _, h := range halfCases() {
+		for _, f16 := range []bool{false, true} {
+			narrow, widen, gemm, gemmRound := BF16FromF32, BF16ToF32, GemmBF16, GemmRoundBF16
+			if f16 {
+				narrow, widen, gemm, gemmRound = F16FromF32, F16ToF32, GemmF16, GemmRoundF16
+			}
+			ah, bh := convert(h.a, narrow), convert(h.b, narrow)
+			aw, bw := widenAll(ah, widen), widenAll(bh, widen)
+			want := append([]float32(nil), h.c...)
+			Gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, bw, h.ldb, h.beta, want, h.ldc)
+			name := fmt.Sprintf("%s f16 %v", h.name, f16)
+
+			c := append([]float32(nil), h.c...)
+			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, bh, h.ldb, h.beta, c, h.ldc)
+			requireSameBits(t, want, c, "stored "+name)
+			c = append(c[:0], h.c...)
+			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+			requireSameBits(t, want, c, "rounded as read "+name)
+			c = append(c[:0], h.c...)
+			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+			requireSameBits(t, want, c, "A already half "+name)
+			c = append(c[:0], h.c...)
+			GemmRoundAHalfB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, c, h.ldc)
+			requireSameBits(t, want, c, "B a stored copy "+name)
+
+			// the operand that holds half values is read in place; the
+			// one that does not is rounded into a buffer
+			got, buf := halfOperand{f: aw, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
+			require.Nil(t, buf, name)
+			require.Same(t, &aw[0], &got[0], name)
+			got, buf = halfOperand{f: h.a, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
+			require.NotNil(t, buf, name)
+			rows, cols := h.m, h.k
+			if h.ta {
+				rows, cols = cols, rows
+			}
+			for r := 0; r < rows; r++ {
+				requireSameBits(t, aw[r*h.lda:r*h.lda+cols], got[r*h.lda:r*h.lda+cols], "rounded "+name)
+			}
+			putWidenBuf(buf)
+		}
+	}
+	// k = 0: no operand is read, C is beta*C
+	for _, f16 := range []bool{false, true} {
+		c := []float32{1, 2, 3, 4, 5, 6}
+		GemmRoundAHalfB(f16, false, false, 2, 3, 0, 1, nil, 1, nil, 3, 0.5, c, 3)
+		require.Equal(t, []float32{0.5, 1, 1.5, 2, 2.5, 3}, c)
+	}
+}
+
+// TestBF16KernelEnv: TINYACC_BF16_KERNEL=off, read at start, sends bf16
+// products down the portable path (a test binary started with it reports
+// that path); unset, a CPU with the kernel uses it.
+func TestBF16KernelEnv(t *testing.T) {
+	if os.Getenv("TINYACC_TEST_BF16_CHILD") == "1" {
+		fmt.Println("path=" + HalfGemmPath())
+		return
+	}
+	path := func(env string) string {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBF16KernelEnv$")
+		cmd.Env = append(os.Environ(), "TINYACC_TEST_BF16_CHILD=1", env)
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		_, p, ok := strings.Cut(string(out), "path=")
+		require.True(t, ok, string(out))
+		return strings.Split(p, "\n")[0]
+	}
+	want := "float32 " + BLASName()
+	if bf16Native {
+		want += " (avx512bf16 turned off)"
+	}
+	require.Equal(t, want, path(BF16KernelEnv+"=off"))
+	require.Equal(t, HalfGemmPath(), path(BF16KernelEnv+"="))
 }

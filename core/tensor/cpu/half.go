@@ -98,8 +98,12 @@ func bf16ToF32sGo(dst []float32, src []uint16) {
 	}
 }
 
-// F16FromF32s rounds src into dst (at least len(src) long).
-func F16FromF32s(dst []uint16, src []float32) {
+// F16FromF32s rounds src into dst (at least len(src) long). The fp16
+// slice conversions run on the F16C instructions in the cgo build
+// (half_f16c.c), the same bits as these Go loops.
+func F16FromF32s(dst []uint16, src []float32) { f16FromF32s(dst, src) }
+
+func f16FromF32sGo(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = F16FromF32(v)
@@ -107,7 +111,9 @@ func F16FromF32s(dst []uint16, src []float32) {
 }
 
 // F16ToF32s widens src into dst (at least len(src) long).
-func F16ToF32s(dst []float32, src []uint16) {
+func F16ToF32s(dst []float32, src []uint16) { f16ToF32s(dst, src) }
+
+func f16ToF32sGo(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = F16ToF32(v)
@@ -126,8 +132,41 @@ func roundBF16Go(x []float32) {
 
 // RoundF16 rounds every element of x to the nearest fp16 in place, keeping
 // float32 storage.
-func RoundF16(x []float32) {
-	for i, v := range x {
-		x[i] = F16ToF32(F16FromF32(v))
+func RoundF16(x []float32) { roundHalf(true, x, x, 1, len(x), len(x)) }
+
+// roundHalfGo sets the rows x cols elements at row stride ld of dst to
+// those of src rounded to fp16 (f16) or bfloat16, widened back: what the
+// portable product reads of an operand (dst may be src; the elements
+// between the rows are left alone).
+func roundHalfGo(f16 bool, dst, src []float32, rows, cols, ld int) {
+	for r := 0; r < rows; r++ {
+		d, s := dst[r*ld:r*ld+cols], src[r*ld:r*ld+cols]
+		for i, v := range s {
+			if f16 {
+				d[i] = F16ToF32(F16FromF32(v))
+			} else {
+				d[i] = BF16ToF32(BF16FromF32(v))
+			}
+		}
 	}
+}
+
+// Exactness. A float32 that already holds a half value (a stored
+// activation widened back, q|k|v rounded where they are made) is left
+// unchanged by rounding, so a product need not round a copy of it:
+// exactHalf reports whether every element of the rows x cols at stride ld
+// of x is a number that rounding to fp16 (f16) or bfloat16 gives back
+// bitwise (NaNs count as not exact). It stops at the first element that
+// is not, which for a float32 activation is one of the first.
+
+func exactHalfGo(f16 bool, x []float32, rows, cols, ld int) bool {
+	for r := 0; r < rows; r++ {
+		for _, v := range x[r*ld : r*ld+cols] {
+			u := math.Float32bits(v)
+			if v != v || !f16 && u&0xffff != 0 || f16 && math.Float32bits(F16ToF32(F16FromF32(v))) != u {
+				return false
+			}
+		}
+	}
+	return true
 }
