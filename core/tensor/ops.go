@@ -371,15 +371,15 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, mean.f64, rstd.f64, rows, C, eps)
 	}
 	record(out, "layernorm", func(bp *Backprop, g *Tensor) []*Tensor {
-		gx := zerosLike(x, x.shape...)
+		gx := like(x, x.shape...) // written, not added to
 		gw, _, retW := gradBuffer(bp, w)
 		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
 			wv, done := ReadParam(w)
-			cpu.LayerNormBackward(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			cpu.LayerNormBackwardFresh(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
 			done()
 		} else {
-			cpu.LayerNormBackward(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
+			cpu.LayerNormBackwardFresh(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
 		}
 		return []*Tensor{gx, retW, retB}
 	}, x, w, b)
@@ -430,11 +430,11 @@ func Gelu(x *Tensor) *Tensor {
 		cpu.GeluForward(x.f64, out.f64)
 	}
 	record(out, "gelu", func(_ *Backprop, g *Tensor) []*Tensor {
-		gx := zerosLike(x, x.shape...)
+		gx := like(x, x.shape...) // written, not added to
 		if x.dtype == Float32 {
-			cpu.GeluBackward(x.f32, g.f32, gx.f32)
+			cpu.GeluBackwardFresh(x.f32, g.f32, gx.f32)
 		} else {
-			cpu.GeluBackward(x.f64, g.f64, gx.f64)
+			cpu.GeluBackwardFresh(x.f64, g.f64, gx.f64)
 		}
 		return []*Tensor{gx}
 	}, x)

@@ -50,18 +50,34 @@ func GeluForward[T Float](x, y []T) {
 // which costs less than the memory traffic of keeping it).
 func GeluBackward[T Float](x, dy, dx []T) {
 	checkLen("GeluBackward", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwd(x[lo:hi], dy[lo:hi], dx[lo:hi]) })
+}
+
+// GeluBackwardFresh writes dx = dy * gelu'(x) into dx, whose contents
+// are unspecified: bitwise GeluBackward into a zeroed dx, each piece of
+// dx cleared just before the kernel adds to it, while it is in cache,
+// instead of in a pass of its own over memory beforehand.
+func GeluBackwardFresh[T Float](x, dy, dx []T) {
+	checkLen("GeluBackwardFresh", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		for p := lo; p < hi; p += elemGrain {
+			q := min(hi, p+elemGrain)
+			clear(dx[p:q])
+			geluBwd(x[p:q], dy[p:q], dx[p:q])
+		}
+	})
+}
+
+// geluBwd is GeluBackward on one chunk.
+func geluBwd[T Float](x, dy, dx []T) {
 	if isF32[T]() {
-		x32, dy32, dx32 := as32(x), as32(dy), as32(dx)
-		ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwd32(x32[lo:hi], dy32[lo:hi], dx32[lo:hi]) })
+		geluBwd32(as32(x), as32(dy), as32(dx))
 		return
 	}
 	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
-	ParallelFor(len(x), elemGrain, func(lo, hi int) {
-		dy, dx := dy64[lo:hi], dx64[lo:hi]
-		for i, v := range x64[lo:hi] {
-			t := math.Tanh(geluK * (v + geluA*v*v*v))
-			d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
-			dx[i] += dy[i] * d
-		}
-	})
+	for i, v := range x64 {
+		t := math.Tanh(geluK * (v + geluA*v*v*v))
+		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
+		dx64[i] += dy64[i] * d
+	}
 }

@@ -66,7 +66,20 @@ func LayerNormForward[T Float](x, w, b, y, mean, rstd []T, rows, cols int, eps T
 // of rows combined in order, so dw and db are bitwise the same for every
 // thread count.
 func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
-	checkRows("LayerNormBackward", rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(mean), len(rstd)}, []int{len(w), len(dw), len(db)})
+	layerNormBackward("LayerNormBackward", dy, x, w, mean, rstd, dx, dw, db, rows, cols, false)
+}
+
+// LayerNormBackwardFresh is LayerNormBackward with dx written, not added
+// to: dx's contents are unspecified, and each block of rows of it is
+// cleared just before the kernel adds to it, while it is in cache, so
+// the result is bitwise LayerNormBackward's into a zeroed dx without a
+// pass of its own over memory to zero it. dw and db still accumulate.
+func LayerNormBackwardFresh[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
+	layerNormBackward("LayerNormBackwardFresh", dy, x, w, mean, rstd, dx, dw, db, rows, cols, true)
+}
+
+func layerNormBackward[T Float](op string, dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int, fresh bool) {
+	checkRows(op, rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(mean), len(rstd)}, []int{len(w), len(dw), len(db)})
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -81,6 +94,9 @@ func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols
 			clear(pb)
 			r0, r1 := blk*rowBlock, min(rows, (blk+1)*rowBlock)
 			dys, xs, dxs := dy[r0*cols:r1*cols], x[r0*cols:r1*cols], dx[r0*cols:r1*cols]
+			if fresh {
+				clear(dxs)
+			}
 			if isF32[T]() {
 				layerNormBwd32(as32(dys), as32(xs), as32(w), as32(mean[r0:r1]), as32(rstd[r0:r1]), as32(dxs), as32(pw), as32(pb), cols)
 				continue

@@ -179,3 +179,38 @@ func TestLayerNormBadShape(t *testing.T) {
 				make([]float32, 2), make([]float32, 2), 2, 4, 1e-5)
 		})
 }
+
+// LayerNormBackwardFresh writes dx over garbage bitwise as
+// LayerNormBackward adds it to zeros, zeros of either sign in dy
+// included; dw and db accumulate in both.
+func testLayerNormBackwardFresh[T Float](t *testing.T) {
+	rng := newRNG(25)
+	rows, cols := 301, 96
+	x := randSlice[T](rng, rows*cols, 2)
+	w := randSlice[T](rng, cols, 1)
+	dy := randSlice[T](rng, rows*cols, 1)
+	for i := 0; i < len(dy); i += 7 {
+		dy[i] = T(math.Copysign(0, float64(dy[i])))
+	}
+	mean, rstd := make([]T, rows), make([]T, rows)
+	LayerNormForward(x, w, w, make([]T, rows*cols), mean, rstd, rows, cols, 1e-5)
+	dw0, db0 := randSlice[T](rng, cols, 1), randSlice[T](rng, cols, 1)
+	wdx := make([]T, rows*cols)
+	wdw, wdb := append([]T(nil), dw0...), append([]T(nil), db0...)
+	LayerNormBackward(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			dx := garbage[T](rows * cols)
+			dw, db := append([]T(nil), dw0...), append([]T(nil), db0...)
+			LayerNormBackwardFresh(dy, x, w, mean, rstd, dx, dw, db, rows, cols)
+			requireSameBits(t, dx, wdx, "dx")
+			requireSameBits(t, dw, wdw, "dw")
+			requireSameBits(t, db, wdb, "db")
+		})
+	}
+}
+
+func TestLayerNormBackwardFresh(t *testing.T) {
+	t.Run("float32", testLayerNormBackwardFresh[float32])
+	t.Run("float64", testLayerNormBackwardFresh[float64])
+}
