@@ -38,6 +38,13 @@ type node struct {
 	// float32 values (the attention: dout·out beside the log-sum-exp),
 	// so it is not stored in 2 bytes under mixed precision (StoreHalf).
 	exact bool
+	// readsHalf marks the inputs (bit i for input i) whose backward reads
+	// them as their 2-byte copies when the forward stored them so
+	// (StoreHalf): the backward leaves such an input stored instead of
+	// widening it first. A Linear's input is read only by its weight
+	// gradient's product, which rounds its operands to the compute
+	// dtype anyway and reads the copy as stored (gemmA).
+	readsHalf uint64
 }
 
 // RequiresGrad marks a leaf tensor (a parameter) as needing a gradient.
@@ -354,7 +361,10 @@ func (b *Backprop) pass(order []*Tensor, root, gout, sink *Tensor, outer bool) (
 		} else {
 			refill(t)
 		}
-		for _, in := range t.node.inputs {
+		for j, in := range t.node.inputs {
+			if t.node.readsHalf>>j&1 == 1 && in != nil && in.base == nil && in.stored() {
+				continue
+			}
 			refill(in)
 		}
 		ins := t.node.backward(b, g)

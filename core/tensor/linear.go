@@ -49,7 +49,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				gemm32(d, true, false, in, out, rows, x.f32, in, g.f32, out, float32(beta), gw.f32, out)
+				gemmA(d, true, false, in, out, rows, x, in, g.f32, out, float32(beta), gw.f32, out)
 			} else {
 				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, beta, gw.f64, out)
 			}
@@ -82,6 +82,9 @@ func Linear(x, w, b *Tensor) *Tensor {
 		return []*Tensor{gx, gw, gb}
 	}, x, w, b)
 	outUnread(y)
+	if y.node != nil {
+		y.node.readsHalf = 1 // x: only the weight gradient's product reads it
+	}
 	return y
 }
 

@@ -215,6 +215,19 @@ func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, l
 	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
 }
 
+// gemmA is gemm32 with activation x as operand A. An x the forward
+// stored in its 2-byte form and the backward left so (node.readsHalf) is
+// read as stored: bitwise the product of its widened values, which the
+// product would round to the same numbers, without widening it into a
+// float32 buffer first.
+func gemmA(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if x.f32 == nil && x.stored() && x.half.dtype == d {
+		cpu.GemmHalfARoundB(d == Float16, ta, tb, m, n, k, 1, x.half.u16, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	gemm32(d, ta, tb, m, n, k, x.f32, lda, b, ldb, beta, c, ldc)
+}
+
 // gemm32 is cpu.Gemm on float32 slices in compute dtype d.
 func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	switch d {
@@ -239,7 +252,10 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 // The backward widens each one into float32 storage, exactly, just
 // before the first op backward that reads it (refill, as selective
 // recomputation forms its dropped outputs again) and gives it back after
-// its producer's backward, its last reader. What is not a tensor of the
+// its producer's backward, its last reader. A Linear's input is the
+// exception: only its weight gradient's product reads it, which reads
+// the 2-byte copy as stored (node.readsHalf, gemmA), so it is never
+// widened. What is not a tensor of the
 // graph stays float32: the norms' statistics, the attention's
 // log-sum-exp, the cross-entropy's probabilities, the loss and every
 // gradient.

@@ -58,6 +58,15 @@ func GemmRoundAHalfB(f16, transA, transB bool, m, n, k int, alpha float32, a []f
 	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{f: a, f16: f16}, lda, halfOperand{h: b, f16: f16}, ldb, beta, c, ldc)
 }
 
+// GemmHalfARoundB is GemmRoundAHalfB with the roles swapped: A stored in
+// the half format (an activation kept in 2 bytes for the backward, read
+// as stored), B float32 rounded as it is read (an output gradient). The
+// result is bitwise that of GemmRoundBF16 (GemmRoundF16 when f16) on the
+// float32 A the copy was rounded from.
+func GemmHalfARoundB(f16, transA, transB bool, m, n, k int, alpha float32, a []uint16, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	gemmHalf(transA, transB, m, n, k, alpha, halfOperand{h: a, f16: f16}, lda, halfOperand{f: b, f16: f16}, ldb, beta, c, ldc)
+}
+
 // GemmF16 computes C = alpha*op(A)*op(B) + beta*C, with A and B holding
 // IEEE fp16 numbers and C float32.
 func GemmF16(transA, transB bool, m, n, k int, alpha float32, a []uint16, lda int, b []uint16, ldb int, beta float32, c []float32, ldc int) {
