@@ -207,6 +207,20 @@ CLONES void tacc_col_sums(const float *restrict dy, float *restrict p, long rows
 	}
 }
 
+// tacc_add matches addGo in vec.go: z may alias x or y.
+CLONES void tacc_add(const float *x, const float *y, float *z, long n) {
+	for (long i = 0; i < n; i++) {
+		z[i] = x[i] + y[i];
+	}
+}
+
+// tacc_axpy matches axpyGo in vec.go: a*x[i] rounded, then added.
+CLONES void tacc_axpy(float a, const float *restrict x, float *restrict y, long n) {
+	for (long i = 0; i < n; i++) {
+		y[i] += a * x[i];
+	}
+}
+
 // tacc_add_bias matches addBiasGo in vec.go.
 CLONES void tacc_add_bias(float *restrict y, const float *restrict b, long rows, long cols) {
 	for (long r = 0; r < rows; r++) {

@@ -95,6 +95,22 @@ func addBias32(y, b []float32, cols int) {
 	C.tacc_add_bias((*C.float)(&y[0]), (*C.float)(&b[0]), C.long(rows), C.long(cols))
 }
 
+func add32(x, y, z []float32) {
+	if len(z) == 0 {
+		return
+	}
+	_, _ = x[len(z)-1], y[len(z)-1]
+	C.tacc_add((*C.float)(&x[0]), (*C.float)(&y[0]), (*C.float)(&z[0]), C.long(len(z)))
+}
+
+func axpy32(a float32, x, y []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_ = y[len(x)-1]
+	C.tacc_axpy(C.float(a), (*C.float)(&x[0]), (*C.float)(&y[0]), C.long(len(x)))
+}
+
 // The bf16 conversions hand over at least this many elements to C; shorter
 // slices stay in Go, where the cgo transition would cost more than the loop.
 const convC = 256
