@@ -43,7 +43,8 @@ type node struct {
 	// (StoreHalf): the backward leaves such an input stored instead of
 	// widening it first. A Linear's input is read only by its weight
 	// gradient's product, which rounds its operands to the compute
-	// dtype anyway and reads the copy as stored (gemmA).
+	// dtype anyway and reads the copy as stored (gemmA); GELU's backward
+	// widens a bf16 input element by element as its kernel reads it.
 	readsHalf uint64
 }
 

@@ -432,7 +432,14 @@ func Gelu(x *Tensor) *Tensor {
 	record(out, "gelu", func(_ *Backprop, g *Tensor) []*Tensor {
 		gx := like(x, x.shape...) // written, not added to
 		if x.dtype == Float32 {
-			cpu.GeluBackwardFresh(x.f32, g.f32, gx.f32)
+			if x.f32 == nil && x.stored() && x.half.dtype != BFloat16 {
+				widen(x) // fp16: no kernel reads it as stored (precision.go)
+			}
+			if x.f32 == nil && x.stored() {
+				cpu.GeluBackwardFreshBF16(x.half.u16, g.f32, gx.f32)
+			} else {
+				cpu.GeluBackwardFresh(x.f32, g.f32, gx.f32)
+			}
 		} else {
 			cpu.GeluBackwardFresh(x.f64, g.f64, gx.f64)
 		}
@@ -446,6 +453,9 @@ func Gelu(x *Tensor) *Tensor {
 		}
 	})
 	outUnread(out)
+	if out.node != nil {
+		out.node.readsHalf = 1 // x, stored in bf16, is read as stored
+	}
 	return out
 }
 

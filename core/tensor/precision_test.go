@@ -325,6 +325,47 @@ func TestLinearReadsStoredInput(t *testing.T) {
 	require.Equal(t, run(false), run(true))
 }
 
+// TestGeluReadsStoredInput: GELU's backward reads an input stored in
+// bf16 as stored, leaving it stored, and one stored in fp16 widened (no
+// kernel reads fp16 as stored); its gradient is bitwise the float32
+// kernel's on the widened values either way.
+func TestGeluReadsStoredInput(t *testing.T) {
+	for _, d := range []DType{BFloat16, Float16} {
+		rng := rand.New(rand.NewSource(7))
+		a := NewAllocator()
+		a.SetCompute(d)
+		p := a.New(Params, Float32, 4, 8)
+		w := a.New(Params, Float32, 8, 300)
+		for _, v := range [][]float32{p.F32(), w.F32()} {
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+		}
+		p.RequiresGrad()
+		x := Linear(p, w, nil) // an activation with a producer, which StoreHalf stores
+		y := Gelu(x)
+		StoreHalf(y, x)
+		require.True(t, x.stored())
+		widened := make([]float32, x.Numel())
+		WidenHalf(d, widened, x.half.u16)
+		g := a.New(Activations, Float32, 4, 300)
+		for i := range g.F32() {
+			g.F32()[i] = float32(rng.NormFloat64())
+		}
+		want := make([]float32, len(widened))
+		cpu.GeluBackward(widened, g.F32(), want)
+		require.EqualValues(t, 1, y.node.readsHalf, "the pass leaves GELU's input stored")
+		gx := y.node.backward(nil, g)[0]
+		if d == BFloat16 {
+			require.True(t, x.stored(), "still stored after the backward")
+			require.Nil(t, x.f32, "never widened")
+		} else {
+			require.Equal(t, widened, x.f32, "fp16: widened")
+		}
+		require.Equal(t, want, gx.F32(), d.String())
+	}
+}
+
 // TestCrossEntropyHalf: on a bf16 rank the cross-entropy rounds its
 // logits to bf16, computes in float32 from them and keeps them in 2 bytes
 // for the backward, which forms the probabilities again: loss and

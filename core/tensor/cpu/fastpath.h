@@ -6,6 +6,7 @@
 
 void tacc_gelu_fwd(const float *x, float *y, long n);
 void tacc_gelu_bwd(const float *x, const float *dy, float *dx, long n);
+void tacc_gelu_bwd_bf16(const uint16_t *x, const float *dy, float *dx, long n);
 void tacc_softmax_rows(const float *src, float *dst, long rows, long n, float *maxs, float *sums);
 void tacc_softmax_prefix(float *att, long ld, long width, long rows, const int64_t *lens, float *maxs, float *sums);
 

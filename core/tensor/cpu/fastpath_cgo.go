@@ -32,6 +32,14 @@ func geluBwd32(x, dy, dx []float32) {
 	C.tacc_gelu_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
 }
 
+func geluBwdBF16(x []uint16, dy, dx []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = dy[len(x)-1], dx[len(x)-1]
+	C.tacc_gelu_bwd_bf16((*C.uint16_t)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
+}
+
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	rows := len(lens)
 	if rows == 0 {

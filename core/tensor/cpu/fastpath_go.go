@@ -4,8 +4,9 @@ package cpu
 
 // Without cgo the float32 fast paths are the Go loops of fastpath.go.
 
-func geluFwd32(x, y []float32)      { geluFwd32Go(x, y) }
-func geluBwd32(x, dy, dx []float32) { geluBwd32Go(x, dy, dx) }
+func geluFwd32(x, y []float32)                 { geluFwd32Go(x, y) }
+func geluBwd32(x, dy, dx []float32)            { geluBwd32Go(x, dy, dx) }
+func geluBwdBF16(x []uint16, dy, dx []float32) { geluBwdBF16Go(x, dy, dx) }
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	softmaxPrefix32Go(att, ld, width, lens, maxs, sums)
 }

@@ -205,3 +205,23 @@ func TestAddAxpyFastPathMatchesGo(t *testing.T) {
 		requireSameBits(t, y1, y2, "axpy")
 	}
 }
+
+// The GELU backward on a bfloat16 input is, in C and in Go, bitwise the
+// float32 loop on the widened input.
+func TestGeluBackwardBF16MatchesWidened(t *testing.T) {
+	rng := newRNG(66)
+	x := randSlice[float32](rng, 10003, 12)
+	x = append(x, 0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 80, -80, 1e4, -1e4)
+	h := make([]uint16, len(x))
+	BF16FromF32s(h, x)
+	w := make([]float32, len(x))
+	BF16ToF32s(w, h)
+	dy := randSlice[float32](rng, len(x), 1)
+	want := randSlice[float32](rng, len(x), 1)
+	c, g := append([]float32(nil), want...), append([]float32(nil), want...)
+	geluBwd32Go(w, dy, want)
+	geluBwdBF16(h, dy, c)
+	geluBwdBF16Go(h, dy, g)
+	requireSameBits(t, c, want, "C loop")
+	requireSameBits(t, g, want, "Go loop")
+}

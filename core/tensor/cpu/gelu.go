@@ -68,6 +68,21 @@ func GeluBackwardFresh[T Float](x, dy, dx []T) {
 	})
 }
 
+// GeluBackwardFreshBF16 is GeluBackwardFresh on x held as bfloat16 bits
+// (an activation stored in 2 bytes for the backward), each widened
+// exactly as it is read: bitwise GeluBackwardFresh on BF16ToF32s of x,
+// without the widened copy.
+func GeluBackwardFreshBF16(x []uint16, dy, dx []float32) {
+	checkLen("GeluBackwardFreshBF16", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		for p := lo; p < hi; p += elemGrain {
+			q := min(hi, p+elemGrain)
+			clear(dx[p:q])
+			geluBwdBF16(x[p:q], dy[p:q], dx[p:q])
+		}
+	})
+}
+
 // geluBwd is GeluBackward on one chunk.
 func geluBwd[T Float](x, dy, dx []T) {
 	if isF32[T]() {

@@ -117,3 +117,23 @@ func TestGeluBackwardFresh(t *testing.T) {
 	t.Run("float32", testGeluBackwardFresh[float32])
 	t.Run("float64", testGeluBackwardFresh[float64])
 }
+
+// GeluBackwardFreshBF16 is bitwise GeluBackwardFresh on the widened input.
+func TestGeluBackwardFreshBF16(t *testing.T) {
+	rng := newRNG(18)
+	x := randSlice[float32](rng, 3*elemGrain+5, 6)
+	h := make([]uint16, len(x))
+	BF16FromF32s(h, x)
+	w := make([]float32, len(x))
+	BF16ToF32s(w, h)
+	dy := randSlice[float32](rng, len(x), 1)
+	want := garbage[float32](len(x))
+	GeluBackwardFresh(w, dy, want)
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			got := garbage[float32](len(x))
+			GeluBackwardFreshBF16(h, dy, got)
+			requireSameBits(t, got, want, "gelu backward on bf16 input")
+		})
+	}
+}
