@@ -43,8 +43,8 @@ type node struct {
 	// (StoreHalf): the backward leaves such an input stored instead of
 	// widening it first. A Linear's input is read only by its weight
 	// gradient's product, which rounds its operands to the compute
-	// dtype anyway and reads the copy as stored (gemmA); GELU's backward
-	// widens a bf16 input element by element as its kernel reads it.
+	// dtype anyway and reads the copy as stored (gemmA); GELU's and
+	// LayerNorm's backwards widen a bf16 input in cache as they read it.
 	readsHalf uint64
 }
 

@@ -376,7 +376,14 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
 			wv, done := ReadParam(w)
-			cpu.LayerNormBackwardFresh(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			if x.f32 == nil && x.stored() && x.half.dtype != BFloat16 {
+				widen(x) // fp16: no kernel reads it as stored (precision.go)
+			}
+			if x.f32 == nil && x.stored() {
+				cpu.LayerNormBackwardFreshBF16(g.f32, x.half.u16, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			} else {
+				cpu.LayerNormBackwardFresh(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			}
 			done()
 		} else {
 			cpu.LayerNormBackwardFresh(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
@@ -384,6 +391,9 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		return []*Tensor{gx, retW, retB}
 	}, x, w, b)
 	saveBuf(out, mean, rstd)
+	if out.node != nil {
+		out.node.readsHalf = 1 // x, stored in bf16, is read as stored
+	}
 	setRefill(out, func(out *Tensor) {
 		// The same kernel on the same input: bitwise the dropped output
 		// (and statistics equal to the kept ones, which are left alone).

@@ -366,6 +366,53 @@ func TestGeluReadsStoredInput(t *testing.T) {
 	}
 }
 
+// TestLayerNormReadsStoredInput: LayerNorm's backward reads an input
+// stored in bf16 as stored, leaving it stored, and one stored in fp16
+// widened; its gradients are bitwise the float32 kernel's on the widened
+// values either way.
+func TestLayerNormReadsStoredInput(t *testing.T) {
+	for _, d := range []DType{BFloat16, Float16} {
+		rng := rand.New(rand.NewSource(8))
+		a := NewAllocator()
+		a.SetCompute(d)
+		p := a.New(Params, Float32, 40, 8)
+		w := a.New(Params, Float32, 8, 48)
+		lw, lb := a.New(Params, Float32, 48), a.New(Params, Float32, 48)
+		for _, v := range [][]float32{p.F32(), w.F32(), lw.F32(), lb.F32()} {
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+		}
+		p.RequiresGrad()
+		x := Linear(p, w, nil) // an activation with a producer, which StoreHalf stores
+		y := LayerNorm(x, lw, lb, 1e-5)
+		StoreHalf(y, x)
+		require.True(t, x.stored())
+		widened := make([]float32, x.Numel())
+		WidenHalf(d, widened, x.half.u16)
+		g := a.New(Activations, Float32, 40, 48)
+		for i := range g.F32() {
+			g.F32()[i] = float32(rng.NormFloat64())
+		}
+		lwv, done := ReadParam(lw)
+		mean, rstd := y.node.saved[0].F32(), y.node.saved[1].F32()
+		want, wdw, wdb := make([]float32, len(widened)), make([]float32, 48), make([]float32, 48)
+		cpu.LayerNormBackward(g.F32(), widened, lwv.F32(), mean, rstd, want, wdw, wdb, 40, 48)
+		done()
+		require.EqualValues(t, 1, y.node.readsHalf, "the pass leaves LayerNorm's input stored")
+		gs := y.node.backward(nil, g)
+		if d == BFloat16 {
+			require.True(t, x.stored(), "still stored after the backward")
+			require.Nil(t, x.f32, "never widened")
+		} else {
+			require.Equal(t, widened, x.f32, "fp16: widened")
+		}
+		require.Equal(t, want, gs[0].F32(), d.String())
+		require.Equal(t, wdw, gs[1].F32(), d.String())
+		require.Equal(t, wdb, gs[2].F32(), d.String())
+	}
+}
+
 // TestCrossEntropyHalf: on a bf16 rank the cross-entropy rounds its
 // logits to bf16, computes in float32 from them and keeps them in 2 bytes
 // for the backward, which forms the probabilities again: loss and

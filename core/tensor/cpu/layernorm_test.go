@@ -214,3 +214,32 @@ func TestLayerNormBackwardFresh(t *testing.T) {
 	t.Run("float32", testLayerNormBackwardFresh[float32])
 	t.Run("float64", testLayerNormBackwardFresh[float64])
 }
+
+// LayerNormBackwardFreshBF16 is bitwise LayerNormBackwardFresh on the
+// widened input, for every thread count and a last block of rows short.
+func TestLayerNormBackwardFreshBF16(t *testing.T) {
+	rng := newRNG(26)
+	rows, cols := 301, 96
+	x := randSlice[float32](rng, rows*cols, 2)
+	h := make([]uint16, len(x))
+	BF16FromF32s(h, x)
+	BF16ToF32s(x, h)
+	w := randSlice[float32](rng, cols, 1)
+	dy := randSlice[float32](rng, rows*cols, 1)
+	mean, rstd := make([]float32, rows), make([]float32, rows)
+	LayerNormForward(x, w, w, make([]float32, rows*cols), mean, rstd, rows, cols, 1e-5)
+	dw0, db0 := randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
+	wdx := garbage[float32](rows * cols)
+	wdw, wdb := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+	LayerNormBackwardFresh(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			dx := garbage[float32](rows * cols)
+			dw, db := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+			LayerNormBackwardFreshBF16(dy, h, w, mean, rstd, dx, dw, db, rows, cols)
+			requireSameBits(t, dx, wdx, "dx")
+			requireSameBits(t, dw, wdw, "dw")
+			requireSameBits(t, db, wdb, "db")
+		})
+	}
+}
