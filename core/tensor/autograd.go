@@ -44,7 +44,7 @@ type node struct {
 	// widening it first. A Linear's input is read only by its weight
 	// gradient's product, which rounds its operands to the compute
 	// dtype anyway and reads the copy as stored (gemmA); GELU's and
-	// LayerNorm's backwards widen a bf16 input in cache as they read it.
+	// LayerNorm's backwards widen theirs in cache as they read it.
 	readsHalf uint64
 }
 

@@ -376,11 +376,8 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
 			wv, done := ReadParam(w)
-			if x.f32 == nil && x.stored() && x.half.dtype != BFloat16 {
-				widen(x) // fp16: no kernel reads it as stored (precision.go)
-			}
 			if x.f32 == nil && x.stored() {
-				cpu.LayerNormBackwardFreshBF16(g.f32, x.half.u16, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+				cpu.LayerNormBackwardFreshHalf(x.half.dtype == Float16, g.f32, x.half.u16, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
 			} else {
 				cpu.LayerNormBackwardFresh(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
 			}
@@ -392,7 +389,7 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 	}, x, w, b)
 	saveBuf(out, mean, rstd)
 	if out.node != nil {
-		out.node.readsHalf = 1 // x, stored in bf16, is read as stored
+		out.node.readsHalf = 1 // x, stored in 2 bytes, is read as stored
 	}
 	setRefill(out, func(out *Tensor) {
 		// The same kernel on the same input: bitwise the dropped output
@@ -442,11 +439,8 @@ func Gelu(x *Tensor) *Tensor {
 	record(out, "gelu", func(_ *Backprop, g *Tensor) []*Tensor {
 		gx := like(x, x.shape...) // written, not added to
 		if x.dtype == Float32 {
-			if x.f32 == nil && x.stored() && x.half.dtype != BFloat16 {
-				widen(x) // fp16: no kernel reads it as stored (precision.go)
-			}
 			if x.f32 == nil && x.stored() {
-				cpu.GeluBackwardFreshBF16(x.half.u16, g.f32, gx.f32)
+				cpu.GeluBackwardFreshHalf(x.half.dtype == Float16, x.half.u16, g.f32, gx.f32)
 			} else {
 				cpu.GeluBackwardFresh(x.f32, g.f32, gx.f32)
 			}
@@ -464,7 +458,7 @@ func Gelu(x *Tensor) *Tensor {
 	})
 	outUnread(out)
 	if out.node != nil {
-		out.node.readsHalf = 1 // x, stored in bf16, is read as stored
+		out.node.readsHalf = 1 // x, stored in 2 bytes, is read as stored
 	}
 	return out
 }

@@ -255,10 +255,10 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 // its producer's backward, its last reader. The inputs of a Linear, of
 // GELU and of LayerNorm are the exceptions (node.readsHalf): only the
 // Linear's weight gradient's product reads the first, and it reads the
-// 2-byte copy as stored (gemmA); GELU's backward kernel widens a bf16
-// input element by element as it reads it, LayerNorm's a block of rows
-// at a time into a scratch buffer in cache. None is widened into float32
-// storage of its own. What is not a tensor of the
+// 2-byte copy as stored (gemmA); GELU's and LayerNorm's backwards widen
+// theirs piece by piece as their kernels read them (bf16 inside GELU's
+// kernel, fp16 and LayerNorm's rows into a scratch buffer in cache).
+// None is widened into float32 storage of its own. What is not a tensor of the
 // graph stays float32: the norms' statistics, the attention's
 // log-sum-exp, the cross-entropy's probabilities, the loss and every
 // gradient.

@@ -68,16 +68,29 @@ func GeluBackwardFresh[T Float](x, dy, dx []T) {
 	})
 }
 
-// GeluBackwardFreshBF16 is GeluBackwardFresh on x held as bfloat16 bits
-// (an activation stored in 2 bytes for the backward), each widened
-// exactly as it is read: bitwise GeluBackwardFresh on BF16ToF32s of x,
-// without the widened copy.
-func GeluBackwardFreshBF16(x []uint16, dy, dx []float32) {
-	checkLen("GeluBackwardFreshBF16", len(x), len(dy), len(dx))
+// GeluBackwardFreshHalf is GeluBackwardFresh on x held as 2-byte bits,
+// fp16 when f16 and bfloat16 otherwise (an activation stored in 2 bytes
+// for the backward), widened exactly as they are read: bitwise
+// GeluBackwardFresh on the widened x, without a float32 copy of all of
+// it. bfloat16 is widened element by element inside the kernel, fp16 a
+// piece at a time into a scratch buffer in cache.
+func GeluBackwardFreshHalf(f16 bool, x []uint16, dy, dx []float32) {
+	checkLen("GeluBackwardFreshHalf", len(x), len(dy), len(dx))
 	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		var wide *[]float32
+		if f16 {
+			wide = getBuf[float32](elemGrain)
+			defer putBuf(wide)
+		}
 		for p := lo; p < hi; p += elemGrain {
 			q := min(hi, p+elemGrain)
 			clear(dx[p:q])
+			if f16 {
+				w := (*wide)[:q-p]
+				F16ToF32s(w, x[p:q])
+				geluBwd32(w, dy[p:q], dx[p:q])
+				continue
+			}
 			geluBwdBF16(x[p:q], dy[p:q], dx[p:q])
 		}
 	})

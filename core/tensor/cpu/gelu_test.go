@@ -118,22 +118,30 @@ func TestGeluBackwardFresh(t *testing.T) {
 	t.Run("float64", testGeluBackwardFresh[float64])
 }
 
-// GeluBackwardFreshBF16 is bitwise GeluBackwardFresh on the widened input.
-func TestGeluBackwardFreshBF16(t *testing.T) {
+// GeluBackwardFreshHalf is bitwise GeluBackwardFresh on the widened
+// input, bf16 and fp16.
+func TestGeluBackwardFreshHalf(t *testing.T) {
 	rng := newRNG(18)
 	x := randSlice[float32](rng, 3*elemGrain+5, 6)
-	h := make([]uint16, len(x))
-	BF16FromF32s(h, x)
-	w := make([]float32, len(x))
-	BF16ToF32s(w, h)
 	dy := randSlice[float32](rng, len(x), 1)
-	want := garbage[float32](len(x))
-	GeluBackwardFresh(w, dy, want)
-	for _, n := range []int{1, 2, 3} {
-		withThreads(n, func() {
-			got := garbage[float32](len(x))
-			GeluBackwardFreshBF16(h, dy, got)
-			requireSameBits(t, got, want, "gelu backward on bf16 input")
-		})
+	for _, f16 := range []bool{false, true} {
+		h := make([]uint16, len(x))
+		w := make([]float32, len(x))
+		if f16 {
+			F16FromF32s(h, x)
+			F16ToF32s(w, h)
+		} else {
+			BF16FromF32s(h, x)
+			BF16ToF32s(w, h)
+		}
+		want := garbage[float32](len(x))
+		GeluBackwardFresh(w, dy, want)
+		for _, n := range []int{1, 2, 3} {
+			withThreads(n, func() {
+				got := garbage[float32](len(x))
+				GeluBackwardFreshHalf(f16, h, dy, got)
+				requireSameBits(t, got, want, "gelu backward on a 2-byte input")
+			})
+		}
 	}
 }

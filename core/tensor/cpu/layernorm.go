@@ -66,7 +66,7 @@ func LayerNormForward[T Float](x, w, b, y, mean, rstd []T, rows, cols int, eps T
 // of rows combined in order, so dw and db are bitwise the same for every
 // thread count.
 func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
-	layerNormBackward("LayerNormBackward", dy, x, nil, w, mean, rstd, dx, dw, db, rows, cols, false)
+	layerNormBackward("LayerNormBackward", dy, x, halfRows{}, w, mean, rstd, dx, dw, db, rows, cols, false)
 }
 
 // LayerNormBackwardFresh is LayerNormBackward with dx written, not added
@@ -75,24 +75,34 @@ func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols
 // the result is bitwise LayerNormBackward's into a zeroed dx without a
 // pass of its own over memory to zero it. dw and db still accumulate.
 func LayerNormBackwardFresh[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
-	layerNormBackward("LayerNormBackwardFresh", dy, x, nil, w, mean, rstd, dx, dw, db, rows, cols, true)
+	layerNormBackward("LayerNormBackwardFresh", dy, x, halfRows{}, w, mean, rstd, dx, dw, db, rows, cols, true)
 }
 
-// LayerNormBackwardFreshBF16 is LayerNormBackwardFresh on x held as
-// bfloat16 bits (an activation stored in 2 bytes for the backward): each
-// block of rows is widened exactly into a scratch buffer, in cache, just
-// before the kernel reads it, so the result is bitwise that on
-// BF16ToF32s of x without a float32 copy of all of x.
-func LayerNormBackwardFreshBF16(dy []float32, x []uint16, w, mean, rstd, dx, dw, db []float32, rows, cols int) {
-	layerNormBackward("LayerNormBackwardFreshBF16", dy, nil, x, w, mean, rstd, dx, dw, db, rows, cols, true)
+// LayerNormBackwardFreshHalf is LayerNormBackwardFresh on x held as
+// 2-byte bits, fp16 when f16 and bfloat16 otherwise (an activation stored
+// in 2 bytes for the backward): each block of rows is widened exactly
+// into a scratch buffer, in cache, just before the kernel reads it, so
+// the result is bitwise that on the widened x without a float32 copy of
+// all of it.
+func LayerNormBackwardFreshHalf(f16 bool, dy []float32, x []uint16, w, mean, rstd, dx, dw, db []float32, rows, cols int) {
+	widen := BF16ToF32s
+	if f16 {
+		widen = F16ToF32s
+	}
+	layerNormBackward("LayerNormBackwardFreshHalf", dy, nil, halfRows{x, widen}, w, mean, rstd, dx, dw, db, rows, cols, true)
 }
 
-// layerNormBackward is the backward on x, or on xh (bfloat16 bits) when
-// x is nil.
-func layerNormBackward[T Float](op string, dy, x []T, xh []uint16, w, mean, rstd, dx, dw, db []T, rows, cols int, fresh bool) {
+// halfRows is LayerNorm's input held in 2 bytes and its widening.
+type halfRows struct {
+	h     []uint16
+	widen func(dst []float32, src []uint16)
+}
+
+// layerNormBackward is the backward on x, or on xh when x is nil.
+func layerNormBackward[T Float](op string, dy, x []T, xh halfRows, w, mean, rstd, dx, dw, db []T, rows, cols int, fresh bool) {
 	nx := len(x)
 	if x == nil {
-		nx = len(xh)
+		nx = len(xh.h)
 	}
 	checkRows(op, rows, cols, []int{len(dy), nx, len(dx)}, []int{len(mean), len(rstd)}, []int{len(w), len(dw), len(db)})
 	if rows == 0 || cols == 0 {
@@ -118,7 +128,7 @@ func layerNormBackward[T Float](op string, dy, x []T, xh []uint16, w, mean, rstd
 				xs = x[r0*cols : r1*cols]
 			} else {
 				xs = (*wide)[:(r1-r0)*cols]
-				BF16ToF32s(as32(xs), xh[r0*cols:r1*cols])
+				xh.widen(as32(xs), xh.h[r0*cols:r1*cols])
 			}
 			dys, dxs := dy[r0*cols:r1*cols], dx[r0*cols:r1*cols]
 			if fresh {

@@ -215,31 +215,40 @@ func TestLayerNormBackwardFresh(t *testing.T) {
 	t.Run("float64", testLayerNormBackwardFresh[float64])
 }
 
-// LayerNormBackwardFreshBF16 is bitwise LayerNormBackwardFresh on the
-// widened input, for every thread count and a last block of rows short.
-func TestLayerNormBackwardFreshBF16(t *testing.T) {
+// LayerNormBackwardFreshHalf is bitwise LayerNormBackwardFresh on the
+// widened input, bf16 and fp16, for every thread count and a last block
+// of rows short.
+func TestLayerNormBackwardFreshHalf(t *testing.T) {
 	rng := newRNG(26)
 	rows, cols := 301, 96
-	x := randSlice[float32](rng, rows*cols, 2)
-	h := make([]uint16, len(x))
-	BF16FromF32s(h, x)
-	BF16ToF32s(x, h)
+	x0 := randSlice[float32](rng, rows*cols, 2)
 	w := randSlice[float32](rng, cols, 1)
 	dy := randSlice[float32](rng, rows*cols, 1)
-	mean, rstd := make([]float32, rows), make([]float32, rows)
-	LayerNormForward(x, w, w, make([]float32, rows*cols), mean, rstd, rows, cols, 1e-5)
 	dw0, db0 := randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
-	wdx := garbage[float32](rows * cols)
-	wdw, wdb := append([]float32(nil), dw0...), append([]float32(nil), db0...)
-	LayerNormBackwardFresh(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
-	for _, n := range []int{1, 2, 3} {
-		withThreads(n, func() {
-			dx := garbage[float32](rows * cols)
-			dw, db := append([]float32(nil), dw0...), append([]float32(nil), db0...)
-			LayerNormBackwardFreshBF16(dy, h, w, mean, rstd, dx, dw, db, rows, cols)
-			requireSameBits(t, dx, wdx, "dx")
-			requireSameBits(t, dw, wdw, "dw")
-			requireSameBits(t, db, wdb, "db")
-		})
+	for _, f16 := range []bool{false, true} {
+		h := make([]uint16, len(x0))
+		x := make([]float32, len(x0))
+		if f16 {
+			F16FromF32s(h, x0)
+			F16ToF32s(x, h)
+		} else {
+			BF16FromF32s(h, x0)
+			BF16ToF32s(x, h)
+		}
+		mean, rstd := make([]float32, rows), make([]float32, rows)
+		LayerNormForward(x, w, w, make([]float32, rows*cols), mean, rstd, rows, cols, 1e-5)
+		wdx := garbage[float32](rows * cols)
+		wdw, wdb := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+		LayerNormBackwardFresh(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
+		for _, n := range []int{1, 2, 3} {
+			withThreads(n, func() {
+				dx := garbage[float32](rows * cols)
+				dw, db := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+				LayerNormBackwardFreshHalf(f16, dy, h, w, mean, rstd, dx, dw, db, rows, cols)
+				requireSameBits(t, dx, wdx, "dx")
+				requireSameBits(t, dw, wdw, "dw")
+				requireSameBits(t, db, wdb, "db")
+			})
+		}
 	}
 }
