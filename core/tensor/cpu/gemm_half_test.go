@@ -279,3 +279,21 @@ func TestGemmRoundBF16SpecialValues(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmHalfARoundB: A stored in the half format and read as stored
+// gives bitwise the product of the float32 A it was rounded from, read
+// rounded, in bf16 and fp16, every transpose, stride and beta.
+func TestGemmHalfARoundB(t *testing.T) {
+	for _, h := range halfCases() {
+		for _, f16 := range []bool{false, true} {
+			narrow, round := BF16FromF32, GemmRoundBF16
+			if f16 {
+				narrow, round = F16FromF32, GemmRoundF16
+			}
+			want, got := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
+			round(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, want, h.ldc)
+			GemmHalfARoundB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, convert(h.a, narrow), h.lda, h.b, h.ldb, h.beta, got, h.ldc)
+			requireSameBits(t, got, want, fmt.Sprintf("%s f16 %v", h.name, f16))
+		}
+	}
+}
