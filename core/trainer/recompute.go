@@ -87,7 +87,7 @@ type BlockActs struct {
 	// c_proj's weight gradient read GELU's output as stored
 	// (tensor.halfReads), so neither is widened whole; but that output
 	// goes back before GELU's backward, beside the gradients of both,
-	// and gives back E bytes an element where float32's count has it
+	// and gives back its 2 bytes an element where float32's count has it
 	// give back 4. Under mlp_act the output is formed again in float32
 	// (Bump) and goes as in float32, and its input is widened whole to
 	// form it: FFN/n again.
