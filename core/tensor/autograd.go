@@ -42,9 +42,11 @@ type node struct {
 	// (StoreHalf) as stored rather than widened first (storedHalf,
 	// Tensor.StoredHalf): Linear's and MatMulT's, whose matrix products
 	// round their operands to the compute dtype as they read them, so the
-	// exactly widened copy would round back to the stored numbers; and the
-	// cross-entropies', which form their gradient from the logits in a
-	// buffer of its own, so no widened logits sit beside it.
+	// exactly widened copy would round back to the stored numbers; GELU's
+	// and LayerNorm's, whose kernels widen their input a piece at a time
+	// into cache as they read it; and the cross-entropies', which form
+	// their gradient from the logits in a buffer of its own, so no widened
+	// logits sit beside it.
 	readsHalf bool
 }
 

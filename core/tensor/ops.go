@@ -371,19 +371,24 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		cpu.LayerNormForward(x.f64, w.f64, b.f64, out.f64, mean.f64, rstd.f64, rows, C, eps)
 	}
 	record(out, "layernorm", func(bp *Backprop, g *Tensor) []*Tensor {
-		gx := zerosLike(x, x.shape...)
+		gx := like(x, x.shape...) // written, not added to
 		gw, _, retW := gradBuffer(bp, w)
 		gb, _, retB := gradBuffer(bp, b)
 		if x.dtype == Float32 {
 			wv, done := ReadParam(w)
-			cpu.LayerNormBackward(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			if h := storedHalf(x); h != nil {
+				cpu.LayerNormBackwardFreshHalf(h.dtype == Float16, g.f32, h.u16, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			} else {
+				cpu.LayerNormBackwardFresh(g.f32, x.f32, wv.f32, mean.f32, rstd.f32, gx.f32, gw.f32, gb.f32, rows, C)
+			}
 			done()
 		} else {
-			cpu.LayerNormBackward(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
+			cpu.LayerNormBackwardFresh(g.f64, x.f64, w.f64, mean.f64, rstd.f64, gx.f64, gw.f64, gb.f64, rows, C)
 		}
 		return []*Tensor{gx, retW, retB}
 	}, x, w, b)
 	saveBuf(out, mean, rstd)
+	halfReads(out) // x, kept in 2 bytes, is widened a piece at a time in cache
 	setRefill(out, func(out *Tensor) {
 		// The same kernel on the same input: bitwise the dropped output
 		// (and statistics equal to the kept ones, which are left alone).
@@ -420,8 +425,10 @@ func outUnread(out *Tensor) {
 	}
 }
 
-// halfReads records that out's backward reads its inputs only as operands
-// of matrix products that take them as stored in 2 bytes (node.readsHalf).
+// halfReads records that out's backward reads its inputs kept in 2 bytes
+// as stored (node.readsHalf): as operands of matrix products that round
+// them to the compute dtype anyway (Linear, MatMulT), or widened a piece
+// at a time into cache as a kernel reads them (GELU, LayerNorm).
 func halfReads(out *Tensor) {
 	if out.node != nil {
 		out.node.readsHalf = true
@@ -438,11 +445,15 @@ func Gelu(x *Tensor) *Tensor {
 		cpu.GeluForward(x.f64, out.f64)
 	}
 	record(out, "gelu", func(_ *Backprop, g *Tensor) []*Tensor {
-		gx := zerosLike(x, x.shape...)
+		gx := like(x, x.shape...) // written, not added to
 		if x.dtype == Float32 {
-			cpu.GeluBackward(x.f32, g.f32, gx.f32)
+			if h := storedHalf(x); h != nil {
+				cpu.GeluBackwardFreshHalf(h.dtype == Float16, h.u16, g.f32, gx.f32)
+			} else {
+				cpu.GeluBackwardFresh(x.f32, g.f32, gx.f32)
+			}
 		} else {
-			cpu.GeluBackward(x.f64, g.f64, gx.f64)
+			cpu.GeluBackwardFresh(x.f64, g.f64, gx.f64)
 		}
 		return []*Tensor{gx}
 	}, x)
@@ -454,6 +465,7 @@ func Gelu(x *Tensor) *Tensor {
 		}
 	})
 	outUnread(out)
+	halfReads(out) // x, kept in 2 bytes, is widened a piece at a time in cache
 	return out
 }
 

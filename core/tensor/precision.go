@@ -260,12 +260,16 @@ func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32
 // The backward widens each one into float32 storage, exactly, just
 // before the first op backward that reads it (refill, as selective
 // recomputation forms its dropped outputs again) and gives it back after
-// its producer's backward, its last reader; the matrix products of
-// Linear's and MatMulT's backwards read it as stored instead (storedHalf),
-// so one that only they read is never widened. What is not a tensor of the
-// graph stays float32: the norms' statistics, the attention's
-// log-sum-exp, the cross-entropy's probabilities, the loss and every
-// gradient.
+// its producer's backward, its last reader. The ops whose backwards read
+// their inputs as stored (node.readsHalf) leave them so: the matrix
+// products of Linear's and MatMulT's backwards read the 2-byte copy as it
+// is (storedHalf), and GELU's and LayerNorm's kernels widen theirs a piece
+// at a time into cache as they read them, so one that only these read (the
+// norms' outputs, the MLP's hidden layer and activation, the block's
+// input and middle residual) is never widened into float32 storage of
+// its own. What is not a tensor of the graph stays float32: the norms'
+// statistics, the attention's log-sum-exp, the cross-entropy's
+// probabilities, the loss and every gradient.
 //
 // The forward reads the float32 values and the backward the rounded ones:
 // a matrix product's weight gradient is unchanged (the product rounds

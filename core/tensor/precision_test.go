@@ -255,10 +255,11 @@ func halfGraph(store, deferW bool, x, w1, w2, r []float32) (grads [][]float64, h
 
 // TestStoreHalfWidensExactly: activations stored in 2 bytes after the
 // forward take 2 bytes each, and the backward reads them widened exactly
-// or, where only a matrix product reads one (g, Linear's input), as
-// stored: its gradients are bitwise those of a backward reading the same
-// activations rounded in place in float32. h, which Gelu's backward reads,
-// is widened; g is not.
+// or, where their readers' backwards read them as stored (h, GELU's
+// input, widened a piece at a time in its kernel; g, Linear's input, an
+// operand of its weight gradient's product), as stored: its gradients are
+// bitwise those of a backward reading the same activations rounded in
+// place in float32, and neither h nor g is widened into float32 storage.
 func TestStoreHalfWidensExactly(t *testing.T) {
 	rng := rand.New(rand.NewSource(5))
 	rnd := func(n int) []float32 {
@@ -274,8 +275,142 @@ func TestStoreHalfWidensExactly(t *testing.T) {
 	require.Equal(t, rounded, stored)
 	deferred, _, _ := halfGraph(true, true, x, w1, w2, r)
 	require.Equal(t, rounded, deferred, "weight gradients deferred past the backward")
-	require.Equal(t, [2]bool{true, false}, widened, "h widened for Gelu's backward, g read as stored by Linear's")
+	require.Equal(t, [2]bool{false, false}, widened, "h read as stored by Gelu's backward, g by Linear's")
 	require.Equal(t, int64(2*(6*32+6*32)), heldRounded-heldStored, "h and g stored in 2 bytes instead of 4")
+}
+
+// TestLinearReadsStoredInput: the backward leaves a Linear's input stored
+// in 2 bytes, and its weight gradient's product reads it as stored (seen
+// as the product asks for the weight's gradient buffer); the gradients
+// are bitwise those of the same graph on the activations rounded in place
+// in float32.
+func TestLinearReadsStoredInput(t *testing.T) {
+	rng := rand.New(rand.NewSource(6))
+	rnd := func(n int) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = float32(rng.NormFloat64())
+		}
+		return out
+	}
+	x, w1, w2, r := rnd(6*16), rnd(16*32), rnd(32*8), rnd(6*8)
+	run := func(store bool) [][]float64 {
+		a := NewAllocator()
+		a.SetCompute(BFloat16)
+		param := func(data []float32, shape ...int) *Tensor {
+			t := a.New(Params, Float32, shape...)
+			copy(t.F32(), data)
+			return t.RequiresGrad()
+		}
+		xt, w1t, w2t := param(x, 6, 16), param(w1, 16, 32), param(w2, 32, 8)
+		b1, b2 := param(make([]float32, 32), 32), param(make([]float32, 8), 8)
+		h := Linear(xt, w1t, b1)
+		g := Gelu(h)
+		y := Linear(g, w2t, b2)
+		rt := a.New(Activations, Float32, 6, 8)
+		copy(rt.F32(), r)
+		loss := Sum(Mul(y, rt))
+		if store {
+			StoreHalf(y, h)
+		} else {
+			RoundHalf(h)
+			RoundHalf(g)
+		}
+		seen := map[*Tensor]bool{}
+		need := func(p *Tensor, _ PassInfo) {
+			seen[p] = true
+			switch {
+			case !store:
+			case p == w2t:
+				require.True(t, g.stored(), "the second Linear's input is still stored")
+				require.Nil(t, g.f32, "the second Linear's input was not widened")
+			}
+		}
+		if _, err := Backward(loss, nil, BackwardOptions{Release: true, Alloc: a, NeedGrad: need}); err != nil {
+			panic(err)
+		}
+		require.True(t, seen[w1t] && seen[w2t])
+		return [][]float64{xt.Grad.Float64s(), w1t.Grad.Float64s(), w2t.Grad.Float64s()}
+	}
+	require.Equal(t, run(false), run(true))
+}
+
+// TestGeluReadsStoredInput: GELU's backward reads an input stored in
+// bf16 or fp16 as stored, leaving it stored, and its gradient is bitwise
+// the float32 kernel's on the widened values.
+func TestGeluReadsStoredInput(t *testing.T) {
+	for _, d := range []DType{BFloat16, Float16} {
+		rng := rand.New(rand.NewSource(7))
+		a := NewAllocator()
+		a.SetCompute(d)
+		p := a.New(Params, Float32, 4, 8)
+		w := a.New(Params, Float32, 8, 300)
+		for _, v := range [][]float32{p.F32(), w.F32()} {
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+		}
+		p.RequiresGrad()
+		x := Linear(p, w, nil) // an activation with a producer, which StoreHalf stores
+		y := Gelu(x)
+		StoreHalf(y, x)
+		require.True(t, x.stored())
+		widened := make([]float32, x.Numel())
+		WidenHalf(d, widened, x.half.u16)
+		g := a.New(Activations, Float32, 4, 300)
+		for i := range g.F32() {
+			g.F32()[i] = float32(rng.NormFloat64())
+		}
+		want := make([]float32, len(widened))
+		cpu.GeluBackward(widened, g.F32(), want)
+		require.True(t, y.node.readsHalf, "the pass leaves GELU's input stored")
+		gx := y.node.backward(nil, g)[0]
+		require.True(t, x.stored(), "still stored after the backward")
+		require.Nil(t, x.f32, "never widened")
+		require.Equal(t, want, gx.F32(), d.String())
+	}
+}
+
+// TestLayerNormReadsStoredInput: LayerNorm's backward reads an input
+// stored in bf16 or fp16 as stored, leaving it stored, and its gradients
+// are bitwise the float32 kernel's on the widened values.
+func TestLayerNormReadsStoredInput(t *testing.T) {
+	for _, d := range []DType{BFloat16, Float16} {
+		rng := rand.New(rand.NewSource(8))
+		a := NewAllocator()
+		a.SetCompute(d)
+		p := a.New(Params, Float32, 40, 8)
+		w := a.New(Params, Float32, 8, 48)
+		lw, lb := a.New(Params, Float32, 48), a.New(Params, Float32, 48)
+		for _, v := range [][]float32{p.F32(), w.F32(), lw.F32(), lb.F32()} {
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+		}
+		p.RequiresGrad()
+		x := Linear(p, w, nil) // an activation with a producer, which StoreHalf stores
+		y := LayerNorm(x, lw, lb, 1e-5)
+		StoreHalf(y, x)
+		require.True(t, x.stored())
+		widened := make([]float32, x.Numel())
+		WidenHalf(d, widened, x.half.u16)
+		g := a.New(Activations, Float32, 40, 48)
+		for i := range g.F32() {
+			g.F32()[i] = float32(rng.NormFloat64())
+		}
+		lwv, done := ReadParam(lw)
+		mean, rstd := y.node.saved[0].F32(), y.node.saved[1].F32()
+		want, wdw, wdb := make([]float32, len(widened)), make([]float32, 48), make([]float32, 48)
+		cpu.LayerNormBackward(g.F32(), widened, lwv.F32(), mean, rstd, want, wdw, wdb, 40, 48)
+		done()
+		require.True(t, y.node.readsHalf, "the pass leaves LayerNorm's input stored")
+		gs := y.node.backward(nil, g)
+		require.True(t, x.stored(), "still stored after the backward")
+		require.Nil(t, x.f32, "never widened")
+		require.Equal(t, want, gs[0].F32(), d.String())
+		require.Equal(t, wdw, gs[1].F32(), d.String())
+		require.Equal(t, wdb, gs[2].F32(), d.String())
+	}
 }
 
 // TestCrossEntropyHalf: on a bf16 rank the cross-entropy rounds its

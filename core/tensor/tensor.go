@@ -356,13 +356,13 @@ func (t *Tensor) Clone(cat Category) *Tensor {
 func (t *Tensor) Zero() {
 	switch t.dtype {
 	case BFloat16, Float16:
-		clear(t.u16)
+		cpu.Clear(t.u16)
 	case Float32:
-		clear(t.f32)
+		cpu.Clear(t.f32)
 	case Float64:
-		clear(t.f64)
+		cpu.Clear(t.f64)
 	case Int32:
-		clear(t.i32)
+		cpu.Clear(t.i32)
 	}
 }
 

@@ -223,8 +223,9 @@ func MoEBlockFloats(m nn.GPTConfig, n int64, ep, tp int) int64 {
 // (4 − e)·8·N·C/tp fewer to take away; the router's probabilities and
 // weights, the routing indices and every gradient stay float32. Its
 // backward widens its rows again beside everything saved, in place of
-// the dense MLP's hidden layer ((4 − e)·8·N·C/tp, PassActs.BlockMoment's
-// Widened). In float32 (e = 4) held is 4·MoEBlockFloats, widened 0.
+// what the dense MLP's backward holds beyond float32's count
+// ((4 − e)·4·N·C/tp, PassActs.BlockMoment's Widened). In float32 (e = 4)
+// held is 4·MoEBlockFloats, widened 0.
 // Fitted to the allocator over top_k 1, 2, 4, widths 32 and 64 and tp 1
 // and 2 in bf16: within 5% (TestMoEEstimateCountsExperts).
 func MoEBlockBytes(m nn.GPTConfig, n int64, ep, tp int, e int64) (held, widened int64) {
@@ -234,7 +235,7 @@ func MoEBlockBytes(m nn.GPTConfig, n int64, ep, tp int, e int64) (held, widened 
 	}
 	dense := 8 * n * int64(m.NEmbd) / int64(max(1, tp))
 	s := MoEStoredFloats(m, n, ep, tp)
-	return 4*f - (4-e)*(s-dense), (4 - e) * (s - dense)
+	return 4*f - (4-e)*(s-dense), (4 - e) * (s - dense/2)
 }
 
 // MoEStoredFloats is the part of MoEBlockFloats's rows a block stores in

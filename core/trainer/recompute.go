@@ -80,12 +80,17 @@ type BlockActs struct {
 	// context parallel's attentions store theirs); DropExact is the part
 	// of Drop among it (attn_core).
 	Exact, DropExact int64
-	// Widened is what the backward holds widened to float32 beyond
-	// float32's count where the block's activations are stored in 2
-	// bytes: at the MLP activation's backward its input widened, beside
-	// both gradients, as its output, widened for c_proj, goes back:
-	// 2·FFN/n per position, FFN/n under mlp_act (the output is formed
-	// again in float32, Bump).
+	// Widened is what the backward holds at the MLP activation's
+	// backward beyond float32's count where the block's activations are
+	// stored in 2 bytes: FFN/n per position. GELU's backward reads its
+	// input as stored, widening it a piece at a time in cache, and
+	// c_proj's weight gradient read GELU's output as stored
+	// (tensor.halfReads), so neither is widened whole; but that output
+	// goes back before GELU's backward, beside the gradients of both,
+	// and gives back its 2 bytes an element where float32's count has it
+	// give back 4. Under mlp_act the output is formed again in float32
+	// (Bump) and goes as in float32, and its input is widened whole to
+	// form it: FFN/n again.
 	Widened int64
 }
 
@@ -95,7 +100,7 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	b, t, c, h, n := int64(B), int64(m.BlockSize), int64(m.NEmbd), int64(m.NHead), int64(max(1, l.TP))
 	bt, ffn := b*t, int64(m.FFN())
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
-	a := BlockActs{Out: bt * c, Work: ffn / n * bt, Widened: 2 * ffn / n * bt, Exact: bt*h/n + 4*bt}
+	a := BlockActs{Out: bt * c, Work: ffn / n * bt, Widened: ffn / n * bt, Exact: bt*h/n + 4*bt}
 	a.Saved = (whole+split/n)*bt + a.Exact
 	exactAttn := m.Llama == nil && !l.CP
 	if exactAttn {
@@ -131,7 +136,6 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	if r.MlpAct {
 		a.Drop += ffn / n * bt
 		a.Bump = ffn / n * bt
-		a.Widened = ffn / n * bt
 	}
 	if r.AttnCore && !l.Ring && m.Llama == nil { // a Llama's grouped attention forms nothing again
 		a.Drop += c / n * bt

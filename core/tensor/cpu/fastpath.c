@@ -62,12 +62,27 @@ CLONES void tacc_gelu_fwd(const float *x, float *y, long n) {
 	}
 }
 
+// gelu_bwd_term is dy * gelu'(v), as geluBwd32Go adds it.
+static inline float gelu_bwd_term(float v, float dy) {
+	float e = gelu_exp(v);
+	float s = 1.0f / (1.0f + e);
+	return (dy * s) * (1.0f + (((1.5957691216057308f * v) * (1.0f + (0.134145f * v) * v)) * e) * s);
+}
+
 CLONES void tacc_gelu_bwd(const float *restrict x, const float *restrict dy, float *restrict dx, long n) {
 	for (long i = 0; i < n; i++) {
-		float v = x[i];
-		float e = gelu_exp(v);
-		float s = 1.0f / (1.0f + e);
-		dx[i] += (dy[i] * s) * (1.0f + (((1.5957691216057308f * v) * (1.0f + (0.134145f * v) * v)) * e) * s);
+		dx[i] += gelu_bwd_term(x[i], dy[i]);
+	}
+}
+
+// tacc_gelu_bwd_bf16 is tacc_gelu_bwd on x held as bfloat16 bits, each
+// widened exactly as it is read (geluBwdBF16Go).
+CLONES void tacc_gelu_bwd_bf16(const uint16_t *restrict x, const float *restrict dy, float *restrict dx, long n) {
+	for (long i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)x[i] << 16;
+		float v;
+		memcpy(&v, &u, 4);
+		dx[i] += gelu_bwd_term(v, dy[i]);
 	}
 }
 
@@ -204,6 +219,20 @@ CLONES void tacc_col_sums(const float *restrict dy, float *restrict p, long rows
 		for (long i = 0; i < cols; i++) {
 			p[i] += row[i];
 		}
+	}
+}
+
+// tacc_add matches addGo in vec.go: z may alias x or y.
+CLONES void tacc_add(const float *x, const float *y, float *z, long n) {
+	for (long i = 0; i < n; i++) {
+		z[i] = x[i] + y[i];
+	}
+}
+
+// tacc_axpy matches axpyGo in vec.go: a*x[i] rounded, then added.
+CLONES void tacc_axpy(float a, const float *restrict x, float *restrict y, long n) {
+	for (long i = 0; i < n; i++) {
+		y[i] += a * x[i];
 	}
 }
 

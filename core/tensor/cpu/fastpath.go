@@ -40,16 +40,30 @@ func geluFwd32Go(x, y []float32) {
 func geluBwd32Go(x, dy, dx []float32) {
 	dy, dx = dy[:len(x)], dx[:len(x)]
 	for i, v := range x {
-		z := -2 * geluK * (v + geluA*v*v*v)
-		if z < geluExpMin {
-			z = geluExpMin
-		} else if z > geluExpMax {
-			z = geluExpMax
-		}
-		e := expCore(z)
-		s := 1 / (1 + e)
-		dx[i] += dy[i] * s * (1 + 2*geluK*v*(1+3*geluA*v*v)*e*s)
+		dx[i] += geluBwdTerm(v, dy[i])
 	}
+}
+
+// geluBwdBF16Go is geluBwd32Go on x held as bfloat16 bits, each widened
+// exactly as it is read: an activation the forward stored in 2 bytes.
+func geluBwdBF16Go(x []uint16, dy, dx []float32) {
+	dy, dx = dy[:len(x)], dx[:len(x)]
+	for i, h := range x {
+		dx[i] += geluBwdTerm(BF16ToF32(h), dy[i])
+	}
+}
+
+// geluBwdTerm is d * gelu'(v).
+func geluBwdTerm(v, d float32) float32 {
+	z := -2 * geluK * (v + geluA*v*v*v)
+	if z < geluExpMin {
+		z = geluExpMin
+	} else if z > geluExpMax {
+		z = geluExpMax
+	}
+	e := expCore(z)
+	s := 1 / (1 + e)
+	return d * s * (1 + 2*geluK*v*(1+3*geluA*v*v)*e*s)
 }
 
 // sumLanes is the number of partial sums of a softmax row: enough to keep

@@ -6,6 +6,7 @@
 
 void tacc_gelu_fwd(const float *x, float *y, long n);
 void tacc_gelu_bwd(const float *x, const float *dy, float *dx, long n);
+void tacc_gelu_bwd_bf16(const uint16_t *x, const float *dy, float *dx, long n);
 void tacc_softmax_rows(const float *src, float *dst, long rows, long n, float *maxs, float *sums);
 void tacc_softmax_prefix(float *att, long ld, long width, long rows, const int64_t *lens, float *maxs, float *sums);
 
@@ -16,6 +17,8 @@ void tacc_layernorm_bwd(const float *dy, const float *x, const float *w, const f
 
 void tacc_col_sums(const float *dy, float *p, long rows, long cols);
 void tacc_add_bias(float *y, const float *b, long rows, long cols);
+void tacc_add(const float *x, const float *y, float *z, long n);
+void tacc_axpy(float a, const float *x, float *y, long n);
 
 void tacc_bf16_from_f32(const uint32_t *src, uint16_t *dst, long n);
 void tacc_bf16_to_f32(const uint16_t *src, uint32_t *dst, long n);

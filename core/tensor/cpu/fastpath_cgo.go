@@ -32,6 +32,14 @@ func geluBwd32(x, dy, dx []float32) {
 	C.tacc_gelu_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
 }
 
+func geluBwdBF16(x []uint16, dy, dx []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = dy[len(x)-1], dx[len(x)-1]
+	C.tacc_gelu_bwd_bf16((*C.uint16_t)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
+}
+
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	rows := len(lens)
 	if rows == 0 {
@@ -93,6 +101,22 @@ func addBias32(y, b []float32, cols int) {
 	}
 	_ = b[cols-1]
 	C.tacc_add_bias((*C.float)(&y[0]), (*C.float)(&b[0]), C.long(rows), C.long(cols))
+}
+
+func add32(x, y, z []float32) {
+	if len(z) == 0 {
+		return
+	}
+	_, _ = x[len(z)-1], y[len(z)-1]
+	C.tacc_add((*C.float)(&x[0]), (*C.float)(&y[0]), (*C.float)(&z[0]), C.long(len(z)))
+}
+
+func axpy32(a float32, x, y []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_ = y[len(x)-1]
+	C.tacc_axpy(C.float(a), (*C.float)(&x[0]), (*C.float)(&y[0]), C.long(len(x)))
 }
 
 // The bf16 conversions hand over at least this many elements to C; shorter

@@ -4,8 +4,9 @@ package cpu
 
 // Without cgo the float32 fast paths are the Go loops of fastpath.go.
 
-func geluFwd32(x, y []float32)      { geluFwd32Go(x, y) }
-func geluBwd32(x, dy, dx []float32) { geluBwd32Go(x, dy, dx) }
+func geluFwd32(x, y []float32)                 { geluFwd32Go(x, y) }
+func geluBwd32(x, dy, dx []float32)            { geluBwd32Go(x, dy, dx) }
+func geluBwdBF16(x []uint16, dy, dx []float32) { geluBwdBF16Go(x, dy, dx) }
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	softmaxPrefix32Go(att, ld, width, lens, maxs, sums)
 }
@@ -24,6 +25,8 @@ func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
 
 func colSums32(dy, p []float32, cols int) { colSumsGo(dy, p, cols) }
 func addBias32(y, b []float32, cols int)  { addBiasGo(y, b, cols) }
+func add32(x, y, z []float32)             { addGo(x, y, z) }
+func axpy32(a float32, x, y []float32)    { axpyGo(a, x, y) }
 
 func bf16FromF32s(dst []uint16, src []float32) { bf16FromF32sGo(dst, src) }
 func bf16ToF32s(dst []float32, src []uint16)   { bf16ToF32sGo(dst, src) }

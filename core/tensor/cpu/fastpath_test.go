@@ -180,3 +180,48 @@ func TestSoftmaxRows32(t *testing.T) {
 		require.InDelta(t, sum, float64(sums[r]), 1e-6*sum)
 	}
 }
+
+// The vectorised Add and Axpy are bitwise their Go loops, with z aliasing
+// an input, zeros of either sign, and a length no vector width divides.
+func TestAddAxpyFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(65)
+	n := 1000 + 13
+	x, y := randSlice[float32](rng, n, 1), randSlice[float32](rng, n, 1)
+	for i := 0; i < n; i += 9 {
+		x[i], y[i] = float32(math.Copysign(0, float64(x[i]))), float32(math.Copysign(0, float64(-x[i])))
+	}
+	z1, z2 := make([]float32, n), make([]float32, n)
+	add32(x, y, z1)
+	addGo(x, y, z2)
+	requireSameBits(t, z1, z2, "add")
+	a1, a2 := append([]float32(nil), x...), append([]float32(nil), x...)
+	add32(a1, y, a1)
+	addGo(a2, y, a2)
+	requireSameBits(t, a1, a2, "add in place")
+	for _, a := range []float32{1, -0.37} {
+		y1, y2 := append([]float32(nil), y...), append([]float32(nil), y...)
+		axpy32(a, x, y1)
+		axpyGo(a, x, y2)
+		requireSameBits(t, y1, y2, "axpy")
+	}
+}
+
+// The GELU backward on a bfloat16 input is, in C and in Go, bitwise the
+// float32 loop on the widened input.
+func TestGeluBackwardBF16MatchesWidened(t *testing.T) {
+	rng := newRNG(66)
+	x := randSlice[float32](rng, 10003, 12)
+	x = append(x, 0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 80, -80, 1e4, -1e4)
+	h := make([]uint16, len(x))
+	BF16FromF32s(h, x)
+	w := make([]float32, len(x))
+	BF16ToF32s(w, h)
+	dy := randSlice[float32](rng, len(x), 1)
+	want := randSlice[float32](rng, len(x), 1)
+	c, g := append([]float32(nil), want...), append([]float32(nil), want...)
+	geluBwd32Go(w, dy, want)
+	geluBwdBF16(h, dy, c)
+	geluBwdBF16Go(h, dy, g)
+	requireSameBits(t, c, want, "C loop")
+	requireSameBits(t, g, want, "Go loop")
+}

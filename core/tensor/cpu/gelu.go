@@ -50,18 +50,62 @@ func GeluForward[T Float](x, y []T) {
 // which costs less than the memory traffic of keeping it).
 func GeluBackward[T Float](x, dy, dx []T) {
 	checkLen("GeluBackward", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwd(x[lo:hi], dy[lo:hi], dx[lo:hi]) })
+}
+
+// GeluBackwardFresh writes dx = dy * gelu'(x) into dx, whose contents
+// are unspecified: bitwise GeluBackward into a zeroed dx, each piece of
+// dx cleared just before the kernel adds to it, while it is in cache,
+// instead of in a pass of its own over memory beforehand.
+func GeluBackwardFresh[T Float](x, dy, dx []T) {
+	checkLen("GeluBackwardFresh", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		for p := lo; p < hi; p += elemGrain {
+			q := min(hi, p+elemGrain)
+			clear(dx[p:q])
+			geluBwd(x[p:q], dy[p:q], dx[p:q])
+		}
+	})
+}
+
+// GeluBackwardFreshHalf is GeluBackwardFresh on x held as 2-byte bits,
+// fp16 when f16 and bfloat16 otherwise (an activation stored in 2 bytes
+// for the backward), widened exactly as they are read: bitwise
+// GeluBackwardFresh on the widened x, without a float32 copy of all of
+// it. bfloat16 is widened element by element inside the kernel, fp16 a
+// piece at a time into a scratch buffer in cache.
+func GeluBackwardFreshHalf(f16 bool, x []uint16, dy, dx []float32) {
+	checkLen("GeluBackwardFreshHalf", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) {
+		var wide *[]float32
+		if f16 {
+			wide = getBuf[float32](elemGrain)
+			defer putBuf(wide)
+		}
+		for p := lo; p < hi; p += elemGrain {
+			q := min(hi, p+elemGrain)
+			clear(dx[p:q])
+			if f16 {
+				w := (*wide)[:q-p]
+				F16ToF32s(w, x[p:q])
+				geluBwd32(w, dy[p:q], dx[p:q])
+				continue
+			}
+			geluBwdBF16(x[p:q], dy[p:q], dx[p:q])
+		}
+	})
+}
+
+// geluBwd is GeluBackward on one chunk.
+func geluBwd[T Float](x, dy, dx []T) {
 	if isF32[T]() {
-		x32, dy32, dx32 := as32(x), as32(dy), as32(dx)
-		ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwd32(x32[lo:hi], dy32[lo:hi], dx32[lo:hi]) })
+		geluBwd32(as32(x), as32(dy), as32(dx))
 		return
 	}
 	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
-	ParallelFor(len(x), elemGrain, func(lo, hi int) {
-		dy, dx := dy64[lo:hi], dx64[lo:hi]
-		for i, v := range x64[lo:hi] {
-			t := math.Tanh(geluK * (v + geluA*v*v*v))
-			d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
-			dx[i] += dy[i] * d
-		}
-	})
+	for i, v := range x64 {
+		t := math.Tanh(geluK * (v + geluA*v*v*v))
+		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
+		dx64[i] += dy64[i] * d
+	}
 }

@@ -91,3 +91,57 @@ func TestGeluLengthMismatch(t *testing.T) {
 	require.PanicsWithValue(t, "cpu.GeluForward: argument 1 has 2 elements, need at least 3",
 		func() { GeluForward(make([]float32, 3), make([]float32, 2)) })
 }
+
+// GeluBackwardFresh into a buffer of garbage is bitwise GeluBackward into
+// a zeroed one, on several chunks per thread and a ragged tail, with
+// zeros of either sign in dy (0 + -0 is +0: a plain store would differ).
+func testGeluBackwardFresh[T Float](t *testing.T) {
+	rng := newRNG(17)
+	x := randSlice[T](rng, 5*elemGrain+37, 6)
+	dy := randSlice[T](rng, len(x), 1)
+	for i := 0; i < len(dy); i += 101 {
+		dy[i] = T(math.Copysign(0, float64(dy[i])))
+	}
+	want := make([]T, len(x))
+	GeluBackward(x, dy, want)
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			got := garbage[T](len(x))
+			GeluBackwardFresh(x, dy, got)
+			requireSameBits(t, got, want, "gelu backward fresh")
+		})
+	}
+}
+
+func TestGeluBackwardFresh(t *testing.T) {
+	t.Run("float32", testGeluBackwardFresh[float32])
+	t.Run("float64", testGeluBackwardFresh[float64])
+}
+
+// GeluBackwardFreshHalf is bitwise GeluBackwardFresh on the widened
+// input, bf16 and fp16.
+func TestGeluBackwardFreshHalf(t *testing.T) {
+	rng := newRNG(18)
+	x := randSlice[float32](rng, 3*elemGrain+5, 6)
+	dy := randSlice[float32](rng, len(x), 1)
+	for _, f16 := range []bool{false, true} {
+		h := make([]uint16, len(x))
+		w := make([]float32, len(x))
+		if f16 {
+			F16FromF32s(h, x)
+			F16ToF32s(w, h)
+		} else {
+			BF16FromF32s(h, x)
+			BF16ToF32s(w, h)
+		}
+		want := garbage[float32](len(x))
+		GeluBackwardFresh(w, dy, want)
+		for _, n := range []int{1, 2, 3} {
+			withThreads(n, func() {
+				got := garbage[float32](len(x))
+				GeluBackwardFreshHalf(f16, h, dy, got)
+				requireSameBits(t, got, want, "gelu backward on a 2-byte input")
+			})
+		}
+	}
+}

@@ -307,16 +307,16 @@ func TestGemmHalfPortablePath(t *testing.T) {
 
 			c := append([]float32(nil), h.c...)
 			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, bh, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, want, c, "stored "+name)
+			requireSameBits(t, c, want, "stored "+name)
 			c = append(c[:0], h.c...)
 			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, want, c, "rounded as read "+name)
+			requireSameBits(t, c, want, "rounded as read "+name)
 			c = append(c[:0], h.c...)
 			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, want, c, "A already half "+name)
+			requireSameBits(t, c, want, "A already half "+name)
 			c = append(c[:0], h.c...)
 			GemmRoundAHalfB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, want, c, "B a stored copy "+name)
+			requireSameBits(t, c, want, "B a stored copy "+name)
 
 			// the operand that holds half values is read in place; the
 			// one that does not is rounded into a buffer
@@ -330,7 +330,7 @@ func TestGemmHalfPortablePath(t *testing.T) {
 				rows, cols = cols, rows
 			}
 			for r := 0; r < rows; r++ {
-				requireSameBits(t, aw[r*h.lda:r*h.lda+cols], got[r*h.lda:r*h.lda+cols], "rounded "+name)
+				requireSameBits(t, got[r*h.lda:r*h.lda+cols], aw[r*h.lda:r*h.lda+cols], "rounded "+name)
 			}
 			putWidenBuf(buf)
 		}
@@ -366,4 +366,22 @@ func TestBF16KernelEnv(t *testing.T) {
 	}
 	require.Equal(t, want, path(BF16KernelEnv+"=off"))
 	require.Equal(t, HalfGemmPath(), path(BF16KernelEnv+"="))
+}
+
+// TestGemmHalfARoundB: A stored in the half format and read as stored
+// gives bitwise the product of the float32 A it was rounded from, read
+// rounded, in bf16 and fp16, every transpose, stride and beta.
+func TestGemmHalfARoundB(t *testing.T) {
+	for _, h := range halfCases() {
+		for _, f16 := range []bool{false, true} {
+			narrow, round := BF16FromF32, GemmRoundBF16
+			if f16 {
+				narrow, round = F16FromF32, GemmRoundF16
+			}
+			want, got := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
+			round(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, want, h.ldc)
+			GemmHalfARoundB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, convert(h.a, narrow), h.lda, h.b, h.ldb, h.beta, got, h.ldc)
+			requireSameBits(t, got, want, fmt.Sprintf("%s f16 %v", h.name, f16))
+		}
+	}
 }

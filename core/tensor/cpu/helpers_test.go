@@ -65,3 +65,35 @@ func tolFor[T Float](f32, f64 float64) float64 {
 	}
 	return f64
 }
+
+// requireSameBits fails unless got and want hold the same bit patterns
+// (so a zero's sign counts, and NaNs compare).
+func requireSameBits[T Float](t *testing.T, got, want []T, what string) {
+	t.Helper()
+	require.Len(t, got, len(want), what)
+	for i := range want {
+		g, w := bitsOf(got[i]), bitsOf(want[i])
+		if g != w {
+			require.Failf(t, what, "element %d: %v (bits %#x), want %v (bits %#x)", i, got[i], g, want[i], w)
+		}
+	}
+}
+
+// bitsOf is x's own bit pattern (a float32's not widened, which would
+// quiet a signalling NaN).
+func bitsOf[T Float](x T) uint64 {
+	if f, ok := any(x).(float32); ok {
+		return uint64(math.Float32bits(f))
+	}
+	return math.Float64bits(float64(x))
+}
+
+// garbage returns n NaNs: the contents of a reused buffer that a kernel
+// writing its output must not read.
+func garbage[T Float](n int) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = T(math.NaN())
+	}
+	return out
+}

@@ -66,7 +66,45 @@ func LayerNormForward[T Float](x, w, b, y, mean, rstd []T, rows, cols int, eps T
 // of rows combined in order, so dw and db are bitwise the same for every
 // thread count.
 func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
-	checkRows("LayerNormBackward", rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(mean), len(rstd)}, []int{len(w), len(dw), len(db)})
+	layerNormBackward("LayerNormBackward", dy, x, halfRows{}, w, mean, rstd, dx, dw, db, rows, cols, false)
+}
+
+// LayerNormBackwardFresh is LayerNormBackward with dx written, not added
+// to: dx's contents are unspecified, and each block of rows of it is
+// cleared just before the kernel adds to it, while it is in cache, so
+// the result is bitwise LayerNormBackward's into a zeroed dx without a
+// pass of its own over memory to zero it. dw and db still accumulate.
+func LayerNormBackwardFresh[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
+	layerNormBackward("LayerNormBackwardFresh", dy, x, halfRows{}, w, mean, rstd, dx, dw, db, rows, cols, true)
+}
+
+// LayerNormBackwardFreshHalf is LayerNormBackwardFresh on x held as
+// 2-byte bits, fp16 when f16 and bfloat16 otherwise (an activation stored
+// in 2 bytes for the backward): each block of rows is widened exactly
+// into a scratch buffer, in cache, just before the kernel reads it, so
+// the result is bitwise that on the widened x without a float32 copy of
+// all of it.
+func LayerNormBackwardFreshHalf(f16 bool, dy []float32, x []uint16, w, mean, rstd, dx, dw, db []float32, rows, cols int) {
+	widen := BF16ToF32s
+	if f16 {
+		widen = F16ToF32s
+	}
+	layerNormBackward("LayerNormBackwardFreshHalf", dy, nil, halfRows{x, widen}, w, mean, rstd, dx, dw, db, rows, cols, true)
+}
+
+// halfRows is LayerNorm's input held in 2 bytes and its widening.
+type halfRows struct {
+	h     []uint16
+	widen func(dst []float32, src []uint16)
+}
+
+// layerNormBackward is the backward on x, or on xh when x is nil.
+func layerNormBackward[T Float](op string, dy, x []T, xh halfRows, w, mean, rstd, dx, dw, db []T, rows, cols int, fresh bool) {
+	nx := len(x)
+	if x == nil {
+		nx = len(xh.h)
+	}
+	checkRows(op, rows, cols, []int{len(dy), nx, len(dx)}, []int{len(mean), len(rstd)}, []int{len(w), len(dw), len(db)})
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -74,13 +112,28 @@ func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols
 	part := getBuf[T](nblk * 2 * cols)
 	defer putBuf(part)
 	ParallelFor(nblk, 1, func(lo, hi int) {
+		var wide *[]T // this chunk's widened rows of xh
+		if x == nil {
+			wide = getBuf[T](rowBlock * cols)
+			defer putBuf(wide)
+		}
 		for blk := lo; blk < hi; blk++ {
 			pw := (*part)[blk*2*cols : blk*2*cols+cols]
 			pb := (*part)[blk*2*cols+cols : (blk+1)*2*cols]
 			clear(pw)
 			clear(pb)
 			r0, r1 := blk*rowBlock, min(rows, (blk+1)*rowBlock)
-			dys, xs, dxs := dy[r0*cols:r1*cols], x[r0*cols:r1*cols], dx[r0*cols:r1*cols]
+			var xs []T
+			if x != nil {
+				xs = x[r0*cols : r1*cols]
+			} else {
+				xs = (*wide)[:(r1-r0)*cols]
+				xh.widen(as32(xs), xh.h[r0*cols:r1*cols])
+			}
+			dys, dxs := dy[r0*cols:r1*cols], dx[r0*cols:r1*cols]
+			if fresh {
+				clear(dxs)
+			}
 			if isF32[T]() {
 				layerNormBwd32(as32(dys), as32(xs), as32(w), as32(mean[r0:r1]), as32(rstd[r0:r1]), as32(dxs), as32(pw), as32(pb), cols)
 				continue

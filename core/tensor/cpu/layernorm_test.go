@@ -179,3 +179,76 @@ func TestLayerNormBadShape(t *testing.T) {
 				make([]float32, 2), make([]float32, 2), 2, 4, 1e-5)
 		})
 }
+
+// LayerNormBackwardFresh writes dx over garbage bitwise as
+// LayerNormBackward adds it to zeros, zeros of either sign in dy
+// included; dw and db accumulate in both.
+func testLayerNormBackwardFresh[T Float](t *testing.T) {
+	rng := newRNG(25)
+	rows, cols := 301, 96
+	x := randSlice[T](rng, rows*cols, 2)
+	w := randSlice[T](rng, cols, 1)
+	dy := randSlice[T](rng, rows*cols, 1)
+	for i := 0; i < len(dy); i += 7 {
+		dy[i] = T(math.Copysign(0, float64(dy[i])))
+	}
+	mean, rstd := make([]T, rows), make([]T, rows)
+	LayerNormForward(x, w, w, make([]T, rows*cols), mean, rstd, rows, cols, 1e-5)
+	dw0, db0 := randSlice[T](rng, cols, 1), randSlice[T](rng, cols, 1)
+	wdx := make([]T, rows*cols)
+	wdw, wdb := append([]T(nil), dw0...), append([]T(nil), db0...)
+	LayerNormBackward(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			dx := garbage[T](rows * cols)
+			dw, db := append([]T(nil), dw0...), append([]T(nil), db0...)
+			LayerNormBackwardFresh(dy, x, w, mean, rstd, dx, dw, db, rows, cols)
+			requireSameBits(t, dx, wdx, "dx")
+			requireSameBits(t, dw, wdw, "dw")
+			requireSameBits(t, db, wdb, "db")
+		})
+	}
+}
+
+func TestLayerNormBackwardFresh(t *testing.T) {
+	t.Run("float32", testLayerNormBackwardFresh[float32])
+	t.Run("float64", testLayerNormBackwardFresh[float64])
+}
+
+// LayerNormBackwardFreshHalf is bitwise LayerNormBackwardFresh on the
+// widened input, bf16 and fp16, for every thread count and a last block
+// of rows short.
+func TestLayerNormBackwardFreshHalf(t *testing.T) {
+	rng := newRNG(26)
+	rows, cols := 301, 96
+	x0 := randSlice[float32](rng, rows*cols, 2)
+	w := randSlice[float32](rng, cols, 1)
+	dy := randSlice[float32](rng, rows*cols, 1)
+	dw0, db0 := randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
+	for _, f16 := range []bool{false, true} {
+		h := make([]uint16, len(x0))
+		x := make([]float32, len(x0))
+		if f16 {
+			F16FromF32s(h, x0)
+			F16ToF32s(x, h)
+		} else {
+			BF16FromF32s(h, x0)
+			BF16ToF32s(x, h)
+		}
+		mean, rstd := make([]float32, rows), make([]float32, rows)
+		LayerNormForward(x, w, w, make([]float32, rows*cols), mean, rstd, rows, cols, 1e-5)
+		wdx := garbage[float32](rows * cols)
+		wdw, wdb := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+		LayerNormBackwardFresh(dy, x, w, mean, rstd, wdx, wdw, wdb, rows, cols)
+		for _, n := range []int{1, 2, 3} {
+			withThreads(n, func() {
+				dx := garbage[float32](rows * cols)
+				dw, db := append([]float32(nil), dw0...), append([]float32(nil), db0...)
+				LayerNormBackwardFreshHalf(f16, dy, h, w, mean, rstd, dx, dw, db, rows, cols)
+				requireSameBits(t, dx, wdx, "dx")
+				requireSameBits(t, dw, wdw, "dw")
+				requireSameBits(t, db, wdb, "db")
+			})
+		}
+	}
+}

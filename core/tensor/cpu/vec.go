@@ -38,6 +38,14 @@ func SumSquares[T Float](x []T) float64 {
 	return s
 }
 
+// Clear sets every element of x to zero, over the kernels' threads for
+// long slices: the gradients the trainer clears after every step and the
+// zeroed buffers ops accumulate into run to megabytes, which one core
+// clears at a fraction of the memory's bandwidth.
+func Clear[T any](x []T) {
+	ParallelFor(len(x), 16*elemGrain, func(lo, hi int) { clear(x[lo:hi]) })
+}
+
 // Scale multiplies x by s in place.
 func Scale[T Float](x []T, s T) {
 	ParallelFor(len(x), 4*elemGrain, func(lo, hi int) {
@@ -51,22 +59,40 @@ func Scale[T Float](x []T, s T) {
 func Axpy[T Float](a T, x, y []T) {
 	checkLen("Axpy", len(x), len(y))
 	ParallelFor(len(x), 4*elemGrain, func(lo, hi int) {
-		ys := y[lo:hi]
-		for i, v := range x[lo:hi] {
-			ys[i] += a * v
+		if isF32[T]() { // the same loop, vectorised C in the cgo build
+			axpy32(float32(a), as32(x[lo:hi]), as32(y[lo:hi]))
+			return
 		}
+		axpyGo(a, x[lo:hi], y[lo:hi])
 	})
+}
+
+// axpyGo is Axpy on one chunk.
+func axpyGo[T Float](a T, x, y []T) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += a * v
+	}
 }
 
 // Add writes z = x + y elementwise over len(z) elements; z may alias x or y.
 func Add[T Float](x, y, z []T) {
 	checkLen("Add", len(z), len(x), len(y))
 	ParallelFor(len(z), 4*elemGrain, func(lo, hi int) {
-		xs, ys := x[lo:hi], y[lo:hi]
-		for i := range z[lo:hi] {
-			z[lo+i] = xs[i] + ys[i]
+		if isF32[T]() { // the same loop, vectorised C in the cgo build
+			add32(as32(x[lo:hi]), as32(y[lo:hi]), as32(z[lo:hi]))
+			return
 		}
+		addGo(x[lo:hi], y[lo:hi], z[lo:hi])
 	})
+}
+
+// addGo is Add on one chunk.
+func addGo[T Float](x, y, z []T) {
+	x, y = x[:len(z)], y[:len(z)]
+	for i := range z {
+		z[i] = x[i] + y[i]
+	}
 }
 
 // AddBias adds the bias b (length cols) to every row of the rows x cols

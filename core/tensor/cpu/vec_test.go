@@ -137,3 +137,13 @@ func TestAdamWMatchesTorch(t *testing.T) {
 	}
 	require.Equal(t, f[4*n:], p)
 }
+
+func TestClear(t *testing.T) {
+	for _, n := range []int{1, 2, 3} {
+		withThreads(n, func() {
+			x := garbage[float32](40*elemGrain + 3)
+			Clear(x)
+			requireSameBits(t, x, make([]float32, len(x)), "cleared")
+		})
+	}
+}
