@@ -365,31 +365,6 @@ func TestAttentionBlocksFiniteDifferences(t *testing.T) {
 	}
 }
 
-// TestAttentionPosDeterministic: every kernel over positions gives bitwise
-// the same results at 1, 2 and 3 threads.
-func TestAttentionPosDeterministic(t *testing.T) {
-	c := posCase{"zigzag", cat(seq(0, 70), seq(210, 280)), cat(seq(0, 70), seq(70, 140), seq(210, 280))}
-	d, q, k, v, dout := posInputs[float32](c, 2, 4, 8, 46)
-	run := func(n int) (res [][]float32) {
-		withThreads(n, func() {
-			out, att, lse := make([]float32, d.B*d.Tq*d.LdO), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, d.B*d.NH*d.Tq)
-			AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, att, lse)
-			dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
-			AttentionPosBackward(d, dout, q, k, v, att, c.qpos, c.kpos, dq, dk, dv)
-			bo, bl, bq, bk, bv := blockwise(d, c, 3, q, k, v, dout)
-			res = [][]float32{out, att, lse, dq, dk, dv, bo, bl, bq, bk, bv}
-		})
-		return
-	}
-	r1 := run(1)
-	for _, n := range []int{2, 3} {
-		rn := run(n)
-		for i := range r1 {
-			require.Equal(t, r1[i], rn[i], "result %d with %d threads", i, n)
-		}
-	}
-}
-
 func TestAttentionPosBadInput(t *testing.T) {
 	d := AttnDims{B: 1, NH: 1, HS: 2, Tq: 3, Tk: 3, LdQ: 2, LdK: 2, LdV: 2, LdO: 2}
 	buf := func(n int) []float32 { return make([]float32, n) }
@@ -530,13 +505,14 @@ func TestAttentionHalfProductsRoundEveryOperand(t *testing.T) {
 	}
 }
 
-// TestAttentionHalfProductsDeterministic: the half products give bitwise
-// the same results at 1, 2 and 3 threads.
-func TestAttentionHalfProductsDeterministic(t *testing.T) {
+// TestAttentionPosDeterministic: every kernel over positions, with float32
+// products and with the half products, gives bitwise the same results at
+// 1, 2 and 3 threads.
+func TestAttentionPosDeterministic(t *testing.T) {
 	c := posCase{"zigzag", cat(seq(0, 70), seq(210, 280)), cat(seq(0, 70), seq(70, 140), seq(210, 280))}
-	for _, hf := range halfFormats {
+	for _, f := range []HalfFormat{NoHalf, BF16, F16} {
 		d, q, k, v, dout := posInputs[float32](c, 2, 4, 8, 46)
-		d.HalfProducts = hf.f
+		d.HalfProducts = f
 		run := func(n int) (res [][]float32) {
 			withThreads(n, func() {
 				out, att, lse := make([]float32, d.B*d.Tq*d.LdO), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, d.B*d.NH*d.Tq)
@@ -552,7 +528,7 @@ func TestAttentionHalfProductsDeterministic(t *testing.T) {
 		for _, n := range []int{2, 3} {
 			rn := run(n)
 			for i := range r1 {
-				require.Equal(t, r1[i], rn[i], "%s: result %d with %d threads", hf.name, i, n)
+				require.Equal(t, r1[i], rn[i], "half format %d (0 float32, 1 bf16, 2 fp16): result %d with %d threads", f, i, n)
 			}
 		}
 	}
