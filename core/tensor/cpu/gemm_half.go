@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 )
 
 // Half-precision matrix products: the operands hold bfloat16 or fp16
@@ -269,43 +268,14 @@ func (h *halfKeys) release() {
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
-// cols matrix of stride ld, rounded to the half format.
+// cols matrix of stride ld, rounded to the half format (roundHalf, row by
+// row where the strides differ).
 func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
-	for r := range rows {
-		row := dst[r*cols : (r+1)*cols]
-		if o.f16 {
-			roundF16s(row, o.f[r*ld:r*ld+cols])
-		} else {
-			copy(row, o.f[r*ld:r*ld+cols])
-			RoundBF16(row)
-		}
+	if ld == cols {
+		roundHalf(o.f16, dst, o.f, rows, cols, cols)
+		return
 	}
-}
-
-// roundF16s sets dst to src rounded to fp16, F16ToF32(F16FromF32(x))
-// element by element as RoundF16 makes it, computed on the float32s
-// themselves: the attention's products round every operand they read
-// this way on the portable path, where the two conversions cost several
-// times as much. In fp16's normal range the significand is rounded to 11
-// bits as bf16's is to 8; below it the float32 addition of ±0.5, whose
-// unit in the last place is fp16's smallest subnormal 2^-24, rounds to a
-// multiple of it (ties to even).
-func roundF16s(dst, src []float32) {
-	dst = dst[:len(src)]
-	for i, x := range src {
-		u := math.Float32bits(x)
-		sign, a := u&0x80000000, u&0x7fffffff
-		switch {
-		case a-0x38800000 < 0x477ff000-0x38800000: // normal: 2^-14 up to 65520
-			a += 0xfff + (a>>13)&1
-			dst[i] = math.Float32frombits(sign | a&^0x1fff)
-		case a < 0x38800000: // subnormal fp16, or zero
-			h := math.Float32frombits(sign | 0x3f000000) // ±0.5
-			dst[i] = math.Float32frombits(sign | math.Float32bits((x+h)-h)&0x7fffffff)
-		case a > 0x7f800000: // NaN, quiet, as F16FromF32 makes it
-			dst[i] = math.Float32frombits(sign | 0x7fc00000)
-		default: // 65520 and up round past 65504
-			dst[i] = math.Float32frombits(sign | 0x7f800000)
-		}
+	for r := range rows {
+		roundHalf(o.f16, dst[r*cols:(r+1)*cols], o.f[r*ld:r*ld+cols], 1, cols, cols)
 	}
 }

@@ -143,11 +143,33 @@ func roundHalfGo(f16 bool, dst, src []float32, rows, cols, ld int) {
 		d, s := dst[r*ld:r*ld+cols], src[r*ld:r*ld+cols]
 		for i, v := range s {
 			if f16 {
-				d[i] = F16ToF32(F16FromF32(v))
+				d[i] = roundF16(v)
 			} else {
 				d[i] = BF16ToF32(BF16FromF32(v))
 			}
 		}
+	}
+}
+
+// roundF16 is F16ToF32(F16FromF32(x)) computed on the float32 itself,
+// which costs a fraction of the two conversions. In fp16's normal range
+// the significand is rounded to 11 bits as bf16's is to 8; below it the
+// float32 addition of ±0.5, whose unit in the last place is fp16's
+// smallest subnormal 2^-24, rounds to a multiple of it (ties to even).
+func roundF16(x float32) float32 {
+	u := math.Float32bits(x)
+	sign, a := u&0x80000000, u&0x7fffffff
+	switch {
+	case a-0x38800000 < 0x477ff000-0x38800000: // normal: 2^-14 up to 65520
+		a += 0xfff + (a>>13)&1
+		return math.Float32frombits(sign | a&^0x1fff)
+	case a < 0x38800000: // subnormal fp16, or zero
+		h := math.Float32frombits(sign | 0x3f000000) // ±0.5
+		return math.Float32frombits(sign | math.Float32bits((x+h)-h)&0x7fffffff)
+	case a > 0x7f800000: // NaN, quiet, as F16FromF32 makes it
+		return math.Float32frombits(sign | 0x7fc00000)
+	default: // 65520 and up round past 65504
+		return math.Float32frombits(sign | 0x7f800000)
 	}
 }
 
