@@ -268,25 +268,29 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 // kernel_body adds alpha * (A tile x B panel) over kc pairs to the mr x nr
 // corner of C, or with overwrite stores it there without reading C (as
 // adding it to zeros would, bitwise), reading pair q of the tile's row r at
-// ap[r*rs + q*qs]. The corner of C is prefetched first: it is touched only
+// ap[r*rs + q*qs]. It multiplies the tile's first h rows (h a constant of
+// each instance: MR, or 8 or 4 for a tile's last rows, h >= mr), so a tile
+// of few rows takes the time of its rows rather than of MR: each row's
+// sums are the same instructions in the same order whatever h, so the
+// result is too. The corner of C is prefetched first: it is touched only
 // after the k loop, and a miss there would stall the whole tile.
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint16_t *bp, long kc, float *c, long ldc, long mr,
-			       long nr, float alpha, int overwrite) {
+static inline void kernel_body(const int h, const uint32_t *ap, long rs, long qs, const uint16_t *bp, long kc, float *c,
+			       long ldc, long mr, long nr, float alpha, int overwrite) {
 	for (long r = 0; r < mr; r++) {
 		__builtin_prefetch(c + r * ldc, 1, 3);
 		__builtin_prefetch(c + r * ldc + NR - 1, 1, 3);
 	}
 	__m512 acc[2 * MR];
 #pragma GCC unroll 24
-	for (int i = 0; i < 2 * MR; i++) {
+	for (int i = 0; i < 2 * h; i++) {
 		acc[i] = _mm512_setzero_ps();
 	}
 	for (long q = 0; q < kc; q++) {
 		__m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
 		__m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + 32);
 #pragma GCC unroll 12
-		for (int r = 0; r < MR; r++) {
+		for (int r = 0; r < h; r++) {
 			__m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r * rs + q * qs]);
 			acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], av, b0);
 			acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], av, b1);
@@ -308,17 +312,30 @@ static inline void kernel_body(const uint32_t *ap, long rs, long qs, const uint1
 }
 
 // kernel_pairs reads a tile packed pairs outer (transposed A), kernel_rows
-// one packed rows outer (A not transposed), its rows rs pairs apart.
+// one packed rows outer (A not transposed), its rows rs pairs apart; each
+// runs the instance of kernel_body of the fewest rows that covers mr.
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
 			 int overwrite) {
-	kernel_body(ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	if (mr > 8) {
+		kernel_body(MR, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	} else if (mr > 4) {
+		kernel_body(8, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	} else {
+		kernel_body(4, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	}
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr,
 			float alpha, int overwrite) {
-	kernel_body(ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	if (mr > 8) {
+		kernel_body(MR, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	} else if (mr > 4) {
+		kernel_body(8, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	} else {
+		kernel_body(4, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+	}
 }
 
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C

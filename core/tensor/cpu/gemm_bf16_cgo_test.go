@@ -96,3 +96,37 @@ func TestPackBlock(t *testing.T) {
 	nb, kb := packBlock(50257, 3072, 1)
 	require.Equal(t, [2]int{bf16NR, 2 * bf16KC}, [2]int{nb, kb})
 }
+
+// TestGemmBF16TileHeightBitwise: a tile's last rows run on the kernel's
+// instances of 8 and 4 rows (kernel_body's h); each row of C is the same
+// whatever the height of the tile it falls in, so every row of a product
+// of m rows equals, bitwise, the same row of a product of 3*bf16MR rows
+// whose tiles are all full, for every m up to a tile and a half, both
+// layouts of A, from float32 and from bf16 operands.
+func TestGemmBF16TileHeightBitwise(t *testing.T) {
+	if !bf16Native {
+		t.Skip("no AVX512-BF16 kernel on this CPU or build: " + HalfGemmPath())
+	}
+	rng := newRNG(17)
+	const full, n, k = 3 * bf16MR, 45, 300
+	for _, ta := range []bool{false, true} {
+		ar, ac := full, k
+		if ta {
+			ar, ac = k, full
+		}
+		a, b := randSlice[float32](rng, ar*ac, 1), randSlice[float32](rng, k*n, 1)
+		ab, bb := convert(a, BF16FromF32), convert(b, BF16FromF32)
+		want32, want16 := make([]float32, full*n), make([]float32, full*n)
+		GemmRoundBF16(ta, false, full, n, k, 1, a, ac, b, n, 0, want32, n)
+		GemmBF16(ta, false, full, n, k, 1, ab, ac, bb, n, 0, want16, n)
+		for m := 1; m <= bf16MR+bf16MR/2; m++ {
+			// op(A)'s first m rows: a prefix of the rows, or of each
+			// stored row when transposed (stride full)
+			got32, got16 := make([]float32, m*n), make([]float32, m*n)
+			GemmRoundBF16(ta, false, m, n, k, 1, a, ac, b, n, 0, got32, n)
+			GemmBF16(ta, false, m, n, k, 1, ab, ac, bb, n, 0, got16, n)
+			require.Equal(t, want32[:m*n], got32, "ta %v m %d from float32", ta, m)
+			require.Equal(t, want16[:m*n], got16, "ta %v m %d from bf16", ta, m)
+		}
+	}
+}
