@@ -57,16 +57,32 @@ static inline __m512i round16(__m512i u) {
 	return _mm512_mask_mov_epi32(r, nan, quiet);
 }
 
+// pairs16 returns the 16 pairs (32-bit lanes) q0..q0+15 of row j of a
+// stored matrix: as stored for bf16, or its 32 float32 numbers rounded
+// (round16) and the low halves gathered in order, as pack_row_vec does.
+__attribute__((target("avx512f,avx512bw")))
+static inline __m512i pairs16(const void *b, int b_f32, long ldb, long j, long q0) {
+	if (!b_f32) {
+		return _mm512_loadu_si512((const uint16_t *)b + j * ldb + 2 * q0);
+	}
+	// vpermt2w indices of the low 16 bits of the 32 lanes of two vectors
+	const __m512i four = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+	const __m512i evens = _mm512_or_si512(four, _mm512_slli_epi32(_mm512_add_epi32(four, _mm512_set1_epi32(2)), 16));
+	const float *f = (const float *)b + j * ldb + 2 * q0;
+	return _mm512_permutex2var_epi16(round16(_mm512_loadu_si512(f)), evens, round16(_mm512_loadu_si512(f + 16)));
+}
+
 // transpose16 writes the 16x16 block of 32-bit pairs at rows
-// j0..j0+15, pairs q0..q0+15 of a stored bf16 matrix (pair q of row j: its
-// numbers 2q and 2q+1) transposed: pair q0+c of rows j0.. to out + c*NR.
-// Four rounds of shuffles: the pairs of two rows interleaved, then of four
-// (a 128-bit lane holds one pair of four rows), then the lanes gathered.
-__attribute__((target("avx512f")))
-static void transpose16(const uint16_t *b, long ldb, long j0, long q0, uint32_t *out) {
+// j0..j0+15, pairs q0..q0+15 of a stored matrix (pair q of row j: its
+// numbers 2q and 2q+1, bf16 or rounded from float32 by pairs16) transposed:
+// pair q0+c of rows j0.. to out + c*NR. Four rounds of shuffles: the pairs
+// of two rows interleaved, then of four (a 128-bit lane holds one pair of
+// four rows), then the lanes gathered.
+__attribute__((target("avx512f,avx512bw")))
+static void transpose16(const void *b, int b_f32, long ldb, long j0, long q0, uint32_t *out) {
 	__m512i r[16], t[16], u[16];
 	for (int i = 0; i < 16; i++) {
-		r[i] = _mm512_loadu_si512(b + (j0 + i) * ldb + 2 * q0);
+		r[i] = pairs16(b, b_f32, ldb, j0 + i, q0);
 	}
 	for (int i = 0; i < 16; i += 2) {
 		t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -100,12 +116,13 @@ __attribute__((target("avx512f,avx512bw")))
 static void pack_pairs_vec(const void *b, int b_f32, int trans, long ldb, long j0, long pairs, uint32_t *out) {
 	const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	long q = 0;
-	if (trans && !b_f32) {
-		// a stored bf16 pair is already a lane: 16x16 blocks of them are
-		// transposed in registers
+	if (trans) {
+		// a stored bf16 pair is already a lane, and 32 float32 numbers
+		// of a row round to 16 of them: 16x16 blocks of lanes are
+		// transposed in registers, without the gathers below
 		for (; q + 16 <= pairs; q += 16) {
 			for (long h = 0; h < NR; h += 16) {
-				transpose16((const uint16_t *)b, ldb, j0 + h, q, out + q * NR + h);
+				transpose16(b, b_f32, ldb, j0 + h, q, out + q * NR + h);
 			}
 		}
 	}
