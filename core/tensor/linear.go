@@ -27,12 +27,15 @@ func Linear(x, w, b *Tensor) *Tensor {
 	y := like(x, shape...)
 	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		gemmW(d, false, false, rows, out, in, x.f32, in, w, out, 0, y.f32, out)
+		var bias []float32
+		done := func() {}
 		if b != nil {
-			bv, done := ReadParam(b) // the bias's copy (precision.go)
-			cpu.AddBias(y.f32, bv.f32, rows, out)
-			done()
+			var bv *Tensor
+			bv, done = ReadParam(b) // the bias's copy (precision.go)
+			bias = bv.f32
 		}
+		gemmWBias(d, false, false, rows, out, in, x.f32, in, w, out, bias, y.f32)
+		done()
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)
 	}

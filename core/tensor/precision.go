@@ -222,6 +222,27 @@ func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, l
 	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
 }
 
+// gemmWBias sets C (m x n, stride n) to a·op(w) plus bias[j] on column j
+// of every row (nil: no bias), as gemmW with beta 0 followed by
+// cpu.AddBias, bitwise; where w's bf16 copy is read it is one product
+// that adds the bias as it stores C (cpu.GemmRoundAHalfBBias).
+func gemmWBias(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, bias, c []float32) {
+	if bias != nil && d == BFloat16 {
+		h := storedHalf(w)
+		if h == nil {
+			h = halfOf(w, d)
+		}
+		if h != nil && h.dtype == d {
+			cpu.GemmRoundAHalfBBias(false, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, bias, c, n)
+			return
+		}
+	}
+	gemmW(d, ta, tb, m, n, k, a, lda, w, ldb, 0, c, n)
+	if bias != nil {
+		cpu.AddBias(c, bias, m, n)
+	}
+}
+
 // gemmX is gemm32 with x, an activation, as operand A: one kept in 2
 // bytes is read as it is stored.
 func gemmX(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {

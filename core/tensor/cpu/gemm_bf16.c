@@ -285,7 +285,8 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 // kernel_body adds alpha * (A tile x B panel) over kc pairs to the mr x nr
 // corner of C, or with overwrite stores it there without reading C (as
 // adding it to zeros would, bitwise), reading pair q of the tile's row r at
-// ap[r*rs + q*qs]. It multiplies the tile's first h rows (h a constant of
+// ap[r*rs + q*qs], and with bias (NULL for none) adds bias[j] to column j
+// of what it stores, a second float32 addition. It multiplies the tile's first h rows (h a constant of
 // each instance: MR, or 8 or 4 for a tile's last rows, h >= mr), so a tile
 // of few rows takes the time of its rows rather than of MR: each row's
 // sums are the same instructions in the same order whatever h, so the
@@ -293,7 +294,7 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 // after the k loop, and a miss there would stall the whole tile.
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
 static inline void kernel_body(const int h, const uint32_t *ap, long rs, long qs, const uint16_t *bp, long kc, float *c,
-			       long ldc, long mr, long nr, float alpha, int overwrite) {
+			       long ldc, long mr, long nr, float alpha, int overwrite, const float *bias) {
 	for (long r = 0; r < mr; r++) {
 		__builtin_prefetch(c + r * ldc, 1, 3);
 		__builtin_prefetch(c + r * ldc + NR - 1, 1, 3);
@@ -316,6 +317,11 @@ static inline void kernel_body(const int h, const uint32_t *ap, long rs, long qs
 	__m512 va = _mm512_set1_ps(alpha);
 	__mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
 	__mmask16 m1 = nr >= 32 ? 0xffff : (nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1));
+	__m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+	if (bias) {
+		b0 = _mm512_maskz_loadu_ps(m0, bias);
+		b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+	}
 	for (long r = 0; r < mr; r++) {
 		float *row = c + r * ldc;
 		__m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
@@ -323,8 +329,14 @@ static inline void kernel_body(const int h, const uint32_t *ap, long rs, long qs
 			c0 = _mm512_maskz_loadu_ps(m0, row);
 			c1 = _mm512_maskz_loadu_ps(m1, row + 16);
 		}
-		_mm512_mask_storeu_ps(row, m0, _mm512_add_ps(c0, _mm512_mul_ps(va, acc[2 * r])));
-		_mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(c1, _mm512_mul_ps(va, acc[2 * r + 1])));
+		__m512 v0 = _mm512_add_ps(c0, _mm512_mul_ps(va, acc[2 * r]));
+		__m512 v1 = _mm512_add_ps(c1, _mm512_mul_ps(va, acc[2 * r + 1]));
+		if (bias) { // a second addition, as AddBias after the product
+			v0 = _mm512_add_ps(v0, b0);
+			v1 = _mm512_add_ps(v1, b1);
+		}
+		_mm512_mask_storeu_ps(row, m0, v0);
+		_mm512_mask_storeu_ps(row + 16, m1, v1);
 	}
 }
 
@@ -333,34 +345,38 @@ static inline void kernel_body(const int h, const uint32_t *ap, long rs, long qs
 // runs the instance of kernel_body of the fewest rows that covers mr.
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_pairs(const uint32_t *ap, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr, float alpha,
-			 int overwrite) {
+			 int overwrite, const float *bias) {
 	if (mr > 8) {
-		kernel_body(MR, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(MR, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	} else if (mr > 4) {
-		kernel_body(8, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(8, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	} else {
-		kernel_body(4, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(4, ap, 1, MR, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	}
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc, float *c, long ldc, long mr, long nr,
-			float alpha, int overwrite) {
+			float alpha, int overwrite, const float *bias) {
 	if (mr > 8) {
-		kernel_body(MR, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(MR, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	} else if (mr > 4) {
-		kernel_body(8, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(8, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	} else {
-		kernel_body(4, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite);
+		kernel_body(4, ap, rs, 1, bp, kc, c, ldc, mr, nr, alpha, overwrite, bias);
 	}
 }
 
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
 // (with overwrite, sets them to it: C is not read, as BLAS's beta = 0),
 // with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
-// taken MC at a time, packed into scratch (MC * KC uint32).
+// taken MC at a time, packed into scratch (MC * KC uint32). With bias (n
+// numbers; NULL for none), bias[j] is then added to column j of each
+// tile as its last sum is stored: bitwise the product followed by
+// AddBias, without another pass over C.
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
-			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, uint32_t *scratch) {
+			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, const float *bias,
+			 uint32_t *scratch) {
 	long kp = (k + 1) / 2;
 	long panels = (n + NR - 1) / NR;
 	uint32_t *ap = scratch;
@@ -381,10 +397,11 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 					for (long s = 0; s < kc; s += KS) {
 						long ks = s + KS < kc ? KS : kc - s;
 						int ow = overwrite && q0 + s == 0;
+						const float *bt = bias && q0 + s + ks == kp ? bias + p * NR : NULL; // the last sum
 						if (trans) {
-							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
 						} else {
-							kernel_rows(ap + t * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow);
+							kernel_rows(ap + t * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
 						}
 					}
 				}

@@ -35,6 +35,15 @@ const (
 // as unblocked: the kernel sums each block of bf16KC pairs from zero and
 // adds it to C in k order, and only the first block overwrites.
 func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
+	gemmBF16NativeBias(transA, transB, m, n, k, alpha, a, lda, b, ldb, overwrite, nil, c, ldc)
+}
+
+// gemmBF16NativeBias is gemmBF16Native followed by adding bias[j] (n
+// numbers; nil for none) to column j of every row of C, as AddBias does,
+// bitwise: the kernel adds it to each tile of C as the tile's last k
+// block is stored (the last k block of op(B) when it is packed in
+// blocks), while the tile is in cache.
+func gemmBF16NativeBias(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, bias, c []float32, ldc int) {
 	nb, kb := packBlock(n, k, packLimit)
 	for j0 := 0; j0 < n; j0 += nb {
 		nn := min(nb, n-j0)
@@ -48,7 +57,11 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 			if transB {
 				bo = j0*ldb + k0
 			}
-			gemmBF16Block(transA, transB, m, nn, kk, alpha, a.from(ao), lda, b.from(bo), ldb, overwrite && k0 == 0, c[j0:], ldc)
+			var bb []float32
+			if bias != nil && k0+kk == k {
+				bb = bias[j0:]
+			}
+			gemmBF16Block(transA, transB, m, nn, kk, alpha, a.from(ao), lda, b.from(bo), ldb, overwrite && k0 == 0, bb, c[j0:], ldc)
 		}
 	}
 }
@@ -84,7 +97,7 @@ func packedLen(n, k int) int {
 // threads take rows of C, each packing its own rows of A. Each element of
 // C sees the same operations in the same order whatever the split, so the
 // result does not depend on Threads().
-func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
+func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, bias, c []float32, ldc int) {
 	panels := (n + bf16NR - 1) / bf16NR
 	pb := getHalfBuf[uint16](&packedPool, packedLen(n, k))
 	defer packedPool.Put(pb)
@@ -95,12 +108,16 @@ func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperan
 			(*C.uint16_t)(&packed[0]), C.long(lo), C.long(hi))
 	})
 	ap, af32 := a.ptr()
+	var bp32 *C.float // the bias, or NULL
+	if bias != nil {
+		bp32 = (*C.float)(&bias[0])
+	}
 	ParallelFor(m, 4*bf16MR, func(lo, hi int) {
 		sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC) // this chunk's packed rows of A
 		defer scratchPool.Put(sb)
 		scratch := *sb
 		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
-			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&scratch[0]))
+			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), bp32, (*C.uint32_t)(&scratch[0]))
 	})
 }
 
@@ -117,7 +134,7 @@ func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
 	ap, af32 := a.ptr()
 	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
-		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), (*C.uint32_t)(&(*sb)[0]))
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), nil, (*C.uint32_t)(&(*sb)[0]))
 }
 
 // packBF16Keys packs op(B) = X^T for X the n rows of k float32 numbers
@@ -143,7 +160,7 @@ func gemmBF16Keys(packed []uint16, m, n, k int, alpha float32, a []float32, lda 
 	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
 	defer scratchPool.Put(sb)
 	C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), unsafe.Pointer(&a[0]), 1, 0, C.long(lda),
-		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, (*C.uint32_t)(&(*sb)[0]))
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, nil, (*C.uint32_t)(&(*sb)[0]))
 }
 
 // The packed operands are written in full before they are read, so their

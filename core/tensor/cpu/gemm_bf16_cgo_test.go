@@ -130,3 +130,25 @@ func TestGemmBF16TileHeightBitwise(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmBF16BiasBlocked: the bias is added once, after the last k block,
+// also when op(B) is packed in blocks of one panel and one k block: the
+// product with its bias equals, bitwise, the one packed whole.
+func TestGemmBF16BiasBlocked(t *testing.T) {
+	if !bf16Native {
+		t.Skip("no AVX512-BF16 kernel on this CPU or build: " + HalfGemmPath())
+	}
+	rng := newRNG(22)
+	for _, h := range halfCases() {
+		bb := convert(h.b, BF16FromF32)
+		bias := randSlice[float32](rng, h.n, 1)
+		run := func(limit int) []float32 {
+			c := append([]float32(nil), h.c...)
+			withPackLimit(limit, func() {
+				GemmRoundAHalfBBias(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bb, h.ldb, bias, c, h.ldc)
+			})
+			return c
+		}
+		require.Equal(t, run(1<<40), run(1), h.name)
+	}
+}

@@ -9,6 +9,10 @@ func gemmBF16Native(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	panic("cpu: no bf16 kernel in this build")
 }
 
+func gemmBF16NativeBias(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, bias, c []float32, ldc int) {
+	panic("cpu: no bf16 kernel in this build")
+}
+
 func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, overwrite bool, c []float32, ldc int) {
 	panic("cpu: no bf16 kernel in this build")
 }
