@@ -190,22 +190,24 @@ void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long 
 	}
 }
 
-// pack_tile_vec packs the full pairs [q0, q0+pairs) of the MR rows from
-// row0 of op(A) transposed (the rows of op(A) contiguous in the stored rows
-// kk and kk+1): the lanes of pack_a's loop, MR at a time under a mask.
+// pack_tile_vec packs the full pairs [q0, q0+pairs) of the rows rows
+// (1..MR) from row0 of op(A) transposed (the rows of op(A) contiguous in
+// the stored rows kk and kk+1), zero in the tile's lanes past them: the
+// lanes of pack_a's loop, MR at a time under masks.
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-static void pack_tile_vec(const void *a, int a_f32, long lda, long row0, long q0, long pairs, uint32_t *dst) {
-	const __mmask16 mr = (__mmask16)((1u << MR) - 1);
+static void pack_tile_vec(const void *a, int a_f32, long lda, long row0, long rows, long q0, long pairs, uint32_t *dst) {
+	const __mmask16 mr = (__mmask16)((1u << MR) - 1), in = (__mmask16)((1u << rows) - 1);
 	for (long q = 0; q < pairs; q++) {
 		long kk = 2 * (q0 + q);
 		long o0 = kk * lda + row0, o1 = o0 + lda;
 		__m512i lo, hi;
 		if (a_f32) {
-			lo = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o0));
-			hi = round16(_mm512_maskz_loadu_epi32(mr, (const float *)a + o1));
+			// round16 of a zero lane is zero
+			lo = round16(_mm512_maskz_loadu_epi32(in, (const float *)a + o0));
+			hi = round16(_mm512_maskz_loadu_epi32(in, (const float *)a + o1));
 		} else {
-			lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o0));
-			hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mr, (const uint16_t *)a + o1));
+			lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, (const uint16_t *)a + o0));
+			hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, (const uint16_t *)a + o1));
 		}
 		_mm512_mask_storeu_epi32(dst + q * MR, mr, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
 	}
@@ -261,11 +263,9 @@ static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m
 	long full = k / 2 - q0; // full pairs from q0
 	full = full < 0 ? 0 : (full < kc ? full : kc);
 	for (long t = 0; t < tiles; t++) {
-		long q = 0;
-		if (m0 + (t + 1) * MR <= m1) {
-			pack_tile_vec(a, a_f32, lda, m0 + t * MR, q0, full, dst + t * kc * MR);
-			q = full;
-		}
+		long rows = m1 - m0 - t * MR < MR ? m1 - m0 - t * MR : MR;
+		pack_tile_vec(a, a_f32, lda, m0 + t * MR, rows, q0, full, dst + t * kc * MR);
+		long q = full;
 		for (; q < kc; q++) {
 			long kk = 2 * (q0 + q);
 			for (long r = 0; r < MR; r++) {
