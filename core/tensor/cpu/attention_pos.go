@@ -253,6 +253,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 		for bh := lo; bh < hi; bh++ {
 			hd := posHeadAt(d, bh, q, k, v, out, lse)
 			scores, release := keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
+			pv, releaseV := spanProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1]) // keys visible to some row of the block
@@ -284,9 +285,10 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 						hd.lse[i0+r] = mx[r] + F(math.Log(float64(sum[r])))
 					}
 				}
-				gemm(false, false, i1-i0, hs, nk, 1, p, Tk, hd.v, d.LdV, 0, hd.o[i0*d.LdO:], d.LdO)
+				pv(false, i1-i0, 0, nk, 1, p, Tk, 0, hd.o[i0*d.LdO:], d.LdO)
 			}
 			release()
+			releaseV()
 		}
 	})
 }
@@ -407,6 +409,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				scores, releaseK = keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			}
 			dP, releaseV := keyProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
+			dsk, releaseDK := spanProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			for i0 := 0; i0 < Tq; i0 += attnBlock {
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1])
@@ -435,13 +438,16 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					}
 					clear(ds[i*Tk+n : i*Tk+colsRead(n, nk, Tk)]) // invisible scores get no gradient
 				}
-				gemm(false, false, i1-i0, hs, nk, scale, ds[i0*Tk:], Tk, hd.k, d.LdK, 1, g.q[i0*d.LdQ:], d.LdQ)
+				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, 1, g.q[i0*d.LdQ:], d.LdQ)
 			}
 			releaseK()
 			releaseV()
+			releaseDK()
 			// Column blocks for dk and dv: key rows [j0,j1) get contributions
 			// from the query rows that see key j0, rows [first,Tq).
 			first := 0
+			dsq, releaseQ := spanProduct(d, gemm, hd.q, d.LdQ, Tq)
+			pdo, releaseO := spanProduct(d, gemm, hd.o, d.LdO, Tq)
 			for j0 := 0; j0 < Tk; j0 += attnBlock {
 				j1 := min(Tk, j0+attnBlock)
 				for first < Tq && int(vis[first]) <= j0 {
@@ -451,9 +457,11 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					break
 				}
 				m := Tq - first
-				gemm(true, false, j1-j0, hs, m, scale, ds[first*Tk+j0:], Tk, hd.q[first*d.LdQ:], d.LdQ, 1, g.k[j0*d.LdK:], d.LdK)
-				gemm(true, false, j1-j0, hs, m, 1, p[first*Tk+j0:], Tk, hd.o[first*d.LdO:], d.LdO, 1, g.v[j0*d.LdV:], d.LdV)
+				dsq(true, j1-j0, first, m, scale, ds[first*Tk+j0:], Tk, 1, g.k[j0*d.LdK:], d.LdK)
+				pdo(true, j1-j0, first, m, 1, p[first*Tk+j0:], Tk, 1, g.v[j0*d.LdV:], d.LdV)
 			}
+			releaseQ()
+			releaseO()
 		}
 	})
 }

@@ -370,11 +370,13 @@ static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc
 // tacc_bf16_gemm_rows adds alpha * op(A)[m0:m1] x op(B) to rows m0..m1 of C
 // (with overwrite, sets them to it: C is not read, as BLAS's beta = 0),
 // with op(B) packed by tacc_bf16_pack_b. m1 - m0 may be any size; rows are
-// taken MC at a time, packed into scratch (MC * KC uint32). With bias (n
+// taken MC at a time, packed into scratch (MC * KC uint32). Panel p of
+// op(B) starts ldp pairs after panel p-1 ((k+1)/2 for a packing of op(B)
+// alone; more for k rows of a larger packing, from an even row). With bias (n
 // numbers; NULL for none), bias[j] is then added to column j of each
 // tile as its last sum is stored: bitwise the product followed by
 // AddBias, without another pass over C.
-void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
+void tacc_bf16_gemm_rows(const uint16_t *packed_b, long ldp, long k, long n, const void *a, int a_f32, int trans, long lda,
 			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, const float *bias,
 			 uint32_t *scratch) {
 	long kp = (k + 1) / 2;
@@ -386,7 +388,7 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a
 			long kc = q0 + KC < kp ? KC : kp - q0;
 			pack_a(a, a_f32, trans, lda, k, i0, i1, q0, kc, ap);
 			for (long p = 0; p < panels; p++) {
-				const uint16_t *bp = packed_b + (p * kp + q0) * 2 * NR;
+				const uint16_t *bp = packed_b + (p * ldp + q0) * 2 * NR;
 				long nr = n - p * NR < NR ? n - p * NR : NR;
 				for (long t = 0; i0 + t * MR < i1; t++) {
 					long mr = i1 - i0 - t * MR < MR ? i1 - i0 - t * MR : MR;

@@ -21,7 +21,7 @@
 
 int tacc_bf16_supported(void);
 void tacc_bf16_pack_b(const void *b, int b_f32, int trans, long k, long n, long ldb, uint16_t *dst, long p0, long p1);
-void tacc_bf16_gemm_rows(const uint16_t *packed_b, long k, long n, const void *a, int a_f32, int trans, long lda,
+void tacc_bf16_gemm_rows(const uint16_t *packed_b, long ldp, long k, long n, const void *a, int a_f32, int trans, long lda,
 			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, const float *bias,
 			 uint32_t *scratch);
 

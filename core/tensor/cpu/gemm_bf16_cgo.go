@@ -116,7 +116,7 @@ func gemmBF16Block(transA, transB bool, m, n, k int, alpha float32, a halfOperan
 		sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC) // this chunk's packed rows of A
 		defer scratchPool.Put(sb)
 		scratch := *sb
-		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
+		C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long((k+1)/2), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
 			C.long(lo), C.long(hi), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), bp32, (*C.uint32_t)(&scratch[0]))
 	})
 }
@@ -133,7 +133,7 @@ func gemmBF16Serial(transA, transB bool, m, n, k int, alpha float32, a halfOpera
 	bp, bf32 := b.ptr()
 	C.tacc_bf16_pack_b(bp, bf32, cbool(transB), C.long(k), C.long(n), C.long(ldb), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
 	ap, af32 := a.ptr()
-	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&(*pb)[0]), C.long((k+1)/2), C.long(k), C.long(n), ap, af32, cbool(transA), C.long(lda),
 		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), nil, (*C.uint32_t)(&(*sb)[0]))
 }
 
@@ -159,8 +159,32 @@ func releaseBF16Keys(pb *[]uint16) { packedPool.Put(pb) }
 func gemmBF16Keys(packed []uint16, m, n, k int, alpha float32, a []float32, lda int, c []float32, ldc int) {
 	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
 	defer scratchPool.Put(sb)
-	C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long(k), C.long(n), unsafe.Pointer(&a[0]), 1, 0, C.long(lda),
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[0]), C.long((k+1)/2), C.long(k), C.long(n), unsafe.Pointer(&a[0]), 1, 0, C.long(lda),
 		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), 1, nil, (*C.uint32_t)(&(*sb)[0]))
+}
+
+// packBF16Rows packs op(B) = X for X the rows rows of cols float32
+// numbers at x (stride ldx): what gemmBF16Serial packs for !transB, once
+// for products over any run of X's rows from an even row (gemmBF16Rows).
+// The pairs of rows 2q and 2q+1 are the same numbers in every packing
+// that holds them, so a packing of all the rows serves each run.
+func packBF16Rows(rows, cols int, x []float32, ldx int) *[]uint16 {
+	panels := (cols + bf16NR - 1) / bf16NR
+	pb := getHalfBuf[uint16](&packedPool, packedLen(cols, rows))
+	C.tacc_bf16_pack_b(unsafe.Pointer(&x[0]), 1, 0, C.long(rows), C.long(cols), C.long(ldx), (*C.uint16_t)(&(*pb)[0]), 0, C.long(panels))
+	return pb
+}
+
+// gemmBF16Rows adds alpha*op(A)*X[r0:r0+k] to C (m x cols; with overwrite,
+// sets C to it) on the calling goroutine, A float32 rounded as packed, X
+// packed by packBF16Rows with rows rows, r0 even: bitwise gemmBF16Serial
+// on those k rows when r0+k is even or the end of X, so that the last
+// pair holds the same numbers as a packing of the k rows alone.
+func gemmBF16Rows(packed []uint16, rows, cols, r0, k, m int, transA bool, alpha float32, a []float32, lda int, overwrite bool, c []float32, ldc int) {
+	sb := getHalfBuf[uint32](&scratchPool, bf16MC*bf16KC)
+	defer scratchPool.Put(sb)
+	C.tacc_bf16_gemm_rows((*C.uint16_t)(&packed[r0/2*2*bf16NR]), C.long((rows+1)/2), C.long(k), C.long(cols), unsafe.Pointer(&a[0]), 1, cbool(transA), C.long(lda),
+		0, C.long(m), C.float(alpha), (*C.float)(&c[0]), C.long(ldc), cbool(overwrite), nil, (*C.uint32_t)(&(*sb)[0]))
 }
 
 // The packed operands are written in full before they are read, so their

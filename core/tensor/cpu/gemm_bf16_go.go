@@ -26,3 +26,11 @@ func gemmBF16Keys(packed []uint16, m, n, k int, alpha float32, a []float32, lda 
 }
 
 func releaseBF16Keys(pb *[]uint16) {}
+
+func packBF16Rows(rows, cols int, x []float32, ldx int) *[]uint16 {
+	panic("cpu: no bf16 kernel in this build")
+}
+
+func gemmBF16Rows(packed []uint16, rows, cols, r0, k, m int, transA bool, alpha float32, a []float32, lda int, overwrite bool, c []float32, ldc int) {
+	panic("cpu: no bf16 kernel in this build")
+}
