@@ -22,6 +22,7 @@
 #define KC TACC_BF16_KC
 #define MC TACC_BF16_MC
 #define KS TACC_BF16_KS
+#define PF 4 // rows pack_a prefetches ahead
 
 int tacc_bf16_supported(void) {
 	__builtin_cpu_init();
@@ -251,7 +252,16 @@ static void pack_row_vec(const void *a, int a_f32, long lda, long k, long row, l
 static void pack_a(const void *a, int a_f32, int trans, long lda, long k, long m0, long m1, long q0, long kc, uint32_t *dst) {
 	long tiles = (m1 - m0 + MR - 1) / MR;
 	if (!trans) {
+		long esz = a_f32 ? 4 : 2, bytes = 2 * kc * esz; // the numbers a row packs
 		for (long r = 0; r < tiles * MR; r++) {
+			if (m0 + r + PF < m1) {
+				// the row PF ahead, whose start a stride away from this
+				// row's end the hardware prefetcher does not foresee
+				const char *next = (const char *)a + ((m0 + r + PF) * lda + 2 * q0) * esz;
+				for (long o = 0; o < bytes; o += 64) {
+					__builtin_prefetch(next + o, 0, 3);
+				}
+			}
 			if (m0 + r < m1) {
 				pack_row_vec(a, a_f32, lda, k, m0 + r, q0, kc, dst + r * kc);
 			} else {
