@@ -494,6 +494,16 @@ func expMinus32Go(r []float32, l float32) {
 // into the gradient w.r.t. the scores, p∘(dp - delta), where delta is the
 // row's sum of p∘dp over all key blocks.
 func lseBackward[F Float](p, dp []F, delta F) {
+	if isF32[F]() {
+		lseBackward32(as32(p), as32(dp), float32(delta))
+		return
+	}
+	lseBackwardGo(p, dp, delta)
+}
+
+// lseBackwardGo is lseBackward's loop, which fastpath.c repeats for
+// float32 (lseBackward32).
+func lseBackwardGo[F Float](p, dp []F, delta F) {
 	dp = dp[:len(p)]
 	for i, v := range p {
 		dp[i] = v * (dp[i] - delta)

@@ -275,6 +275,13 @@ CLONES void tacc_round_bf16(uint32_t *x, long n) {
 	}
 }
 
+// tacc_lse_backward matches lseBackwardGo in attention_pos.go on float32.
+CLONES void tacc_lse_backward(const float *restrict p, float *restrict dp, long n, float delta) {
+	for (long i = 0; i < n; i++) {
+		dp[i] = p[i] * (dp[i] - delta);
+	}
+}
+
 // tacc_exp_minus matches expMinus in attention_pos.go on float32.
 CLONES void tacc_exp_minus(float *row, long n, float lse) {
 	for (long i = 0; i < n; i++) {

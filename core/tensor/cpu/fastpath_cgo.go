@@ -156,6 +156,14 @@ func expMinus32(row []float32, lse float32) {
 	C.tacc_exp_minus((*C.float)(&row[0]), C.long(len(row)), C.float(lse))
 }
 
+func lseBackward32(p, dp []float32, delta float32) {
+	if len(p) == 0 {
+		return
+	}
+	dp = dp[:len(p)]
+	C.tacc_lse_backward((*C.float)(&p[0]), (*C.float)(&dp[0]), C.long(len(p)), C.float(delta))
+}
+
 func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	if len(p) == 0 {
 		return

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -111,6 +112,22 @@ func TestExpMinusFastPathMatchesGo(t *testing.T) {
 		expMinus32(r1, lse)
 		expMinus32Go(r2, lse)
 		require.Equal(t, r2, r1, "lse %v", lse)
+	}
+}
+
+// TestLSEBackwardFastPathMatchesGo: the attention backward's p∘(dp -
+// delta) bitwise as in Go, ragged tail and special values included.
+func TestLSEBackwardFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(67)
+	p := randSlice[float32](rng, 1003, 1)
+	dp := randSlice[float32](rng, 1003, 30)
+	p = append(p, 0, 1, 0, float32(math.Inf(1)), 1e-40)
+	dp = append(dp, float32(math.Inf(1)), float32(math.NaN()), -0.0, 2, 3)
+	for _, delta := range []float32{0, 0.75, -12.5} {
+		r1, r2 := append([]float32(nil), dp...), append([]float32(nil), dp...)
+		lseBackward32(p, r1, delta)
+		lseBackwardGo(p, r2, delta)
+		requireSameBits(t, r1, r2, fmt.Sprintf("delta %v", delta))
 	}
 }
 
