@@ -139,7 +139,7 @@ func (o halfOperand) widen(trans bool, rows, cols, ld int, par bool) ([]float32,
 	conv := func(lo, hi int) { // rows [lo, hi)
 		switch {
 		case o.f != nil:
-			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld)
+			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld, ld)
 		case ld == cols:
 			widenHalfs(o.f16, out[lo*ld:hi*ld], o.h[lo*ld:hi*ld])
 		default:
@@ -268,14 +268,9 @@ func (h *halfKeys) release() {
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
-// cols matrix of stride ld, rounded to the half format (roundHalf, row by
-// row where the strides differ).
+// cols matrix of stride ld, rounded to the half format: one roundHalf
+// over the whole region, so a head's 64 columns of a fused q|k|v, each
+// row shorter than the C loops' hand-over, still round in C.
 func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
-	if ld == cols {
-		roundHalf(o.f16, dst, o.f, rows, cols, cols)
-		return
-	}
-	for r := range rows {
-		roundHalf(o.f16, dst[r*cols:(r+1)*cols], o.f[r*ld:r*ld+cols], 1, cols, cols)
-	}
+	roundHalf(o.f16, dst, o.f, rows, cols, cols, ld)
 }
