@@ -105,13 +105,56 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 }
 
 // gemmHalfWiden is the portable path: widen both operands to float32 and
-// run the float32 Gemm.
+// run the float32 product. A product of at least 2*widenRows rows splits
+// C's rows into widenParts blocks, one per kernel thread: each goroutine
+// widens its block's rows of A and runs a single-threaded BLAS call on
+// them (serialBLAS), as the attention's heads do. A threaded BLAS call
+// instead hands its work to the library's own threads, which spin in
+// sched_yield between calls while the goroutines round the next
+// product's operands on the same cores, and wait for each other at every
+// call's end; on 2 cores shared with other work, the portable step spent
+// about as much CPU spinning as rounding. The blocks depend only on m and
+// Threads(), so, as for a threaded Gemm, a product's bits depend on the
+// thread count and on nothing else. Smaller products take one threaded
+// Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	wa, ba := a.widen(transA, m, k, lda, true)
 	wb, bb := b.widen(transB, k, n, ldb, true)
-	Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
-	putWidenBuf(ba)
-	putWidenBuf(bb)
+	defer putWidenBuf(bb)
+	parts := widenParts(m)
+	if parts == 1 || n == 0 || k == 0 {
+		wa, ba := a.widen(transA, m, k, lda, true)
+		Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
+		putWidenBuf(ba)
+		return
+	}
+	defer serialBLAS()()
+	ParallelFor(parts, 1, func(plo, phi int) {
+		for p := plo; p < phi; p++ {
+			lo, hi := p*m/parts, (p+1)*m/parts
+			off, ar := lo*lda, a // op(A)'s rows lo..hi: rows of A, or its columns
+			if transA {
+				off = lo
+			}
+			if ar.f != nil {
+				ar.f = ar.f[off:]
+			} else {
+				ar.h = ar.h[off:]
+			}
+			wa, ba := ar.widen(transA, hi-lo, k, lda, false)
+			gemmBLAS(transA, transB, hi-lo, n, k, alpha, wa, lda, wb, ldb, beta, c[lo*ldc:], ldc)
+			putWidenBuf(ba)
+		}
+	})
+}
+
+// widenRows is the fewest rows of C a block of gemmHalfWiden holds.
+const widenRows = 64
+
+// widenParts is the number of row blocks gemmHalfWiden splits m rows of C
+// into: Threads(), or fewer so that each holds widenRows rows; block p
+// holds rows [p*m/parts, (p+1)*m/parts).
+func widenParts(m int) int {
+	return max(1, min(Threads(), m/widenRows))
 }
 
 // widen returns op(o), an operand of rows x cols (stored transposed when
