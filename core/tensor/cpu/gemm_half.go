@@ -105,13 +105,56 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 }
 
 // gemmHalfWiden is the portable path: widen both operands to float32 and
-// run the float32 Gemm.
+// run the float32 product. A product of at least 2*widenRows rows splits
+// C's rows into widenParts blocks, one per kernel thread: each goroutine
+// widens its block's rows of A and runs a single-threaded BLAS call on
+// them (serialBLAS), as the attention's heads do. A threaded BLAS call
+// instead hands its work to the library's own threads, which spin in
+// sched_yield between calls while the goroutines round the next
+// product's operands on the same cores, and wait for each other at every
+// call's end; on 2 cores shared with other work, the portable step spent
+// about as much CPU spinning as rounding. The blocks depend only on m and
+// Threads(), so, as for a threaded Gemm, a product's bits depend on the
+// thread count and on nothing else. Smaller products take one threaded
+// Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	wa, ba := a.widen(transA, m, k, lda, true)
 	wb, bb := b.widen(transB, k, n, ldb, true)
-	Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
-	putWidenBuf(ba)
-	putWidenBuf(bb)
+	defer putWidenBuf(bb)
+	parts := widenParts(m)
+	if parts == 1 || n == 0 || k == 0 {
+		wa, ba := a.widen(transA, m, k, lda, true)
+		Gemm(transA, transB, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc)
+		putWidenBuf(ba)
+		return
+	}
+	defer serialBLAS()()
+	ParallelFor(parts, 1, func(plo, phi int) {
+		for p := plo; p < phi; p++ {
+			lo, hi := p*m/parts, (p+1)*m/parts
+			off, ar := lo*lda, a // op(A)'s rows lo..hi: rows of A, or its columns
+			if transA {
+				off = lo
+			}
+			if ar.f != nil {
+				ar.f = ar.f[off:]
+			} else {
+				ar.h = ar.h[off:]
+			}
+			wa, ba := ar.widen(transA, hi-lo, k, lda, false)
+			gemmBLAS(transA, transB, hi-lo, n, k, alpha, wa, lda, wb, ldb, beta, c[lo*ldc:], ldc)
+			putWidenBuf(ba)
+		}
+	})
+}
+
+// widenRows is the fewest rows of C a block of gemmHalfWiden holds.
+const widenRows = 64
+
+// widenParts is the number of row blocks gemmHalfWiden splits m rows of C
+// into: Threads(), or fewer so that each holds widenRows rows; block p
+// holds rows [p*m/parts, (p+1)*m/parts).
+func widenParts(m int) int {
+	return max(1, min(Threads(), m/widenRows))
 }
 
 // widen returns op(o), an operand of rows x cols (stored transposed when
@@ -139,7 +182,7 @@ func (o halfOperand) widen(trans bool, rows, cols, ld int, par bool) ([]float32,
 	conv := func(lo, hi int) { // rows [lo, hi)
 		switch {
 		case o.f != nil:
-			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld)
+			roundHalf(o.f16, out[lo*ld:], o.f[lo*ld:], hi-lo, cols, ld, ld)
 		case ld == cols:
 			widenHalfs(o.f16, out[lo*ld:hi*ld], o.h[lo*ld:hi*ld])
 		default:
@@ -268,14 +311,9 @@ func (h *halfKeys) release() {
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
-// cols matrix of stride ld, rounded to the half format (roundHalf, row by
-// row where the strides differ).
+// cols matrix of stride ld, rounded to the half format: one roundHalf
+// over the whole region, so a head's 64 columns of a fused q|k|v, each
+// row shorter than the C loops' hand-over, still round in C.
 func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
-	if ld == cols {
-		roundHalf(o.f16, dst, o.f, rows, cols, cols)
-		return
-	}
-	for r := range rows {
-		roundHalf(o.f16, dst[r*cols:(r+1)*cols], o.f[r*ld:r*ld+cols], 1, cols, cols)
-	}
+	roundHalf(o.f16, dst, o.f, rows, cols, cols, ld)
 }

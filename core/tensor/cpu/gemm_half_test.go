@@ -114,9 +114,10 @@ func TestGemmHalfAgainstFloat32(t *testing.T) {
 
 // TestGemmHalfSerial: the attention's product on the calling goroutine
 // (every transpose, beta 0 and not) is GemmRoundBF16's and GemmRoundF16's:
-// bitwise on the bf16 kernel, which sums each element in the same order
-// however the rows are split, and to float32 accumulation accuracy of the
-// exact product of the rounded inputs on the portable path.
+// bitwise on the bf16 kernel where it runs, which sums each element in
+// the same order however the rows are split, and to float32 accumulation
+// accuracy of the exact product of the rounded inputs on the portable
+// path (TINYACC_BF16_KERNEL=off included).
 func TestGemmHalfSerial(t *testing.T) {
 	for _, h := range halfCases() {
 		for _, f16 := range []bool{false, true} {
@@ -127,7 +128,7 @@ func TestGemmHalfSerial(t *testing.T) {
 			c, cs := append([]float32(nil), h.c...), append([]float32(nil), h.c...)
 			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
 			gemmHalfSerial(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, cs, h.ldc)
-			if bf16Native && !f16 {
+			if bf16Kernel.Load() && !f16 {
 				require.Equal(t, c, cs, name)
 			}
 			wide := func(x []float32) []float32 {
@@ -285,61 +286,99 @@ func TestGemmRoundBF16SpecialValues(t *testing.T) {
 
 // TestGemmHalfPortablePath: with the bf16 kernel turned off
 // (TINYACC_BF16_KERNEL=off, SetBF16Kernel) a bf16 product is bitwise the
-// float32 Gemm of its widened operands, as an fp16 product always is, and
-// HalfGemmPath says so; the rounding products equal the stored-operand
-// ones bitwise, also when an operand already holds half values, which
-// the product reads as it is, with no rounded copy.
+// float32 product of its widened operands, as an fp16 product always is,
+// and HalfGemmPath says so: at one thread the float32 Gemm, at more each
+// block of C's rows (widenParts) a single-threaded float32 Gemm. The
+// rounding products equal the stored-operand ones bitwise, also when an
+// operand already holds half values, which the product reads as it is,
+// with no rounded copy.
 func TestGemmHalfPortablePath(t *testing.T) {
 	was := SetBF16Kernel(false)
 	defer SetBF16Kernel(was)
 	require.Contains(t, HalfGemmPath(), "float32 "+BLASName())
-	for _, h := range halfCases() {
-		for _, f16 := range []bool{false, true} {
-			narrow, widen, gemm, gemmRound := BF16FromF32, BF16ToF32, GemmBF16, GemmRoundBF16
-			if f16 {
-				narrow, widen, gemm, gemmRound = F16FromF32, F16ToF32, GemmF16, GemmRoundF16
-			}
-			ah, bh := convert(h.a, narrow), convert(h.b, narrow)
-			aw, bw := widenAll(ah, widen), widenAll(bh, widen)
-			want := append([]float32(nil), h.c...)
-			Gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, bw, h.ldb, h.beta, want, h.ldc)
-			name := fmt.Sprintf("%s f16 %v", h.name, f16)
+	split := 0 // products split into row blocks
+	for _, threads := range []int{1, 2, 3} {
+		for _, h := range halfCases() {
+			for _, f16 := range []bool{false, true} {
+				narrow, widen, gemm, gemmRound := BF16FromF32, BF16ToF32, GemmBF16, GemmRoundBF16
+				if f16 {
+					narrow, widen, gemm, gemmRound = F16FromF32, F16ToF32, GemmF16, GemmRoundF16
+				}
+				ah, bh := convert(h.a, narrow), convert(h.b, narrow)
+				aw, bw := widenAll(ah, widen), widenAll(bh, widen)
+				want := append([]float32(nil), h.c...)
+				var parts int
+				withThreads(threads, func() { parts = widenParts(h.m) })
+				if parts == 1 {
+					withThreads(threads, func() {
+						Gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, bw, h.ldb, h.beta, want, h.ldc)
+					})
+				} else {
+					split++
+					withThreads(1, func() {
+						for p := range parts {
+							lo, hi := p*h.m/parts, (p+1)*h.m/parts
+							off := lo * h.lda
+							if h.ta {
+								off = lo
+							}
+							Gemm(h.ta, h.tb, hi-lo, h.n, h.k, h.alpha, aw[off:], h.lda, bw, h.ldb, h.beta, want[lo*h.ldc:], h.ldc)
+						}
+					})
+				}
+				name := fmt.Sprintf("%s f16 %v threads %d", h.name, f16, threads)
 
-			c := append([]float32(nil), h.c...)
-			gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, bh, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, c, want, "stored "+name)
-			c = append(c[:0], h.c...)
-			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, c, want, "rounded as read "+name)
-			c = append(c[:0], h.c...)
-			gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, c, want, "A already half "+name)
-			c = append(c[:0], h.c...)
-			GemmRoundAHalfB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, c, h.ldc)
-			requireSameBits(t, c, want, "B a stored copy "+name)
+				withThreads(threads, func() {
+					c := append([]float32(nil), h.c...)
+					gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, bh, h.ldb, h.beta, c, h.ldc)
+					requireSameBits(t, c, want, "stored "+name)
+					c = append(c[:0], h.c...)
+					gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+					requireSameBits(t, c, want, "rounded as read "+name)
+					c = append(c[:0], h.c...)
+					gemmRound(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+					requireSameBits(t, c, want, "A already half "+name)
+					c = append(c[:0], h.c...)
+					GemmRoundAHalfB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bh, h.ldb, h.beta, c, h.ldc)
+					requireSameBits(t, c, want, "B a stored copy "+name)
+					c = append(c[:0], h.c...)
+					GemmHalfARoundB(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, ah, h.lda, h.b, h.ldb, h.beta, c, h.ldc)
+					requireSameBits(t, c, want, "A a stored copy "+name)
+				})
 
-			// the operand that holds half values is read in place; the
-			// one that does not is rounded into a buffer
-			got, buf := halfOperand{f: aw, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
-			require.Nil(t, buf, name)
-			require.Same(t, &aw[0], &got[0], name)
-			got, buf = halfOperand{f: h.a, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
-			require.NotNil(t, buf, name)
-			rows, cols := h.m, h.k
-			if h.ta {
-				rows, cols = cols, rows
+				// the operand that holds half values is read in place; the
+				// one that does not is rounded into a buffer
+				got, buf := halfOperand{f: aw, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
+				require.Nil(t, buf, name)
+				require.Same(t, &aw[0], &got[0], name)
+				got, buf = halfOperand{f: h.a, f16: f16}.widen(h.ta, h.m, h.k, h.lda, true)
+				require.NotNil(t, buf, name)
+				rows, cols := h.m, h.k
+				if h.ta {
+					rows, cols = cols, rows
+				}
+				for r := 0; r < rows; r++ {
+					requireSameBits(t, got[r*h.lda:r*h.lda+cols], aw[r*h.lda:r*h.lda+cols], "rounded "+name)
+				}
+				putWidenBuf(buf)
 			}
-			for r := 0; r < rows; r++ {
-				requireSameBits(t, got[r*h.lda:r*h.lda+cols], aw[r*h.lda:r*h.lda+cols], "rounded "+name)
-			}
-			putWidenBuf(buf)
 		}
 	}
-	// k = 0: no operand is read, C is beta*C
+	require.NotZero(t, split, "some products are split into row blocks")
+	// k = 0: no operand is read, C is beta*C, also at a row count that
+	// splits (an expert that got no tokens: its weight gradient's
+	// product sums over none)
 	for _, f16 := range []bool{false, true} {
 		c := []float32{1, 2, 3, 4, 5, 6}
 		GemmRoundAHalfB(f16, false, false, 2, 3, 0, 1, nil, 1, nil, 3, 0.5, c, 3)
 		require.Equal(t, []float32{0.5, 1, 1.5, 2, 2.5, 3}, c)
+		m := 4 * widenRows
+		c, want := make([]float32, m*3), make([]float32, m*3)
+		for i := range c {
+			c[i], want[i] = float32(i), float32(i)/2
+		}
+		withThreads(2, func() { GemmHalfARoundB(f16, true, false, m, 3, 0, 1, nil, m, nil, 3, 0.5, c, 3) })
+		require.Equal(t, want, c)
 	}
 }
 

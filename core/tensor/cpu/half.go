@@ -132,15 +132,15 @@ func roundBF16Go(x []float32) {
 
 // RoundF16 rounds every element of x to the nearest fp16 in place, keeping
 // float32 storage.
-func RoundF16(x []float32) { roundHalf(true, x, x, 1, len(x), len(x)) }
+func RoundF16(x []float32) { roundHalf(true, x, x, 1, len(x), len(x), len(x)) }
 
-// roundHalfGo sets the rows x cols elements at row stride ld of dst to
-// those of src rounded to fp16 (f16) or bfloat16, widened back: what the
-// portable product reads of an operand (dst may be src; the elements
-// between the rows are left alone).
-func roundHalfGo(f16 bool, dst, src []float32, rows, cols, ld int) {
+// roundHalfGo sets the rows x cols elements at row stride ldd of dst to
+// those at row stride lds of src rounded to fp16 (f16) or bfloat16,
+// widened back: what the portable product reads of an operand (dst may be
+// src at the same stride; the elements between the rows are left alone).
+func roundHalfGo(f16 bool, dst, src []float32, rows, cols, ldd, lds int) {
 	for r := 0; r < rows; r++ {
-		d, s := dst[r*ld:r*ld+cols], src[r*ld:r*ld+cols]
+		d, s := dst[r*ldd:r*ldd+cols], src[r*lds:r*lds+cols]
 		for i, v := range s {
 			if f16 {
 				d[i] = roundF16(v)

@@ -33,21 +33,20 @@ func f16ToF32s(dst []float32, src []uint16) {
 	C.tacc_f16_to_f32((*C.uint16_t)(&src[0]), (*C.uint32_t)(unsafe.Pointer(&dst[0])), C.long(len(src)))
 }
 
-func roundHalf(f16 bool, dst, src []float32, rows, cols, ld int) {
+func roundHalf(f16 bool, dst, src []float32, rows, cols, ldd, lds int) {
 	if rows == 0 || cols == 0 {
 		return
 	}
 	if f16 && !f16c || rows*cols < convC {
-		roundHalfGo(f16, dst, src, rows, cols, ld)
+		roundHalfGo(f16, dst, src, rows, cols, ldd, lds)
 		return
 	}
-	end := (rows-1)*ld + cols - 1
-	_, _ = src[end], dst[end]
+	_, _ = src[(rows-1)*lds+cols-1], dst[(rows-1)*ldd+cols-1]
 	s, d := (*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint32_t)(unsafe.Pointer(&dst[0]))
 	if f16 {
-		C.tacc_round_f16_2d(s, d, C.long(rows), C.long(cols), C.long(ld))
+		C.tacc_round_f16_2d(s, d, C.long(rows), C.long(cols), C.long(lds), C.long(ldd))
 	} else {
-		C.tacc_round_bf16_2d(s, d, C.long(rows), C.long(cols), C.long(ld))
+		C.tacc_round_bf16_2d(s, d, C.long(rows), C.long(cols), C.long(lds), C.long(ldd))
 	}
 }
 

@@ -149,11 +149,13 @@ F16C static inline int f16_exact_row(const uint32_t *src, long n) {
 
 // The 2-D forms work on rows x cols elements at row stride ld (an
 // operand of a product inside a larger matrix) and leave the elements
-// between the rows alone.
+// between the rows alone; the roundings read at row stride lds and write
+// at row stride ldd, so a head's columns of a fused q|k|v round into a
+// dense copy in one call.
 
-F16C void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {
+F16C void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long lds, long ldd) {
 	for (long r = 0; r < rows; r++) {
-		round_f16_row(src + r * ld, dst + r * ld, cols);
+		round_f16_row(src + r * lds, dst + r * ldd, cols);
 	}
 }
 
@@ -171,7 +173,7 @@ F16C int tacc_f16_exact_2d(const uint32_t *src, long rows, long cols, long ld) {
 int tacc_f16c_supported(void) { return 0; }
 void tacc_f16_from_f32(const uint32_t *src, uint16_t *dst, long n) {}
 void tacc_f16_to_f32(const uint16_t *src, uint32_t *dst, long n) {}
-void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {}
+void tacc_round_f16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long lds, long ldd) {}
 int tacc_f16_exact_2d(const uint32_t *src, long rows, long cols, long ld) { return 0; }
 
 #endif
@@ -187,10 +189,10 @@ static inline uint32_t bf16_round(uint32_t u) {
 
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-CLONES void tacc_round_bf16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long ld) {
+CLONES void tacc_round_bf16_2d(const uint32_t *src, uint32_t *dst, long rows, long cols, long lds, long ldd) {
 	for (long r = 0; r < rows; r++) {
-		const uint32_t *s = src + r * ld;
-		uint32_t *d = dst + r * ld;
+		const uint32_t *s = src + r * lds;
+		uint32_t *d = dst + r * ldd;
 		for (long i = 0; i < cols; i++) {
 			d[i] = bf16_round(s[i]);
 		}

@@ -93,7 +93,7 @@ func TestF16SliceConversionsTricky(t *testing.T) {
 		want[i] = F16ToF32(F16FromF32(v))
 	}
 	got := make([]float32, n)
-	roundHalf(true, got, x, 1, n, n)
+	roundHalf(true, got, x, 1, n, n, n)
 	requireSameBits(t, got, want, "roundHalf fp16")
 	copy(got, x)
 	RoundF16(got)
@@ -102,27 +102,37 @@ func TestF16SliceConversionsTricky(t *testing.T) {
 	for i, v := range x {
 		want[i] = BF16ToF32(BF16FromF32(v))
 	}
-	roundHalf(false, got, x, 1, n, n)
+	roundHalf(false, got, x, 1, n, n, n)
 	requireSameBits(t, got, want, "roundHalf bf16")
 
-	// as a matrix of rows of 37 at stride 40: the rows rounded, the three
-	// elements after each row left as they were
-	rows, cols, ld := n/40, 37, 40
-	for _, f16 := range []bool{false, true} {
-		got := make([]float32, n)
-		for i := range got {
-			got[i] = -7
-		}
-		roundHalf(f16, got, x, rows, cols, ld)
-		for i := 0; i < rows*ld; i++ {
-			w := float32(-7)
-			if i%ld < cols {
-				w = BF16ToF32(BF16FromF32(x[i]))
-				if f16 {
-					w = F16ToF32(F16FromF32(x[i]))
+	// as a matrix of rows of 37 read at stride 40 and written at stride
+	// 40 (in place in a larger matrix), 37 (a dense copy, as a product's
+	// operand is rounded) or 45: the rows rounded, the elements after
+	// each written row left as they were; the C loops (roundHalf) and the
+	// Go loops alike
+	rows, cols, lds := n/45, 37, 40
+	for _, ldd := range []int{40, 37, 45} {
+		for _, f16 := range []bool{false, true} {
+			for _, impl := range []struct {
+				name  string
+				round func(f16 bool, dst, src []float32, rows, cols, ldd, lds int)
+			}{{"roundHalf", roundHalf}, {"roundHalfGo", roundHalfGo}} {
+				got := make([]float32, rows*ldd)
+				for i := range got {
+					got[i] = -7
+				}
+				impl.round(f16, got, x, rows, cols, ldd, lds)
+				for i := range got {
+					w := float32(-7)
+					if r, c := i/ldd, i%ldd; c < cols {
+						w = BF16ToF32(BF16FromF32(x[r*lds+c]))
+						if f16 {
+							w = F16ToF32(F16FromF32(x[r*lds+c]))
+						}
+					}
+					require.Equal(t, math.Float32bits(w), math.Float32bits(got[i]), "%s f16 %v, ldd %d: element %d", impl.name, f16, ldd, i)
 				}
 			}
-			require.Equal(t, math.Float32bits(w), math.Float32bits(got[i]), "f16 %v: element %d", f16, i)
 		}
 	}
 }
@@ -134,7 +144,7 @@ func TestHalfExact(t *testing.T) {
 	rng := newRNG(11)
 	for _, f16 := range []bool{false, true} {
 		exact := func(x []float32) bool { return exactHalf(f16, x, 1, len(x), len(x)) }
-		round := func(x []float32) { roundHalfGo(f16, x, x, 1, len(x), len(x)) }
+		round := func(x []float32) { roundHalfGo(f16, x, x, 1, len(x), len(x), len(x)) }
 		x := randSlice[float32](rng, 1003, 10)
 		round(x)
 		require.True(t, exact(x), "f16 %v: rounded values", f16)

@@ -19,7 +19,8 @@ func init() {
 
 // The BLAS library's own thread count follows Threads(), except while a
 // kernel that calls Gemm from several goroutines at once (attention, one
-// small product per head) holds it at one: OpenBLAS serialises concurrent
+// small product per head; the portable half product, one block of rows
+// per goroutine) holds it at one: OpenBLAS serialises concurrent
 // multi-threaded calls behind a lock and pays a thread hand-off on each, so
 // heads in parallel with single-threaded products measured over ten times
 // faster than either heads in parallel with threaded products or heads in
