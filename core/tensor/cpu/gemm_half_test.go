@@ -404,5 +404,9 @@ func TestBF16KernelEnv(t *testing.T) {
 		want += " (avx512bf16 turned off)"
 	}
 	require.Equal(t, want, path(BF16KernelEnv+"=off"))
-	require.Equal(t, HalfGemmPath(), path(BF16KernelEnv+"="))
+	unset := "float32 " + BLASName()
+	if bf16Native {
+		unset = "avx512bf16"
+	}
+	require.Equal(t, unset, path(BF16KernelEnv+"="))
 }
