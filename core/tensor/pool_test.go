@@ -1,8 +1,10 @@
 package tensor
 
 import (
+	"runtime"
 	"testing"
 	"unsafe"
+	"weak"
 
 	"github.com/stretchr/testify/require"
 )
@@ -133,4 +135,30 @@ func TestPoolDropKeepsNeighbours(t *testing.T) {
 	fresh := a.FreshBytes()
 	a.NewUninit(Activations, Float32, 1000)
 	require.Equal(t, fresh, a.FreshBytes())
+}
+
+// TestPoolHoldsNoDroppedTensor: a tensor left to the collector without
+// Release is not held alive by the allocator: its slab is collected, and
+// its region then leaves the allocator's record of handed-out regions.
+func TestPoolHoldsNoDroppedTensor(t *testing.T) {
+	a := NewAllocator()
+	x := a.NewUninit(Activations, Float32, 1<<16)
+	w := weak.Make(&x.F32()[0])
+	a.mu.Lock()
+	require.Len(t, a.out, 1)
+	a.mu.Unlock()
+	x = nil
+	runtime.GC()
+	require.Nil(t, w.Value(), "the slab was collected")
+	// The cleanup that forgets the region runs on its own goroutine
+	// after the collection; each collection lets queued cleanups run.
+	left := 1
+	for i := 0; i < 100 && left > 0; i++ {
+		runtime.GC()
+		runtime.Gosched()
+		a.mu.Lock()
+		left = len(a.out)
+		a.mu.Unlock()
+	}
+	require.Zero(t, left, "the collected slab's region is forgotten")
 }
