@@ -8,8 +8,9 @@ import (
 
 // The allocator's storage. Every buffer the allocator makes is a region
 // of a slab: one allocation from the Go heap, made when no free region
-// fits a request, of exactly the request's bytes (rounded up to 8, so
-// every region starts aligned for every dtype). A released tensor's
+// fits a request, of the request's bytes (rounded up to a cache line, so
+// every region starts on a line, aligned for every dtype and for the
+// kernels' vector loads). A released tensor's
 // region waits on the free lists, by bytes rather than by dtype and
 // length, for the next tensor that fits it; it first merges with the free
 // regions beside it in its slab, and a request takes the smallest free
@@ -105,12 +106,14 @@ func (a *Allocator) take(cat Category, dt DType, n int) any {
 }
 
 // fresh returns storage of n elements of dt, n > 0, in a new slab of
-// its own. a.mu is held.
+// its own: the region's bytes and up to a line more, for its start on a
+// line. a.mu is held.
 func (a *Allocator) fresh(dt DType, n int) any {
 	bytes := roundBytes(n * dt.Size())
-	mem := make([]uint64, bytes/8)
-	a.freshBytes += int64(bytes)
+	mem := make([]uint64, (bytes+line-8)/8)
+	a.freshBytes += int64(8 * len(mem))
 	p := unsafe.Pointer(unsafe.SliceData(mem))
+	p = unsafe.Add(p, -int(uintptr(p))&(line-1))
 	r := &region{addr: uintptr(p), bytes: bytes, slab: true}
 	a.out[r.addr] = r
 	// A tensor dropped without Release leaves its region handed out;
@@ -198,8 +201,13 @@ func (a *Allocator) unlist(r *region) {
 	}
 }
 
-// roundBytes is bytes rounded up to a multiple of 8.
-func roundBytes(bytes int) int { return (bytes + 7) &^ 7 }
+// line is the bytes every region starts on a multiple of: a cache line,
+// so that a vector load of a kernel never straddles two lines more often
+// than the buffer's own offsets make it.
+const line = 64
+
+// roundBytes is bytes rounded up to a multiple of line.
+func roundBytes(bytes int) int { return (bytes + line - 1) &^ (line - 1) }
 
 // storageAt is the storage of n elements of dt from p on, with capacity
 // c elements (the region's).
