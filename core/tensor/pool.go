@@ -71,12 +71,15 @@ func splitLimit(cat Category) int {
 // take returns pooled storage of n elements of dt for category cat, nil
 // if no free region fits. a.mu is held.
 func (a *Allocator) take(cat Category, dt DType, n int) any {
-	need := roundBytes(n * dt.Size())
-	if need == 0 {
+	ask := n * dt.Size()
+	if ask == 0 {
 		return nil
 	}
+	// A region of a slab that holds ask bytes holds need, its lines; a
+	// backing's buffer, taken whole, need only hold ask.
+	need := roundBytes(ask)
 	limit := splitLimit(cat) * need
-	i, _ := slices.BinarySearch(a.sizes, need)
+	i, _ := slices.BinarySearch(a.sizes, ask)
 	for ; i < len(a.sizes) && a.sizes[i] <= limit; i++ {
 		b := a.sizes[i]
 		l := a.free[b]

@@ -166,3 +166,24 @@ func TestPoolHoldsNoDroppedTensor(t *testing.T) {
 	}
 	require.Zero(t, left, "the collected slab's region is forgotten")
 }
+
+// TestPoolBackingWhole: a buffer the allocator did not make (a
+// backing's) is pooled whole when released, serves a request of its own
+// bytes though they are no whole number of lines, and merges with
+// nothing.
+func TestPoolBackingWhole(t *testing.T) {
+	a := NewAllocator()
+	own := make([]float32, 1000) // 4000 bytes
+	a.SetBacking(func(dt DType, n int) any { return own[:n] })
+	b := a.NewUninit(Activations, Float32, 1000)
+	a.SetBacking(nil)
+	require.Zero(t, a.FreshBytes())
+	b.Release()
+	require.Equal(t, int64(4000), a.PooledBytes())
+	h := a.NewUninit(Activations, BFloat16, 2000)
+	require.Zero(t, a.FreshBytes(), "the backing's buffer served the request")
+	require.Equal(t, unsafe.Pointer(unsafe.SliceData(own)), unsafe.Pointer(unsafe.SliceData(h.U16())))
+	require.Zero(t, a.PooledBytes(), "taken whole")
+	h.Release()
+	require.Equal(t, []int{4000}, a.sizes)
+}
