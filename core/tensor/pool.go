@@ -10,11 +10,11 @@ import (
 // of a slab: one allocation from the Go heap, made when no free region
 // fits a request, of the request's bytes (rounded up to a cache line, so
 // every region starts on a line, aligned for every dtype and for the
-// kernels' vector loads). A released tensor's
-// region waits on the free lists, by bytes rather than by dtype and
-// length, for the next tensor that fits it; it first merges with the free
-// regions beside it in its slab, and a request takes the smallest free
-// region that holds it and splits off the rest, which stays free.
+// kernels' vector loads). A released tensor's region waits on the free
+// lists, by bytes rather than by dtype and length, for the next tensor
+// that fits it; it first merges with the free regions beside it in its
+// slab, and a request takes the smallest free region that holds it and
+// splits off the rest, which stays free.
 //
 // Why merge: under mixed precision the forward keeps its activations in
 // 2 bytes and the backward needs float32 buffers of twice their bytes.
