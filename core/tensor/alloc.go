@@ -34,15 +34,20 @@ func (c Category) String() string {
 // accounting; the local comm backend runs several ranks in one process,
 // each with its own.
 type Allocator struct {
-	mu     sync.Mutex
-	cur    [numCategories]int64
-	peak   [numCategories]int64
-	total  int64
-	tpeak  int64
-	wpeak  int64            // the most bytes in use since StartWindow
-	fresh  int64            // storage taken from the Go heap: FreshBytes
-	free   map[int][]pooled // released storage by its bytes (pool.go)
-	noPool bool
+	mu    sync.Mutex
+	cur   [numCategories]int64
+	peak  [numCategories]int64
+	total int64
+	tpeak int64
+	wpeak int64 // the most bytes in use since StartWindow
+	// The free regions by their bytes, those bytes in increasing order,
+	// and the regions of the allocator's slabs handed out, by their first
+	// byte (pool.go).
+	free       map[int][]pooled
+	sizes      []int
+	out        map[uintptr]*region
+	freshBytes int64 // slabs taken from the Go heap: FreshBytes
+	noPool     bool
 	// backing, when set, supplies the storage of new tensors (see
 	// SetBacking); nil means the Go heap.
 	backing func(dtype DType, n int) any
@@ -70,7 +75,7 @@ var Default = NewAllocator()
 
 // NewAllocator returns an empty allocator.
 func NewAllocator() *Allocator {
-	return &Allocator{free: map[int][]pooled{}}
+	return &Allocator{free: map[int][]pooled{}, out: map[uintptr]*region{}}
 }
 
 // New returns a zeroed tensor of category cat.
@@ -91,12 +96,12 @@ func (a *Allocator) NewUninit(cat Category, dtype DType, shape ...int) *Tensor {
 	if a.backing != nil {
 		buf = a.backing(dtype, n)
 	} else {
-		buf = a.take(dtype, n)
+		buf = a.take(cat, dtype, n)
+	}
+	if buf == nil && n > 0 {
+		buf = a.fresh(dtype, n)
 	}
 	b := int64(n) * int64(dtype.Size())
-	if buf == nil {
-		a.fresh += b
-	}
 	a.cur[t.acct] += b
 	a.total += b
 	if a.cur[t.acct] > a.peak[t.acct] {
@@ -249,21 +254,21 @@ func (a *Allocator) PooledBytes() int64 {
 }
 
 // FreshBytes is the storage the allocator has taken from the Go heap
-// since it was made: every buffer it handed out that came neither from
-// its free lists nor from a backing. Once a training loop has run a step,
+// since it was made: the slabs (pool.go) of every buffer it handed out
+// that came neither from its free lists nor from a backing. Once a training loop has run a step,
 // the next ones take none: each buffer they need, a released activation,
 // gathered unit or gradient, is on the free lists already. Storage taken
 // anew is the heap's to grow by, and the garbage of a buffer it replaced.
 func (a *Allocator) FreshBytes() int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.fresh
+	return a.freshBytes
 }
 
 // DropPool frees the cached buffers to the garbage collector.
 func (a *Allocator) DropPool() {
 	a.mu.Lock()
-	a.free = map[int][]pooled{}
+	a.free, a.sizes = map[int][]pooled{}, nil
 	a.mu.Unlock()
 }
 
