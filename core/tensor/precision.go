@@ -204,48 +204,48 @@ func HalfBytes(params []*Tensor) int64 {
 	return n
 }
 
-// gemmW is gemm32 with w, a parameter or an activation, as operand B: a
-// parameter's half-precision copy, or an activation kept in 2 bytes, is
-// read as it is stored.
-func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, beta float32, c []float32, ldc int) {
-	h := storedHalf(w)
+// operandOf is tensor t as an operand of a product in compute dtype d:
+// its 2-byte copy in d (a parameter's, halfOf, or a stored activation's),
+// read as it is stored, or else its float32 values, which the product
+// rounds as it reads them (an activation stored in another dtype is
+// widened back first).
+func operandOf(d DType, t *Tensor) cpu.HalfOperand {
+	h := storedHalf(t)
 	if d != Float32 && h == nil {
-		h = halfOf(w, d)
+		h = halfOf(t, d)
 	}
 	if h != nil && h.dtype == d {
-		cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
-		return
+		return cpu.HalfOperand{H: h.u16}
 	}
 	if h != nil {
-		refill(w) // stored in another dtype: read widened
+		refill(t) // stored in another dtype: read widened
 	}
-	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
+	return cpu.HalfOperand{F: t.f32}
 }
 
-// gemmX is gemm32 with x, an activation, as operand A: one kept in 2
-// bytes is read as it is stored.
-func gemmX(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	h := storedHalf(x)
-	if h != nil && h.dtype == d {
-		cpu.GemmHalfARoundB(d == Float16, ta, tb, m, n, k, 1, h.u16, lda, b, ldb, beta, c, ldc)
+// f32Operand is a float32 slice as an operand, rounded as it is read.
+func f32Operand(x []float32) cpu.HalfOperand { return cpu.HalfOperand{F: x} }
+
+// gemmD is cpu.Gemm on float32 operands in compute dtype d: under mixed
+// precision a half-precision product (cpu.GemmHalfOperands), which reads
+// 2-byte operands as they are stored and rounds float32 ones.
+func gemmD(d DType, ta, tb bool, m, n, k int, a cpu.HalfOperand, lda int, b cpu.HalfOperand, ldb int, beta float32, c []float32, ldc int) {
+	if d == Float32 {
+		cpu.Gemm(ta, tb, m, n, k, 1, a.F, lda, b.F, ldb, beta, c, ldc)
 		return
 	}
-	if h != nil {
-		refill(x) // stored in another dtype: read widened
-	}
-	gemm32(d, ta, tb, m, n, k, x.f32, lda, b, ldb, beta, c, ldc)
+	cpu.GemmHalfOperands(d == Float16, ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
-// gemm32 is cpu.Gemm on float32 slices in compute dtype d.
-func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	switch d {
-	case BFloat16:
-		cpu.GemmRoundBF16(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
-	case Float16:
-		cpu.GemmRoundF16(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
-	default:
-		cpu.Gemm(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
+// roundOnce returns g, a float32 gradient of rows x cols that two products
+// of a backward read, as the operand both read: under mixed precision on
+// the portable path g rounded once (cpu.RoundHalfOnce) rather than once by
+// each product, with the function that gives the rounded copy back.
+func roundOnce(d DType, g []float32, rows, cols int) (cpu.HalfOperand, func()) {
+	if d == Float32 || d == Float64 {
+		return f32Operand(g), func() {}
 	}
+	return cpu.RoundHalfOnce(d == Float16, g, rows, cols)
 }
 
 // Activations kept for the backward in the compute dtype. Under mixed
