@@ -156,11 +156,11 @@ func expMinus32(row []float32, lse float32) {
 	C.tacc_exp_minus((*C.float)(&row[0]), C.long(len(row)), C.float(lse))
 }
 
-func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
+func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	if len(p) == 0 {
 		return
 	}
 	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
 	C.tacc_adamw((*C.float)(&p[0]), (*C.float)(&g[0]), (*C.float)(&m[0]), (*C.float)(&v[0]), C.long(len(p)),
-		C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
+		C.float(gscale), C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
 }

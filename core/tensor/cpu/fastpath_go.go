@@ -34,6 +34,6 @@ func roundBF16(x []float32)                    { roundBF16Go(x) }
 
 func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }
 
-func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
-	adamWGo(p, g, m, v, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
+func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
+	adamWGo(p, g, m, v, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
 }
