@@ -102,7 +102,7 @@ func halfOf(w *Tensor, d DType) *Tensor {
 		a = Default
 	}
 	h := a.NewUninit(Params, d, w.shape...)
-	NarrowHalf(d, h.u16, w.f32)
+	convGrain(len(w.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], w.f32[lo:hi]) })
 	w.half = h
 	return h
 }
