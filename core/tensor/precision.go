@@ -16,7 +16,8 @@ import (
 //     in backward: the weights they see are half-precision copies of the
 //     float32 masters, refreshed whenever the masters change, and the
 //     activations and output gradients are what half-precision copies of
-//     them hold;
+//     them hold (the output gradient two products of a backward read is
+//     rounded once for both on the portable path: roundOnce);
 //   - their results come out of the float32 accumulator unrounded: weight
 //     gradients stay float32 (Megatron's main gradients) and accumulate in
 //     float32 across micro-batches (what crosses ranks between layers,
