@@ -26,6 +26,26 @@ type Optimizer interface {
 	State() map[string]*tensor.Tensor
 }
 
+// ScaledStepper is an optimizer that can take its step on its gradients
+// multiplied by a factor as it reads them, leaving the gradients as they
+// are: the trainer's unscaling (fp16 loss scaling) and clipping folded
+// into the update rather than a pass of their own over every gradient.
+type ScaledStepper interface {
+	// StepScaled is Step on the gradients times gradScale, bitwise.
+	StepScaled(lr, gradScale float64) error
+}
+
+// StepScaled takes o's step with learning rate lr on its gradients
+// multiplied by s: in the update where o can (ScaledStepper), else
+// multiplying the gradients first (ScaleGrads).
+func StepScaled(o Optimizer, lr, s float64) error {
+	if ss, ok := o.(ScaledStepper); ok {
+		return ss.StepScaled(lr, s)
+	}
+	ScaleGrads(o.Params(), s)
+	return o.Step(lr)
+}
+
 // StepCounter is an optimizer whose update depends on how many steps each
 // parameter has taken (AdamW's bias correction). The count is not a buffer
 // of State, so it is read and restored on its own when resuming: without
@@ -196,7 +216,11 @@ func decayOf(groups []Group, p *tensor.Tensor) float64 {
 }
 
 // Step implements Optimizer.
-func (o *AdamW) Step(lr float64) error {
+func (o *AdamW) Step(lr float64) error { return o.StepScaled(lr, 1) }
+
+// StepScaled implements ScaledStepper: the gradient's scale is one more
+// factor of the update (cpu.AdamWScaled).
+func (o *AdamW) StepScaled(lr, gradScale float64) error {
 	for _, g := range o.groups {
 		for _, p := range g.Params {
 			if p.Grad == nil {
@@ -207,9 +231,9 @@ func (o *AdamW) Step(lr float64) error {
 			m, v := o.m[p], o.v[p]
 			switch p.DType() {
 			case tensor.Float32:
-				cpu.AdamW(p.F32(), p.Grad.F32(), m.F32(), v.F32(), lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
+				cpu.AdamWScaled(p.F32(), p.Grad.F32(), m.F32(), v.F32(), gradScale, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
 			case tensor.Float64:
-				cpu.AdamW(p.F64(), p.Grad.F64(), m.F64(), v.F64(), lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
+				cpu.AdamWScaled(p.F64(), p.Grad.F64(), m.F64(), v.F64(), gradScale, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, g.WeightDecay, t)
 			default:
 				return fmt.Errorf("optim: AdamW cannot update %s", p)
 			}

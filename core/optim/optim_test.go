@@ -130,3 +130,43 @@ func TestAdamWResumeRestoresStepCounts(t *testing.T) {
 	err := refOpt.SetSteps(map[string]int{"h.0.mlp.c_fc.weight": 3})
 	require.EqualError(t, err, `optim: AdamW has no parameter "h.0.mlp.c_fc.weight" to set the step count of (was the state saved from another model?)`)
 }
+
+// TestStepScaled: the step on gradients times s, folded into AdamW's
+// update, is bitwise the step after ScaleGrads, in float32 and float64,
+// and leaves the gradients as they were; an optimizer without the fold
+// (SGD) has its gradients scaled first.
+func TestStepScaled(t *testing.T) {
+	const s = 0.37 / 65536
+	of := func(dt tensor.DType, v ...float64) *tensor.Tensor {
+		if dt == tensor.Float64 {
+			return tensor.FromF64(v, len(v))
+		}
+		f := make([]float32, len(v))
+		for i, x := range v {
+			f[i] = float32(x)
+		}
+		return tensor.FromF32(f, len(v))
+	}
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.Float64} {
+		mk := func() (*tensor.Tensor, *AdamW) {
+			p := of(dt, 1, -2, 0.5)
+			return p, NewAdamW(AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}, []Group{{Params: []*tensor.Tensor{p}, WeightDecay: 0.1}}, nil)
+		}
+		p1, o1 := mk()
+		p2, o2 := mk()
+		for step := 1; step <= 3; step++ {
+			g := of(dt, 3e4, -1e3*float64(step), 7)
+			p1.Grad = g.Clone(tensor.Grads)
+			require.NoError(t, StepScaled(o1, 1e-2, s))
+			require.Equal(t, g.Float64s(), p1.Grad.Float64s(), "%s: the gradient is left as it was", dt)
+			p2.Grad = g.Clone(tensor.Grads)
+			ScaleGrads([]*tensor.Tensor{p2}, s)
+			require.NoError(t, o2.Step(1e-2))
+			require.Equal(t, p2.Float64s(), p1.Float64s(), "%s step %d", dt, step)
+		}
+	}
+	p := tensor.FromF64([]float64{1}, 1)
+	p.Grad = tensor.FromF64([]float64{4}, 1)
+	require.NoError(t, StepScaled(NewSGD(0, []Group{{Params: []*tensor.Tensor{p}}}, nil), 0.1, 0.5))
+	require.InDelta(t, 1-0.1*2, p.At(0), 1e-15)
+}

@@ -34,17 +34,25 @@ func Linear(x, w, b *Tensor) *Tensor {
 			bv, done = ReadParam(b) // the bias's copy (precision.go)
 			bias = bv.f32
 		}
-		gemmWBias(d, false, false, rows, out, in, x.f32, in, w, out, bias, y.f32)
+		gemmDBias(d, rows, out, in, f32Operand(x.f32), operandOf(d, w), bias, y.f32)
 		done()
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)
 	}
 	record(y, "linear", func(bp *Backprop, g *Tensor) []*Tensor {
 		var gx, gw, gb *Tensor
+		deferW := bp.DeferringWeights() && w.node == nil
+		gop := f32Operand(g.f32)
+		if x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW {
+			// both products read g: round it once (precision.go)
+			var done func()
+			gop, done = roundOnce(d, g.f32, rows, out)
+			defer done()
+		}
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				gemmW(d, false, true, rows, in, out, g.f32, out, w, out, 0, gx.f32, in)
+				gemmD(d, false, true, rows, in, out, gop, out, operandOf(d, w), out, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, true, rows, in, out, 1, g.f64, out, w.f64, out, 0, gx.f64, in)
 			}
@@ -52,7 +60,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				gemmX(d, true, false, in, out, rows, x, in, g.f32, out, float32(beta), gw.f32, out)
+				gemmD(d, true, false, in, out, rows, operandOf(d, x), in, gop, out, float32(beta), gw.f32, out)
 			} else {
 				cpu.Gemm(true, false, in, out, rows, 1, x.f64, in, g.f64, out, beta, gw.f64, out)
 			}
@@ -67,7 +75,6 @@ func Linear(x, w, b *Tensor) *Tensor {
 			}
 			return ret
 		}
-		deferW := bp.DeferringWeights() && w.node == nil
 		if w.requiresGrad {
 			if deferW {
 				bp.Defer(w, weightGrad)
@@ -135,16 +142,24 @@ func MatMulT(x, w *Tensor) *Tensor {
 	y := like(x, shape...)
 	d := computeOf(x) // precision.go
 	if x.dtype == Float32 {
-		gemmW(d, false, true, rows, out, in, x.f32, in, w, in, 0, y.f32, out)
+		gemmD(d, false, true, rows, out, in, f32Operand(x.f32), in, operandOf(d, w), in, 0, y.f32, out)
 	} else {
 		cpu.Gemm(false, true, rows, out, in, 1, x.f64, in, w.f64, in, 0, y.f64, out)
 	}
 	record(y, "matmul_t", func(bp *Backprop, g *Tensor) []*Tensor {
 		var gx, gw *Tensor
+		deferW := bp.DeferringWeights() && w.node == nil
+		gop := f32Operand(g.f32)
+		if x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW {
+			// both products read g: round it once (precision.go)
+			var done func()
+			gop, done = roundOnce(d, g.f32, rows, out)
+			defer done()
+		}
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
-				gemmW(d, false, false, rows, in, out, g.f32, out, w, in, 0, gx.f32, in)
+				gemmD(d, false, false, rows, in, out, gop, out, operandOf(d, w), in, 0, gx.f32, in)
 			} else {
 				cpu.Gemm(false, false, rows, in, out, 1, g.f64, out, w.f64, in, 0, gx.f64, in)
 			}
@@ -152,14 +167,14 @@ func MatMulT(x, w *Tensor) *Tensor {
 		weightGrad := func() *Tensor {
 			gw, beta, ret := gradBuffer(bp, w)
 			if x.dtype == Float32 {
-				gemmW(d, true, false, out, in, rows, g.f32, out, x, in, float32(beta), gw.f32, in)
+				gemmD(d, true, false, out, in, rows, gop, out, operandOf(d, x), in, float32(beta), gw.f32, in)
 			} else {
 				cpu.Gemm(true, false, out, in, rows, 1, g.f64, out, x.f64, in, beta, gw.f64, in)
 			}
 			return ret
 		}
 		if w.requiresGrad {
-			if bp.DeferringWeights() && w.node == nil {
+			if deferW {
 				bp.Defer(w, weightGrad)
 			} else {
 				gw = weightGrad()

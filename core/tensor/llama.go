@@ -236,7 +236,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	d := computeOf(x) // precision.go
 	for i, w := range ws {
 		if x.dtype == Float32 {
-			gemmW(d, false, true, rows, w.shape[0], in, x.f32, in, w, in, 0, y.f32[offs[i]:], O)
+			gemmD(d, false, true, rows, w.shape[0], in, f32Operand(x.f32), in, operandOf(d, w), in, 0, y.f32[offs[i]:], O)
 		} else {
 			cpu.Gemm(false, true, rows, w.shape[0], in, 1, x.f64, in, w.f64, in, 0, y.f64[offs[i]:], O)
 		}
@@ -244,12 +244,20 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	inputs := append([]*Tensor{x}, ws...)
 	record(y, "linear_t", func(bp *Backprop, g *Tensor) []*Tensor {
 		grads := make([]*Tensor, len(inputs))
+		gop := f32Operand(g.f32)
+		if x.dtype == Float32 && x.requiresGrad && !bp.DeferringWeights() {
+			// the input's and the weights' gradients read g: round it once
+			// (precision.go)
+			var done func()
+			gop, done = roundOnce(d, g.f32, rows, O)
+			defer done()
+		}
 		if x.requiresGrad {
 			gx := like(x, x.shape...)
 			for i, w := range ws {
 				beta := float64(min(i, 1))
 				if x.dtype == Float32 {
-					gemmW(d, false, false, rows, in, w.shape[0], g.f32[offs[i]:], O, w, in, float32(beta), gx.f32, in)
+					gemmD(d, false, false, rows, in, w.shape[0], gop.Strip(offs[i]), O, operandOf(d, w), in, float32(beta), gx.f32, in)
 				} else {
 					cpu.Gemm(false, false, rows, in, w.shape[0], 1, g.f64[offs[i]:], O, w.f64, in, beta, gx.f64, in)
 				}
@@ -263,7 +271,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 			weightGrad := func() *Tensor {
 				gw, beta, ret := gradBuffer(bp, w) // in place into w's gradient
 				if x.dtype == Float32 {
-					gemm32(d, true, false, w.shape[0], in, rows, g.f32[offs[i]:], O, x.f32, in, float32(beta), gw.f32, in)
+					gemmD(d, true, false, w.shape[0], in, rows, gop.Strip(offs[i]), O, f32Operand(x.f32), in, float32(beta), gw.f32, in)
 				} else {
 					cpu.Gemm(true, false, w.shape[0], in, rows, 1, g.f64[offs[i]:], O, x.f64, in, beta, gw.f64, in)
 				}

@@ -16,7 +16,8 @@ import (
 //     in backward: the weights they see are half-precision copies of the
 //     float32 masters, refreshed whenever the masters change, and the
 //     activations and output gradients are what half-precision copies of
-//     them hold;
+//     them hold (the output gradient two products of a backward read is
+//     rounded once for both on the portable path: roundOnce);
 //   - their results come out of the float32 accumulator unrounded: weight
 //     gradients stay float32 (Megatron's main gradients) and accumulate in
 //     float32 across micro-batches (what crosses ranks between layers,
@@ -102,7 +103,7 @@ func halfOf(w *Tensor, d DType) *Tensor {
 		a = Default
 	}
 	h := a.NewUninit(Params, d, w.shape...)
-	NarrowHalf(d, h.u16, w.f32)
+	convGrain(len(w.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], w.f32[lo:hi]) })
 	w.half = h
 	return h
 }
@@ -204,69 +205,64 @@ func HalfBytes(params []*Tensor) int64 {
 	return n
 }
 
-// gemmW is gemm32 with w, a parameter or an activation, as operand B: a
-// parameter's half-precision copy, or an activation kept in 2 bytes, is
-// read as it is stored.
-func gemmW(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, beta float32, c []float32, ldc int) {
-	h := storedHalf(w)
+// operandOf is tensor t as an operand of a product in compute dtype d:
+// its 2-byte copy in d (a parameter's, halfOf, or a stored activation's),
+// read as it is stored, or else its float32 values, which the product
+// rounds as it reads them (an activation stored in another dtype is
+// widened back first).
+func operandOf(d DType, t *Tensor) cpu.HalfOperand {
+	h := storedHalf(t)
 	if d != Float32 && h == nil {
-		h = halfOf(w, d)
+		h = halfOf(t, d)
 	}
 	if h != nil && h.dtype == d {
-		cpu.GemmRoundAHalfB(d == Float16, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, beta, c, ldc)
-		return
+		return cpu.HalfOperand{H: h.u16}
 	}
 	if h != nil {
-		refill(w) // stored in another dtype: read widened
+		refill(t) // stored in another dtype: read widened
 	}
-	gemm32(d, ta, tb, m, n, k, a, lda, w.f32, ldb, beta, c, ldc)
+	return cpu.HalfOperand{F: t.f32}
 }
 
-// gemmWBias sets C (m x n, stride n) to a·op(w) plus bias[j] on column j
-// of every row (nil: no bias), as gemmW with beta 0 followed by
-// cpu.AddBias, bitwise; where w's bf16 copy is read it is one product
-// that adds the bias as it stores C (cpu.GemmRoundAHalfBBias).
-func gemmWBias(d DType, ta, tb bool, m, n, k int, a []float32, lda int, w *Tensor, ldb int, bias, c []float32) {
-	if bias != nil && d == BFloat16 {
-		h := storedHalf(w)
-		if h == nil {
-			h = halfOf(w, d)
-		}
-		if h != nil && h.dtype == d {
-			cpu.GemmRoundAHalfBBias(false, ta, tb, m, n, k, 1, a, lda, h.u16, ldb, bias, c, n)
-			return
-		}
+// gemmDBias sets C (m x n, stride n) to a·b (b stored k x n) plus
+// bias[j] on column j of every row (nil: no bias), as gemmD with beta 0
+// followed by cpu.AddBias, bitwise; where b is a bf16 copy read as stored
+// and a is float32, it is one product that adds the bias as it stores C
+// (cpu.GemmRoundAHalfBBias): a Linear layer's forward.
+func gemmDBias(d DType, m, n, k int, a, b cpu.HalfOperand, bias, c []float32) {
+	if bias != nil && d == BFloat16 && a.F != nil && !a.Exact && b.H != nil {
+		cpu.GemmRoundAHalfBBias(false, false, false, m, n, k, 1, a.F, k, b.H, n, bias, c, n)
+		return
 	}
-	gemmW(d, ta, tb, m, n, k, a, lda, w, ldb, 0, c, n)
+	gemmD(d, false, false, m, n, k, a, k, b, n, 0, c, n)
 	if bias != nil {
 		cpu.AddBias(c, bias, m, n)
 	}
 }
 
-// gemmX is gemm32 with x, an activation, as operand A: one kept in 2
-// bytes is read as it is stored.
-func gemmX(d DType, ta, tb bool, m, n, k int, x *Tensor, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	h := storedHalf(x)
-	if h != nil && h.dtype == d {
-		cpu.GemmHalfARoundB(d == Float16, ta, tb, m, n, k, 1, h.u16, lda, b, ldb, beta, c, ldc)
+// f32Operand is a float32 slice as an operand, rounded as it is read.
+func f32Operand(x []float32) cpu.HalfOperand { return cpu.HalfOperand{F: x} }
+
+// gemmD is cpu.Gemm on float32 operands in compute dtype d: under mixed
+// precision a half-precision product (cpu.GemmHalfOperands), which reads
+// 2-byte operands as they are stored and rounds float32 ones.
+func gemmD(d DType, ta, tb bool, m, n, k int, a cpu.HalfOperand, lda int, b cpu.HalfOperand, ldb int, beta float32, c []float32, ldc int) {
+	if d == Float32 {
+		cpu.Gemm(ta, tb, m, n, k, 1, a.F, lda, b.F, ldb, beta, c, ldc)
 		return
 	}
-	if h != nil {
-		refill(x) // stored in another dtype: read widened
-	}
-	gemm32(d, ta, tb, m, n, k, x.f32, lda, b, ldb, beta, c, ldc)
+	cpu.GemmHalfOperands(d == Float16, ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
-// gemm32 is cpu.Gemm on float32 slices in compute dtype d.
-func gemm32(d DType, ta, tb bool, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	switch d {
-	case BFloat16:
-		cpu.GemmRoundBF16(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
-	case Float16:
-		cpu.GemmRoundF16(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
-	default:
-		cpu.Gemm(ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
+// roundOnce returns g, a float32 gradient of rows x cols that two products
+// of a backward read, as the operand both read: under mixed precision on
+// the portable path g rounded once (cpu.RoundHalfOnce) rather than once by
+// each product, with the function that gives the rounded copy back.
+func roundOnce(d DType, g []float32, rows, cols int) (cpu.HalfOperand, func()) {
+	if d == Float32 || d == Float64 {
+		return f32Operand(g), func() {}
 	}
+	return cpu.RoundHalfOnce(d == Float16, g, rows, cols)
 }
 
 // Activations kept for the backward in the compute dtype. Under mixed

@@ -590,9 +590,10 @@ func (t *Trainer) Update(step int, loss float64) (StepMetrics, error) {
 	t.scaler.update(overflow)
 	lr := t.Sched.At(step)
 	if !skip {
-		optim.ScaleGrads(t.Opt.Params(), unscale*optim.ClipCoef(norm, t.Cfg.Train.GradClip))
+		// the unscaling and clipping factor, folded into the update where
+		// the optimizer can (AdamW)
 		span := t.Trace.Begin("optimizer", "compute", trace.Compute)
-		err = t.Opt.Step(lr)
+		err = optim.StepScaled(t.Opt, lr, unscale*optim.ClipCoef(norm, t.Cfg.Train.GradClip))
 		span.End()
 		if err != nil {
 			return StepMetrics{}, err

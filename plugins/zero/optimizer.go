@@ -66,6 +66,12 @@ func newShardOptimizer(cfg config.Config, lay *Layout, units []*unitState, alloc
 // Step implements optim.Optimizer: it updates the owned shard in place.
 func (o *ShardOptimizer) Step(lr float64) error { return o.inner.Step(lr) }
 
+// StepScaled implements optim.ScaledStepper: the inner optimizer's own, or
+// its step after the gradients are scaled.
+func (o *ShardOptimizer) StepScaled(lr, gradScale float64) error {
+	return optim.StepScaled(o.inner, lr, gradScale)
+}
+
 // Params implements optim.Optimizer: the shard views, decayed ones first.
 func (o *ShardOptimizer) Params() []*tensor.Tensor { return o.inner.Params() }
 

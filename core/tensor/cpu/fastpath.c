@@ -290,12 +290,13 @@ CLONES void tacc_exp_minus(float *row, long n, float lse) {
 	}
 }
 
-// adamw_step is one element of the float32 loop of AdamW in vec.go: m and v
-// formed with float64 fused multiply-adds rounded once to float32, and the
-// square root of float64(v) rounded to float32, which is sqrtf(v).
-static inline void adamw_step(float *p, const float *g, float *m, float *v, float decay, float b1, float b2, float ob1,
-			      float ob2, float step, float bc2_sqrt, float eps) {
-	float gi = *g;
+// adamw_step is one element of the float32 loop of AdamW in vec.go: the
+// gradient multiplied by gscale, m and v formed with float64 fused
+// multiply-adds rounded once to float32, and the square root of float64(v)
+// rounded to float32, which is sqrtf(v).
+static inline void adamw_step(float *p, const float *g, float *m, float *v, float gscale, float decay, float b1,
+			      float b2, float ob1, float ob2, float step, float bc2_sqrt, float eps) {
+	float gi = *g * gscale;
 	float pi = *p * decay;
 	float mi = (float)__builtin_fma((double)gi, (double)ob1, (double)(b1 * *m));
 	float vi = (float)__builtin_fma((double)(ob2 * gi), (double)gi, (double)(b2 * *v));
@@ -319,11 +320,11 @@ static inline __m512 fma_f32(__m512 a, __m512 b, __m512 c) {
 // adamw_avx512 is adamw_step on 16 lanes at a time: the same operations in
 // the same order.
 __attribute__((target("avx512f")))
-static void adamw_avx512(float *p, const float *g, float *m, float *v, long n, float decay, float b1, float b2, float ob1,
-			 float ob2, float step, float bc2_sqrt, float eps) {
+static void adamw_avx512(float *p, const float *g, float *m, float *v, long n, float gscale, float decay, float b1,
+			 float b2, float ob1, float ob2, float step, float bc2_sqrt, float eps) {
 	long i = 0;
 	for (; i + 16 <= n; i += 16) {
-		__m512 gi = _mm512_loadu_ps(g + i);
+		__m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), _mm512_set1_ps(gscale));
 		__m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(decay));
 		__m512 mi = fma_f32(gi, _mm512_set1_ps(ob1), _mm512_mul_ps(_mm512_set1_ps(b1), _mm512_loadu_ps(m + i)));
 		__m512 vi = fma_f32(_mm512_mul_ps(_mm512_set1_ps(ob2), gi), gi,
@@ -334,18 +335,18 @@ static void adamw_avx512(float *p, const float *g, float *m, float *v, long n, f
 		_mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(step), mi), den)));
 	}
 	for (; i < n; i++) {
-		adamw_step(p + i, g + i, m + i, v + i, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
+		adamw_step(p + i, g + i, m + i, v + i, gscale, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 	}
 }
 
 // tacc_adamw matches the float32 loop of AdamW in vec.go.
-void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float decay, float b1, float b2, float ob1,
-		float ob2, float step, float bc2_sqrt, float eps) {
+void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gscale, float decay, float b1, float b2,
+		float ob1, float ob2, float step, float bc2_sqrt, float eps) {
 	if (__builtin_cpu_supports("avx512f")) {
-		adamw_avx512(p, g, m, v, n, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
+		adamw_avx512(p, g, m, v, n, gscale, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 		return;
 	}
 	for (long i = 0; i < n; i++) {
-		adamw_step(p + i, g + i, m + i, v + i, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
+		adamw_step(p + i, g + i, m + i, v + i, gscale, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 	}
 }

@@ -25,7 +25,7 @@ void tacc_bf16_to_f32(const uint16_t *src, uint32_t *dst, long n);
 void tacc_round_bf16(uint32_t *x, long n);
 void tacc_exp_minus(float *row, long n, float lse);
 void tacc_lse_backward(const float *p, float *dp, long n, float delta);
-void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float decay, float b1, float b2, float ob1,
-		float ob2, float step, float bc2_sqrt, float eps);
+void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gscale, float decay, float b1, float b2,
+		float ob1, float ob2, float step, float bc2_sqrt, float eps);
 
 #endif

@@ -164,11 +164,11 @@ func lseBackward32(p, dp []float32, delta float32) {
 	C.tacc_lse_backward((*C.float)(&p[0]), (*C.float)(&dp[0]), C.long(len(p)), C.float(delta))
 }
 
-func adamW32(p, g, m, v []float32, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
+func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	if len(p) == 0 {
 		return
 	}
 	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
 	C.tacc_adamw((*C.float)(&p[0]), (*C.float)(&g[0]), (*C.float)(&m[0]), (*C.float)(&v[0]), C.long(len(p)),
-		C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
+		C.float(gscale), C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
 }

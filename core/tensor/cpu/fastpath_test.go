@@ -144,7 +144,7 @@ func TestAdamWFastPathMatchesGo(t *testing.T) {
 		g := randSlice[float32](rng, n, 1e-3*float64(step))
 		g[0], g[1] = 0, 1e4
 		AdamW(p1, g, m1, v1, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
-		adamWGo(p2, g, m2, v2, float32(1-1e-3*0.1), float32(0.9), float32(0.95), float32(1-0.9), float32(1-0.95),
+		adamWGo(p2, g, m2, v2, 1, float32(1-1e-3*0.1), float32(0.9), float32(0.95), float32(1-0.9), float32(1-0.95),
 			float32(1e-3/(1-math.Pow(0.9, float64(step)))), float32(math.Sqrt(1-math.Pow(0.95, float64(step)))), float32(1e-8))
 		require.Equal(t, p2, p1, "params at step %d", step)
 		require.Equal(t, m2, m1, "first moments at step %d", step)

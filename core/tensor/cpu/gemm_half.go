@@ -24,9 +24,10 @@ import (
 // patterns (h), or as float32 (f) that the product rounds to the half
 // format first, so callers with float32 activations need no converted copy.
 type halfOperand struct {
-	h   []uint16
-	f   []float32
-	f16 bool // the format is fp16 rather than bf16
+	h     []uint16
+	f     []float32
+	f16   bool // the format is fp16 rather than bf16
+	exact bool // f already holds half values (RoundHalfOnce): read as it is
 }
 
 func (o halfOperand) len() int {
@@ -174,7 +175,7 @@ func (o halfOperand) widen(trans bool, rows, cols, ld int, par bool) ([]float32,
 	if rows == 0 || cols == 0 {
 		return nil, nil // the product reads nothing of it
 	}
-	if o.f != nil && exactHalf(o.f16, o.f, rows, cols, ld) {
+	if o.f != nil && (o.exact || exactHalf(o.f16, o.f, rows, cols, ld)) {
 		return o.f, nil
 	}
 	buf := getWidenBuf((rows-1)*ld + cols)

@@ -172,6 +172,14 @@ func BiasGrad[T Float](dy, db []T, rows, cols int) {
 // order of rounding steps, so float32 results match torch 1.13 bitwise
 // (checked on 100k parameters over 3 steps).
 func AdamW[T Float](p, g, m, v []T, lr, beta1, beta2, eps, wd float64, t int) {
+	AdamWScaled(p, g, m, v, 1, lr, beta1, beta2, eps, wd, t)
+}
+
+// AdamWScaled is AdamW on the gradient g multiplied by gscale (rounded to
+// T) as the update reads it, g itself left as it is: bitwise AdamW after
+// Scale(g, T(gscale)), without that pass over g. The trainer's unscaling
+// (fp16 loss scaling) and gradient clipping take this way.
+func AdamWScaled[T Float](p, g, m, v []T, gscale, lr, beta1, beta2, eps, wd float64, t int) {
 	checkLen("AdamW", len(p), len(g), len(m), len(v))
 	bc1 := 1 - math.Pow(beta1, float64(t))
 	bc2 := 1 - math.Pow(beta2, float64(t))
@@ -183,21 +191,23 @@ func AdamW[T Float](p, g, m, v []T, lr, beta1, beta2, eps, wd float64, t int) {
 		step    = T(lr / bc1)
 		bc2Sqrt = T(math.Sqrt(bc2))
 		epsT    = T(eps)
+		gs      = T(gscale)
 	)
 	ParallelFor(len(p), elemGrain, func(lo, hi int) {
-		ps, gs, ms, vs := p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
+		ps, gc, ms, vs := p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
 		if isF32[T]() { // the same loop, vectorised C in the cgo build
-			adamW32(as32(ps), as32(gs), as32(ms), as32(vs), float32(decay), float32(b1), float32(b2),
+			adamW32(as32(ps), as32(gc), as32(ms), as32(vs), float32(gs), float32(decay), float32(b1), float32(b2),
 				float32(ob1), float32(ob2), float32(step), float32(bc2Sqrt), float32(epsT))
 			return
 		}
-		adamWGo(ps, gs, ms, vs, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT)
+		adamWGo(ps, gc, ms, vs, gs, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT)
 	})
 }
 
-// adamWGo is AdamW's update of one chunk.
-func adamWGo[T Float](ps, gs, ms, vs []T, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT T) {
+// adamWGo is AdamW's update of one chunk, on the gradient times gscale.
+func adamWGo[T Float](ps, gs, ms, vs []T, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, epsT T) {
 	for i, gi := range gs {
+		gi *= gscale
 		pi := ps[i] * decay
 		// PyTorch's vectorised CPU kernels form m and v with fused
 		// multiply-adds; for float32 the float64 FMAs here round the

@@ -43,6 +43,34 @@ func TestAdamW(t *testing.T) {
 	t.Run("float64", testAdamW[float64])
 }
 
+// testAdamWScaled: AdamWScaled is bitwise Scale then AdamW (the trainer's
+// unscaling and clipping folded into the step), ragged tail and the
+// vectorised float32 loop included, and leaves the gradient as it was.
+func testAdamWScaled[T Float](t *testing.T) {
+	rng := newRNG(52)
+	n := 40001
+	p1 := randSlice[T](rng, n, 1)
+	p2, m1, v1, m2, v2 := append([]T(nil), p1...), make([]T, n), make([]T, n), make([]T, n), make([]T, n)
+	for step := 1; step <= 3; step++ {
+		g := randSlice[T](rng, n, 4096)
+		g[0], g[1] = 0, 1e4
+		s := 0.37 / 65536 * float64(step)
+		g1 := append([]T(nil), g...)
+		AdamWScaled(p1, g1, m1, v1, s, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+		require.Equal(t, g, g1, "the gradient at step %d", step)
+		Scale(g, T(s))
+		AdamW(p2, g, m2, v2, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+		requireSameBits(t, p1, p2, "params")
+		requireSameBits(t, m1, m2, "first moments")
+		requireSameBits(t, v1, v2, "second moments")
+	}
+}
+
+func TestAdamWScaled(t *testing.T) {
+	t.Run("float32", testAdamWScaled[float32])
+	t.Run("float64", testAdamWScaled[float64])
+}
+
 func TestSumSquaresAndScale(t *testing.T) {
 	rng := newRNG(52)
 	x := randSlice[float32](rng, 100003, 3)
