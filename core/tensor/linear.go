@@ -42,13 +42,9 @@ func Linear(x, w, b *Tensor) *Tensor {
 	record(y, "linear", func(bp *Backprop, g *Tensor) []*Tensor {
 		var gx, gw, gb *Tensor
 		deferW := bp.DeferringWeights() && w.node == nil
-		gop := f32Operand(g.f32)
-		if x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW {
-			// both products read g: round it once (precision.go)
-			var done func()
-			gop, done = roundOnce(d, g.f32, rows, out)
-			defer done()
-		}
+		// both products read g: round it once (precision.go)
+		gop, done := roundOnce(d, g.f32, rows, out, x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW)
+		defer done()
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {
@@ -149,13 +145,9 @@ func MatMulT(x, w *Tensor) *Tensor {
 	record(y, "matmul_t", func(bp *Backprop, g *Tensor) []*Tensor {
 		var gx, gw *Tensor
 		deferW := bp.DeferringWeights() && w.node == nil
-		gop := f32Operand(g.f32)
-		if x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW {
-			// both products read g: round it once (precision.go)
-			var done func()
-			gop, done = roundOnce(d, g.f32, rows, out)
-			defer done()
-		}
+		// both products read g: round it once (precision.go)
+		gop, done := roundOnce(d, g.f32, rows, out, x.dtype == Float32 && x.requiresGrad && w.requiresGrad && !deferW)
+		defer done()
 		if x.requiresGrad {
 			gx = like(x, x.shape...)
 			if x.dtype == Float32 {

@@ -244,14 +244,10 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	inputs := append([]*Tensor{x}, ws...)
 	record(y, "linear_t", func(bp *Backprop, g *Tensor) []*Tensor {
 		grads := make([]*Tensor, len(inputs))
-		gop := f32Operand(g.f32)
-		if x.dtype == Float32 && x.requiresGrad && !bp.DeferringWeights() {
-			// the input's and the weights' gradients read g: round it once
-			// (precision.go)
-			var done func()
-			gop, done = roundOnce(d, g.f32, rows, O)
-			defer done()
-		}
+		// the input's and the weights' gradients read g: round it once
+		// (precision.go)
+		gop, done := roundOnce(d, g.f32, rows, O, x.dtype == Float32 && x.requiresGrad && !bp.DeferringWeights())
+		defer done()
 		if x.requiresGrad {
 			gx := like(x, x.shape...)
 			for i, w := range ws {

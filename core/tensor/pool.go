@@ -52,6 +52,15 @@ type region struct {
 	slab       bool    // part of a slab the allocator made; false for a backing's buffer
 }
 
+// absorb merges n, the region after r in its slab, into r.
+func (r *region) absorb(n *region) {
+	r.bytes += n.bytes
+	r.next = n.next
+	if n.next != nil {
+		n.next.prev = r
+	}
+}
+
 // pooled is one region on the free lists with a pointer to its first
 // byte, which keeps its slab alive.
 type pooled struct {
@@ -155,19 +164,11 @@ func (a *Allocator) put(buf any) {
 	r.free = true
 	if n := r.next; n != nil && n.free {
 		a.unlist(n)
-		r.bytes += n.bytes
-		r.next = n.next
-		if n.next != nil {
-			n.next.prev = r
-		}
+		r.absorb(n)
 	}
 	if q := r.prev; q != nil && q.free {
 		a.unlist(q)
-		q.bytes += r.bytes
-		q.next = r.next
-		if r.next != nil {
-			r.next.prev = q
-		}
+		q.absorb(r)
 		p = unsafe.Add(p, -int(r.addr-q.addr))
 		r = q
 	}

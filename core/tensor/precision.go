@@ -254,12 +254,13 @@ func gemmD(d DType, ta, tb bool, m, n, k int, a cpu.HalfOperand, lda int, b cpu.
 	cpu.GemmHalfOperands(d == Float16, ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
-// roundOnce returns g, a float32 gradient of rows x cols that two products
-// of a backward read, as the operand both read: under mixed precision on
-// the portable path g rounded once (cpu.RoundHalfOnce) rather than once by
-// each product, with the function that gives the rounded copy back.
-func roundOnce(d DType, g []float32, rows, cols int) (cpu.HalfOperand, func()) {
-	if d == Float32 || d == Float64 {
+// roundOnce returns g, a float32 gradient of rows x cols that the
+// products of a backward read, as the operand they read, with the
+// function that gives its storage back: when both (two products will read
+// it now), under mixed precision on the portable path, g rounded once
+// (cpu.RoundHalfOnce) rather than once by each product; else g as it is.
+func roundOnce(d DType, g []float32, rows, cols int, both bool) (cpu.HalfOperand, func()) {
+	if !both || d == Float32 || d == Float64 {
 		return f32Operand(g), func() {}
 	}
 	return cpu.RoundHalfOnce(d == Float16, g, rows, cols)

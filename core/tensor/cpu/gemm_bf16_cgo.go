@@ -202,16 +202,6 @@ func getHalfBuf[T uint16 | uint32](pool *sync.Pool, n int) *[]T {
 	return &s
 }
 
-// from returns the operand from element off of its storage on.
-func (o halfOperand) from(off int) halfOperand {
-	if o.f != nil {
-		o.f = o.f[off:]
-	} else {
-		o.h = o.h[off:]
-	}
-	return o
-}
-
 // ptr returns the operand's storage and whether it is float32.
 func (o halfOperand) ptr() (unsafe.Pointer, C.int) {
 	if o.f != nil {

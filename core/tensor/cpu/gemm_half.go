@@ -30,6 +30,16 @@ type halfOperand struct {
 	exact bool // f already holds half values (RoundHalfOnce): read as it is
 }
 
+// from returns the operand from element off of its storage on.
+func (o halfOperand) from(off int) halfOperand {
+	if o.f != nil {
+		o.f = o.f[off:]
+	} else {
+		o.h = o.h[off:]
+	}
+	return o
+}
+
 func (o halfOperand) len() int {
 	if o.f != nil {
 		return len(o.f)
@@ -132,15 +142,11 @@ func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperan
 	ParallelFor(parts, 1, func(plo, phi int) {
 		for p := plo; p < phi; p++ {
 			lo, hi := p*m/parts, (p+1)*m/parts
-			off, ar := lo*lda, a // op(A)'s rows lo..hi: rows of A, or its columns
+			off := lo * lda // op(A)'s rows lo..hi: rows of A, or its columns
 			if transA {
 				off = lo
 			}
-			if ar.f != nil {
-				ar.f = ar.f[off:]
-			} else {
-				ar.h = ar.h[off:]
-			}
+			ar := a.from(off)
 			wa, ba := ar.widen(transA, hi-lo, k, lda, false)
 			gemmBLAS(transA, transB, hi-lo, n, k, alpha, wa, lda, wb, ldb, beta, c[lo*ldc:], ldc)
 			putWidenBuf(ba)
