@@ -177,10 +177,11 @@ CLONES void tacc_layernorm_fwd(const float *restrict x, const float *restrict w,
 	}
 }
 
-// tacc_layernorm_bwd matches layerNormBwdGo in layernorm.go.
-CLONES void tacc_layernorm_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
-			       const float *restrict mean, const float *restrict rstd, float *restrict dx,
-			       float *restrict pw, float *restrict pb, long rows, long cols) {
+// layernorm_bwd matches layerNormBwdGo in layernorm.go: set stores
+// 0 + each row's dx term (a zeroed dx in one pass) where it is 0 adds it.
+static inline void layernorm_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
+				 const float *restrict mean, const float *restrict rstd, float *restrict dx,
+				 float *restrict pw, float *restrict pb, long rows, long cols, int set) {
 	long full = cols - cols % SUM_LANES;
 	for (long r = 0; r < rows; r++) {
 		const float *restrict dyr = dy + r * cols;
@@ -205,11 +206,19 @@ CLONES void tacc_layernorm_bwd(const float *restrict dy, const float *restrict x
 		for (long i = 0; i < cols; i++) {
 			float xh = (xr[i] - m) * rs;
 			float d = dyr[i];
-			dxr[i] += (d * w[i] - g_mean - xh * gx_mean) * rs;
+			float t = (d * w[i] - g_mean - xh * gx_mean) * rs;
+			dxr[i] = (set ? 0.0f : dxr[i]) + t;
 			pw[i] += d * xh;
 			pb[i] += d;
 		}
 	}
+}
+
+// tacc_layernorm_bwd matches layerNormBwdGo in layernorm.go.
+CLONES void tacc_layernorm_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
+			       const float *restrict mean, const float *restrict rstd, float *restrict dx,
+			       float *restrict pw, float *restrict pb, long rows, long cols) {
+	layernorm_bwd(dy, x, w, mean, rstd, dx, pw, pb, rows, cols, 0);
 }
 
 // tacc_col_sums matches colSumsGo in vec.go.
@@ -349,4 +358,32 @@ void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gsca
 	for (long i = 0; i < n; i++) {
 		adamw_step(p + i, g + i, m + i, v + i, gscale, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 	}
+}
+
+// tacc_gelu_bwd_set is tacc_gelu_bwd into a zeroed dx, in one pass: it
+// stores 0 + the term (0 + -0 is +0, as the addition into a cleared dx
+// gives; without -ffast-math the compiler keeps the addition).
+CLONES void tacc_gelu_bwd_set(const float *restrict x, const float *restrict dy, float *restrict dx, long n) {
+	for (long i = 0; i < n; i++) {
+		dx[i] = 0.0f + gelu_bwd_term(x[i], dy[i]);
+	}
+}
+
+// tacc_gelu_bwd_bf16_set is tacc_gelu_bwd_bf16 into a zeroed dx, in one
+// pass, as tacc_gelu_bwd_set.
+CLONES void tacc_gelu_bwd_bf16_set(const uint16_t *restrict x, const float *restrict dy, float *restrict dx, long n) {
+	for (long i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)x[i] << 16;
+		float v;
+		memcpy(&v, &u, 4);
+		dx[i] = 0.0f + gelu_bwd_term(v, dy[i]);
+	}
+}
+
+// tacc_layernorm_bwd_set is tacc_layernorm_bwd into a zeroed dx, in one
+// pass (layerNormBwdGo with set).
+CLONES void tacc_layernorm_bwd_set(const float *restrict dy, const float *restrict x, const float *restrict w,
+				   const float *restrict mean, const float *restrict rstd, float *restrict dx,
+				   float *restrict pw, float *restrict pb, long rows, long cols) {
+	layernorm_bwd(dy, x, w, mean, rstd, dx, pw, pb, rows, cols, 1);
 }

@@ -53,6 +53,23 @@ func geluBwdBF16Go(x []uint16, dy, dx []float32) {
 	}
 }
 
+// geluBwd32SetGo is geluBwd32Go into a zeroed dx, in one pass: it stores
+// 0 + the term (0 + -0 is +0, as the addition into a cleared dx gives).
+func geluBwd32SetGo(x, dy, dx []float32) {
+	dy, dx = dy[:len(x)], dx[:len(x)]
+	for i, v := range x {
+		dx[i] = 0 + geluBwdTerm(v, dy[i])
+	}
+}
+
+// geluBwdBF16SetGo is geluBwdBF16Go into a zeroed dx, in one pass.
+func geluBwdBF16SetGo(x []uint16, dy, dx []float32) {
+	dy, dx = dy[:len(x)], dx[:len(x)]
+	for i, h := range x {
+		dx[i] = 0 + geluBwdTerm(BF16ToF32(h), dy[i])
+	}
+}
+
 // geluBwdTerm is d * gelu'(v).
 func geluBwdTerm(v, d float32) float32 {
 	z := -2 * geluK * (v + geluA*v*v*v)

@@ -28,4 +28,9 @@ void tacc_lse_backward(const float *p, float *dp, long n, float delta);
 void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gscale, float decay, float b1, float b2,
 		float ob1, float ob2, float step, float bc2_sqrt, float eps);
 
+void tacc_gelu_bwd_set(const float *x, const float *dy, float *dx, long n);
+void tacc_gelu_bwd_bf16_set(const uint16_t *x, const float *dy, float *dx, long n);
+void tacc_layernorm_bwd_set(const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
+			    float *dx, float *pw, float *pb, long rows, long cols);
+
 #endif

@@ -40,6 +40,22 @@ func geluBwdBF16(x []uint16, dy, dx []float32) {
 	C.tacc_gelu_bwd_bf16((*C.uint16_t)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
 }
 
+func geluBwd32Set(x, dy, dx []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = dy[len(x)-1], dx[len(x)-1]
+	C.tacc_gelu_bwd_set((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
+}
+
+func geluBwdBF16Set(x []uint16, dy, dx []float32) {
+	if len(x) == 0 {
+		return
+	}
+	_, _ = dy[len(x)-1], dx[len(x)-1]
+	C.tacc_gelu_bwd_bf16_set((*C.uint16_t)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(len(x)))
+}
+
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	rows := len(lens)
 	if rows == 0 {
@@ -82,6 +98,17 @@ func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
 	_, _, _, _ = dy[rows*cols-1], x[rows*cols-1], dx[rows*cols-1], rstd[rows-1]
 	_, _, _ = w[cols-1], pw[cols-1], pb[cols-1]
 	C.tacc_layernorm_bwd((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&mean[0]),
+		(*C.float)(&rstd[0]), (*C.float)(&dx[0]), (*C.float)(&pw[0]), (*C.float)(&pb[0]), C.long(rows), C.long(cols))
+}
+
+func layerNormBwd32Set(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
+	rows := len(mean)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _, _, _ = dy[rows*cols-1], x[rows*cols-1], dx[rows*cols-1], rstd[rows-1]
+	_, _, _ = w[cols-1], pw[cols-1], pb[cols-1]
+	C.tacc_layernorm_bwd_set((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&mean[0]),
 		(*C.float)(&rstd[0]), (*C.float)(&dx[0]), (*C.float)(&pw[0]), (*C.float)(&pb[0]), C.long(rows), C.long(cols))
 }
 

@@ -4,9 +4,11 @@ package cpu
 
 // Without cgo the float32 fast paths are the Go loops of fastpath.go.
 
-func geluFwd32(x, y []float32)                 { geluFwd32Go(x, y) }
-func geluBwd32(x, dy, dx []float32)            { geluBwd32Go(x, dy, dx) }
-func geluBwdBF16(x []uint16, dy, dx []float32) { geluBwdBF16Go(x, dy, dx) }
+func geluFwd32(x, y []float32)                    { geluFwd32Go(x, y) }
+func geluBwd32(x, dy, dx []float32)               { geluBwd32Go(x, dy, dx) }
+func geluBwdBF16(x []uint16, dy, dx []float32)    { geluBwdBF16Go(x, dy, dx) }
+func geluBwd32Set(x, dy, dx []float32)            { geluBwd32SetGo(x, dy, dx) }
+func geluBwdBF16Set(x []uint16, dy, dx []float32) { geluBwdBF16SetGo(x, dy, dx) }
 func softmaxPrefix32(att []float32, ld, width int, lens []int64, maxs, sums []float32) {
 	softmaxPrefix32Go(att, ld, width, lens, maxs, sums)
 }
@@ -20,7 +22,11 @@ func layerNormFwd32(x, w, b, y, mean, rstd []float32, cols int, eps float32) {
 }
 
 func layerNormBwd32(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
-	layerNormBwdGo(dy, x, w, mean, rstd, dx, pw, pb, cols)
+	layerNormBwdGo(dy, x, w, mean, rstd, dx, pw, pb, cols, false)
+}
+
+func layerNormBwd32Set(dy, x, w, mean, rstd, dx, pw, pb []float32, cols int) {
+	layerNormBwdGo(dy, x, w, mean, rstd, dx, pw, pb, cols, true)
 }
 
 func colSums32(dy, p []float32, cols int) { colSumsGo(dy, p, cols) }

@@ -94,7 +94,7 @@ func TestLayerNormFastPathMatchesGo(t *testing.T) {
 		dx2 := append([]float32(nil), dx1...)
 		pw2, pb2 := append([]float32(nil), pw1...), append([]float32(nil), pb1...)
 		layerNormBwd32(dy, x, w, m1, r1, dx1, pw1, pb1, cols)
-		layerNormBwdGo(dy, x, w, m1, r1, dx2, pw2, pb2, cols)
+		layerNormBwdGo(dy, x, w, m1, r1, dx2, pw2, pb2, cols, false)
 		require.Equal(t, dx2, dx1, "dx cols=%d", cols)
 		require.Equal(t, pw2, pw1, "dw partial cols=%d", cols)
 		require.Equal(t, pb2, pb1, "db partial cols=%d", cols)
@@ -241,4 +241,65 @@ func TestGeluBackwardBF16MatchesWidened(t *testing.T) {
 	geluBwdBF16Go(h, dy, g)
 	requireSameBits(t, c, want, "C loop")
 	requireSameBits(t, g, want, "Go loop")
+}
+
+// The one-pass forms of the GELU and LayerNorm backwards, which write dx
+// rather than add to it, are, in C and in Go, bitwise the accumulating
+// loops into a zeroed dx, on dy holding zeros of either sign (a term of
+// -0 must come out +0, as 0 + -0 does).
+func TestBackwardSetFastPathMatchesAdded(t *testing.T) {
+	rng := newRNG(67)
+	x := randSlice[float32](rng, 10003, 12)
+	x = append(x, 0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 80, -80, 1e4, -1e4)
+	dy := randSlice[float32](rng, len(x), 1)
+	for i := 0; i < len(dy); i += 5 {
+		dy[i] = float32(math.Copysign(0, float64(dy[i])))
+	}
+	h := make([]uint16, len(x))
+	BF16FromF32s(h, x)
+	wide := make([]float32, len(x))
+	BF16ToF32s(wide, h)
+	for _, c := range []struct {
+		name            string
+		added, cgo, goo func(dx []float32)
+	}{
+		{"gelu", func(dx []float32) { geluBwd32Go(x, dy, dx) },
+			func(dx []float32) { geluBwd32Set(x, dy, dx) }, func(dx []float32) { geluBwd32SetGo(x, dy, dx) }},
+		{"gelu bf16", func(dx []float32) { geluBwd32Go(wide, dy, dx) },
+			func(dx []float32) { geluBwdBF16Set(h, dy, dx) }, func(dx []float32) { geluBwdBF16SetGo(h, dy, dx) }},
+	} {
+		want := make([]float32, len(x))
+		c.added(want)
+		got1, got2 := garbage[float32](len(x)), garbage[float32](len(x))
+		c.cgo(got1)
+		c.goo(got2)
+		requireSameBits(t, got1, want, c.name+" C loop")
+		requireSameBits(t, got2, want, c.name+" Go loop")
+	}
+
+	for _, cols := range []int{1, 7, 16, 256, 301} {
+		rows := 5
+		x := randSlice[float32](rng, rows*cols, 3)
+		w := randSlice[float32](rng, cols, 1)
+		m, r := make([]float32, rows), make([]float32, rows)
+		layerNormFwdGo(x, w, w, make([]float32, rows*cols), m, r, cols, 1e-5)
+		dy := randSlice[float32](rng, rows*cols, 1)
+		clear(dy[2*cols : 3*cols]) // terms of -0 where w < 0 < xhat
+		pw0, pb0 := randSlice[float32](rng, cols, 1), randSlice[float32](rng, cols, 1)
+		want := make([]float32, rows*cols)
+		wpw, wpb := append([]float32(nil), pw0...), append([]float32(nil), pb0...)
+		layerNormBwdGo(dy, x, w, m, r, want, wpw, wpb, cols, false)
+		for _, goLoop := range []bool{false, true} {
+			dx := garbage[float32](rows * cols)
+			pw, pb := append([]float32(nil), pw0...), append([]float32(nil), pb0...)
+			if goLoop {
+				layerNormBwdGo(dy, x, w, m, r, dx, pw, pb, cols, true)
+			} else {
+				layerNormBwd32Set(dy, x, w, m, r, dx, pw, pb, cols)
+			}
+			requireSameBits(t, dx, want, fmt.Sprintf("layernorm dx cols=%d go=%v", cols, goLoop))
+			requireSameBits(t, pw, wpw, "dw partial")
+			requireSameBits(t, pb, wpb, "db partial")
+		}
+	}
 }

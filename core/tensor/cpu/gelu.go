@@ -54,10 +54,20 @@ func GeluBackward[T Float](x, dy, dx []T) {
 }
 
 // GeluBackwardFresh writes dx = dy * gelu'(x) into dx, whose contents
-// are unspecified: bitwise GeluBackward into a zeroed dx, each piece of
-// dx cleared just before the kernel adds to it, while it is in cache,
-// instead of in a pass of its own over memory beforehand.
+// are unspecified: bitwise GeluBackward into a zeroed dx
+// (geluBackwardFreshNaive), in one pass that stores 0 + dy * gelu'(x)
+// where GeluBackward adds the term to dx, instead of clearing dx first.
+// The addition to zero stays: it turns a term of -0 into the +0 that
+// adding it to a cleared dx gives.
 func GeluBackwardFresh[T Float](x, dy, dx []T) {
+	checkLen("GeluBackwardFresh", len(x), len(dy), len(dx))
+	ParallelFor(len(x), elemGrain, func(lo, hi int) { geluBwdSet(x[lo:hi], dy[lo:hi], dx[lo:hi]) })
+}
+
+// geluBackwardFreshNaive is GeluBackwardFresh as two passes, each piece
+// of dx cleared just before GeluBackward's kernel adds to it: the form
+// the one-pass kernels are tested against.
+func geluBackwardFreshNaive[T Float](x, dy, dx []T) {
 	checkLen("GeluBackwardFresh", len(x), len(dy), len(dx))
 	ParallelFor(len(x), elemGrain, func(lo, hi int) {
 		for p := lo; p < hi; p += elemGrain {
@@ -72,7 +82,7 @@ func GeluBackwardFresh[T Float](x, dy, dx []T) {
 // fp16 when f16 and bfloat16 otherwise (an activation stored in 2 bytes
 // for the backward), widened exactly as they are read: bitwise
 // GeluBackwardFresh on the widened x, without a float32 copy of all of
-// it. bfloat16 is widened element by element inside the kernel, fp16 a
+// it, in one pass as GeluBackwardFresh. bfloat16 is widened element by element inside the kernel, fp16 a
 // piece at a time into a scratch buffer in cache.
 func GeluBackwardFreshHalf(f16 bool, x []uint16, dy, dx []float32) {
 	checkLen("GeluBackwardFreshHalf", len(x), len(dy), len(dx))
@@ -84,14 +94,13 @@ func GeluBackwardFreshHalf(f16 bool, x []uint16, dy, dx []float32) {
 		}
 		for p := lo; p < hi; p += elemGrain {
 			q := min(hi, p+elemGrain)
-			clear(dx[p:q])
 			if f16 {
 				w := (*wide)[:q-p]
 				F16ToF32s(w, x[p:q])
-				geluBwd32(w, dy[p:q], dx[p:q])
+				geluBwd32Set(w, dy[p:q], dx[p:q])
 				continue
 			}
-			geluBwdBF16(x[p:q], dy[p:q], dx[p:q])
+			geluBwdBF16Set(x[p:q], dy[p:q], dx[p:q])
 		}
 	})
 }
@@ -107,5 +116,19 @@ func geluBwd[T Float](x, dy, dx []T) {
 		t := math.Tanh(geluK * (v + geluA*v*v*v))
 		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
 		dx64[i] += dy64[i] * d
+	}
+}
+
+// geluBwdSet is geluBwd into a zeroed dx, in one pass (GeluBackwardFresh).
+func geluBwdSet[T Float](x, dy, dx []T) {
+	if isF32[T]() {
+		geluBwd32Set(as32(x), as32(dy), as32(dx))
+		return
+	}
+	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
+	for i, v := range x64 {
+		t := math.Tanh(geluK * (v + geluA*v*v*v))
+		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
+		dx64[i] = 0 + dy64[i]*d
 	}
 }

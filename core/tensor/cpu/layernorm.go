@@ -70,10 +70,10 @@ func LayerNormBackward[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols
 }
 
 // LayerNormBackwardFresh is LayerNormBackward with dx written, not added
-// to: dx's contents are unspecified, and each block of rows of it is
-// cleared just before the kernel adds to it, while it is in cache, so
-// the result is bitwise LayerNormBackward's into a zeroed dx without a
-// pass of its own over memory to zero it. dw and db still accumulate.
+// to: dx's contents are unspecified, and the kernel stores 0 + each
+// element's term where LayerNormBackward adds it, so the result is
+// bitwise LayerNormBackward's into a zeroed dx (0 + -0 is +0, as there)
+// without clearing dx first. dw and db still accumulate.
 func LayerNormBackwardFresh[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows, cols int) {
 	layerNormBackward("LayerNormBackwardFresh", dy, x, halfRows{}, w, mean, rstd, dx, dw, db, rows, cols, true)
 }
@@ -131,14 +131,14 @@ func layerNormBackward[T Float](op string, dy, x []T, xh halfRows, w, mean, rstd
 				xh.widen(as32(xs), xh.h[r0*cols:r1*cols])
 			}
 			dys, dxs := dy[r0*cols:r1*cols], dx[r0*cols:r1*cols]
-			if fresh {
-				clear(dxs)
-			}
-			if isF32[T]() {
+			switch {
+			case isF32[T]() && fresh:
+				layerNormBwd32Set(as32(dys), as32(xs), as32(w), as32(mean[r0:r1]), as32(rstd[r0:r1]), as32(dxs), as32(pw), as32(pb), cols)
+			case isF32[T]():
 				layerNormBwd32(as32(dys), as32(xs), as32(w), as32(mean[r0:r1]), as32(rstd[r0:r1]), as32(dxs), as32(pw), as32(pb), cols)
-				continue
+			default:
+				layerNormBwdGo(dys, xs, w, mean[r0:r1], rstd[r0:r1], dxs, pw, pb, cols, fresh)
 			}
-			layerNormBwdGo(dys, xs, w, mean[r0:r1], rstd[r0:r1], dxs, pw, pb, cols)
 		}
 	})
 	sumBlocks(*part, nblk, cols, dw, db)
@@ -205,8 +205,10 @@ func layerNormFwdGo[T Float](x, w, b, y, mean, rstd []T, cols int, eps T) {
 }
 
 // layerNormBwdGo accumulates dx for the len(mean) rows and adds the rows'
-// contributions to dw and db into pw and pb.
-func layerNormBwdGo[T Float](dy, x, w, mean, rstd, dx, pw, pb []T, cols int) {
+// contributions to dw and db into pw and pb; with set it writes dx as if
+// it had been zeroed first, storing 0 + each term (one pass, bitwise the
+// addition into a cleared dx).
+func layerNormBwdGo[T Float](dy, x, w, mean, rstd, dx, pw, pb []T, cols int, set bool) {
 	w, pw, pb = w[:cols], pw[:cols], pb[:cols]
 	for r := range mean {
 		dyr := dy[r*cols : (r+1)*cols]
@@ -231,7 +233,12 @@ func layerNormBwdGo[T Float](dy, x, w, mean, rstd, dx, pw, pb []T, cols int) {
 		for i, v := range xr {
 			xh := (v - m) * rs
 			d := dyr[i]
-			dxr[i] += (d*w[i] - gMean - xh*gxMean) * rs
+			t := (d*w[i] - gMean - xh*gxMean) * rs
+			if set {
+				dxr[i] = 0 + t
+			} else {
+				dxr[i] += t
+			}
 			pw[i] += d * xh
 			pb[i] += d
 		}
