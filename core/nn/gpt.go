@@ -418,6 +418,10 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 				tensor.StoreHalf(to, from)
 			}
 		}
+		if !r.Full {
+			// the ops write their 2-byte copies as they go (tensor.StoringHalf)
+			defer tensor.StoringHalf(x)()
+		}
 		h, err := b.Norm1.Forward(x, p)
 		if err == nil {
 			h, err = b.Attn.Forward(keep(r.Norm, h), p)

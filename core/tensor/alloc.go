@@ -54,6 +54,9 @@ type Allocator struct {
 	// compute is the dtype of this rank's matrix products (precision.go);
 	// Float32, the zero value, means the tensors' own.
 	compute DType
+	// storing counts the forwards under way whose activations StoreHalf
+	// will store when they are done (StoringHalf, early.go).
+	storing int
 }
 
 // SetBacking makes the allocator take the storage of tensors it creates
@@ -155,6 +158,10 @@ func (t *Tensor) Release() {
 // releaseStorage gives t's own storage back, leaving a half-precision
 // copy alone.
 func (t *Tensor) releaseStorage() {
+	if e := t.early; e != nil { // a copy StoreHalf never took (early.go)
+		t.early = nil
+		e.Release()
+	}
 	a := t.alloc
 	if a == nil {
 		return

@@ -12,12 +12,13 @@ import (
 // float64 (float64 exists for finite-difference checks) and dispatched on the
 // dtype of their first input. Each records its backward with record().
 
-// data returns t's storage as []T.
+// data returns t's storage as []T (for float32, leaving a copy made as
+// it was written alone: an op writes only its own output).
 func data[T cpu.Float](t *Tensor) []T {
 	var z T
 	switch any(z).(type) {
 	case float32:
-		return any(t.F32()).([]T)
+		return any(t.f32s()).([]T)
 	case float64:
 		return any(t.F64()).([]T)
 	}
@@ -361,10 +362,16 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 	rows := x.Numel() / C
 	out := like(x, x.shape...)
 	mean, rstd := like(x, rows), like(x, rows)
+	var hx, hy *Tensor // the copies StoreHalf takes (early.go)
 	if x.dtype == Float32 {
 		wv, doneW := ReadParam(w) // the copies (precision.go)
 		bv, doneB := ReadParam(b)
-		cpu.LayerNormForward(x.f32, wv.f32, bv.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps))
+		hx, hy = earlyHalf(x, false), earlyHalf(out, x.requiresGrad || w.requiresGrad || b.requiresGrad)
+		if hx == nil && hy == nil {
+			cpu.LayerNormForward(x.f32, wv.f32, bv.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps))
+		} else {
+			cpu.LayerNormForwardHalf(isF16(hx) || isF16(hy), x.f32, wv.f32, bv.f32, out.f32, mean.f32, rstd.f32, rows, C, float32(eps), halfBits(hx), halfBits(hy))
+		}
 		doneW()
 		doneB()
 	} else {
@@ -406,6 +413,8 @@ func LayerNorm(x, w, b *Tensor, eps float64) *Tensor {
 		r.Release()
 	})
 	outUnread(out)
+	keepEarly(x, hx)
+	keepEarly(out, hy)
 	return out
 }
 
@@ -439,8 +448,14 @@ func halfReads(out *Tensor) {
 func Gelu(x *Tensor) *Tensor {
 	checkFloat("Gelu", x)
 	out := like(x, x.shape...)
+	var hx, hy *Tensor // the copies StoreHalf takes (early.go)
 	if x.dtype == Float32 {
-		cpu.GeluForward(x.f32, out.f32)
+		hx, hy = earlyHalf(x, false), earlyHalf(out, x.requiresGrad)
+		if hx == nil && hy == nil {
+			cpu.GeluForward(x.f32, out.f32)
+		} else {
+			cpu.GeluForwardHalf(isF16(hx) || isF16(hy), x.f32, out.f32, halfBits(hx), halfBits(hy))
+		}
 	} else {
 		cpu.GeluForward(x.f64, out.f64)
 	}
@@ -466,6 +481,8 @@ func Gelu(x *Tensor) *Tensor {
 	})
 	outUnread(out)
 	halfReads(out) // x, kept in 2 bytes, is widened a piece at a time in cache
+	keepEarly(x, hx)
+	keepEarly(out, hy)
 	return out
 }
 
@@ -498,7 +515,10 @@ func CrossEntropy(logits, targets *Tensor) *Tensor {
 	// logits-sized float32 buffer beside the first.
 	half := logits.dtype == Float32 && computeOf(logits) != Float32
 	if half {
+		// with the copy storeHalf takes below (early.go)
+		done := StoringHalf(logits)
 		RoundHalf(logits)
+		done()
 	}
 	losses := like(logits, rows)
 	var probs *Tensor

@@ -347,8 +347,13 @@ func storeHalf(t *Tensor) {
 	if a == nil {
 		a = Default
 	}
-	h := a.NewUninit(Activations, d, t.shape...)
-	convGrain(len(t.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], t.f32[lo:hi]) })
+	h := t.early // written with t's values (early.go)
+	if h == nil || h.dtype != d {
+		h = a.NewUninit(Activations, d, t.shape...)
+		convGrain(len(t.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], t.f32[lo:hi]) })
+	} else {
+		t.early = nil
+	}
 	t.releaseStorage()
 	t.half = h
 	t.dropView()
@@ -413,8 +418,10 @@ func (t *Tensor) StoredHalf() ([]uint16, DType) {
 // log-sum-exp included, and its backward, which reads them stored in 2
 // bytes, see the same numbers, as an attention on bf16 inputs does.
 func RoundHalf(t *Tensor) {
+	t.dropEarly()
 	switch d := computeOf(t); {
 	case t.dtype != Float32 || t.f32 == nil:
+	case roundHalfInto(t): // with the copy StoreHalf takes (early.go)
 	case d == BFloat16:
 		convGrain(len(t.f32), func(lo, hi int) { cpu.RoundBF16(t.f32[lo:hi]) })
 	case d == Float16:

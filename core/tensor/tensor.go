@@ -96,6 +96,10 @@ type Tensor struct {
 	// under mixed precision (precision.go); nil until one reads it and
 	// after the master changes.
 	half *Tensor
+	// early is the 2-byte copy of an activation's float32 values made as
+	// an op wrote or read them, which StoreHalf takes instead of rounding
+	// them again (early.go); nil when there is none.
+	early *Tensor
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
@@ -204,6 +208,14 @@ func (t *Tensor) Category() Category { return t.cat }
 
 // F32 returns the float32 storage; it panics for other dtypes.
 func (t *Tensor) F32() []float32 {
+	s := t.f32s()
+	t.dropEarly() // the caller may write them (early.go)
+	return s
+}
+
+// f32s is F32 for the package's ops, which write only their own outputs:
+// it leaves a copy made as the values were written (early.go) alone.
+func (t *Tensor) f32s() []float32 {
 	if t.dtype != Float32 {
 		panic("tensor: F32 on a " + t.dtype.String() + " tensor")
 	}
@@ -254,6 +266,7 @@ func (t *Tensor) At(i int) float64 {
 
 // Set stores v at flat index i, converting to the tensor's dtype.
 func (t *Tensor) Set(i int, v float64) {
+	t.dropEarly()
 	switch t.dtype {
 	case Float32:
 		t.f32[i] = float32(v)
@@ -291,7 +304,7 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
 	c.views, c.dropped, c.refilled = nil, false, false
-	c.half = nil
+	c.half, c.early = nil, nil
 	if t.cat == Activations {
 		b := t.base
 		if b == nil {
@@ -332,6 +345,7 @@ func (t *Tensor) CopyFrom(src *Tensor) {
 	if src.Numel() != t.Numel() || src.dtype != t.dtype {
 		panic(fmt.Sprintf("tensor: CopyFrom %s%v into %s%v", src.dtype, src.shape, t.dtype, t.shape))
 	}
+	t.dropEarly()
 	switch t.dtype {
 	case Float32:
 		copy(t.f32, src.f32)
@@ -354,6 +368,7 @@ func (t *Tensor) Clone(cat Category) *Tensor {
 
 // Zero sets every element to zero.
 func (t *Tensor) Zero() {
+	t.dropEarly()
 	switch t.dtype {
 	case BFloat16, Float16:
 		cpu.Clear(t.u16)
