@@ -387,3 +387,46 @@ CLONES void tacc_layernorm_bwd_set(const float *restrict dy, const float *restri
 				   float *restrict pw, float *restrict pb, long rows, long cols) {
 	layernorm_bwd(dy, x, w, mean, rstd, dx, pw, pb, rows, cols, 1);
 }
+
+// bf16_bits_avx512 is bf16_bits on 16 lanes.
+__attribute__((target("avx512f")))
+static inline __m512i bf16_bits_avx512(__m512i u) {
+	__m512i r = _mm512_srli_epi32(
+		_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+				 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
+		16);
+	__m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+	__mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+						   _mm512_set1_epi32(0x7f800000));
+	return _mm512_mask_blend_epi32(is_nan, r, nan);
+}
+
+// bf16_stream_avx512 is tacc_bf16_from_f32 writing whole 64-byte lines of
+// dst with non-temporal stores.
+__attribute__((target("avx512f")))
+static void bf16_stream_avx512(const uint32_t *src, uint16_t *dst, long n) {
+	long i = 0;
+	for (; i < n && ((uintptr_t)(dst + i) & 63) != 0; i++) {
+		dst[i] = (uint16_t)bf16_bits(src[i]);
+	}
+	for (; i + 32 <= n; i += 32) {
+		__m256i lo = _mm512_cvtepi32_epi16(bf16_bits_avx512(_mm512_loadu_si512(src + i)));
+		__m256i hi = _mm512_cvtepi32_epi16(bf16_bits_avx512(_mm512_loadu_si512(src + i + 16)));
+		_mm512_stream_si512((__m512i *)(dst + i), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+	}
+	for (; i < n; i++) {
+		dst[i] = (uint16_t)bf16_bits(src[i]);
+	}
+	_mm_sfence();
+}
+
+// tacc_bf16_from_f32_stream is tacc_bf16_from_f32 for a copy nothing reads
+// soon (an activation's, read in the backward): on AVX-512 its lines are
+// written past the caches, not read in from memory first.
+void tacc_bf16_from_f32_stream(const uint32_t *src, uint16_t *dst, long n) {
+	if (__builtin_cpu_supports("avx512f")) {
+		bf16_stream_avx512(src, dst, n);
+		return;
+	}
+	tacc_bf16_from_f32(src, dst, n);
+}

@@ -32,5 +32,6 @@ void tacc_gelu_bwd_set(const float *x, const float *dy, float *dx, long n);
 void tacc_gelu_bwd_bf16_set(const uint16_t *x, const float *dy, float *dx, long n);
 void tacc_layernorm_bwd_set(const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
 			    float *dx, float *pw, float *pb, long rows, long cols);
+void tacc_bf16_from_f32_stream(const uint32_t *src, uint16_t *dst, long n);
 
 #endif

@@ -159,6 +159,15 @@ func bf16FromF32s(dst []uint16, src []float32) {
 	C.tacc_bf16_from_f32((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint16_t)(&dst[0]), C.long(len(src)))
 }
 
+func bf16FromF32sStream(dst []uint16, src []float32) {
+	if len(src) < convC {
+		bf16FromF32sGo(dst, src)
+		return
+	}
+	_ = dst[len(src)-1]
+	C.tacc_bf16_from_f32_stream((*C.uint32_t)(unsafe.Pointer(&src[0])), (*C.uint16_t)(&dst[0]), C.long(len(src)))
+}
+
 func bf16ToF32s(dst []float32, src []uint16) {
 	if len(src) < convC {
 		bf16ToF32sGo(dst, src)

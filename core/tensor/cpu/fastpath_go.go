@@ -36,7 +36,9 @@ func axpy32(a float32, x, y []float32)    { axpyGo(a, x, y) }
 
 func bf16FromF32s(dst []uint16, src []float32) { bf16FromF32sGo(dst, src) }
 func bf16ToF32s(dst []float32, src []uint16)   { bf16ToF32sGo(dst, src) }
-func roundBF16(x []float32)                    { roundBF16Go(x) }
+
+func bf16FromF32sStream(dst []uint16, src []float32) { bf16FromF32sGo(dst, src) }
+func roundBF16(x []float32)                          { roundBF16Go(x) }
 
 func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }
 

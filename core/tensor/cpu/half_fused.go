@@ -14,14 +14,16 @@ package cpu
 const halfPiece = 4096
 
 // narrowHalf rounds src into dst, fp16 when f16 and bfloat16 otherwise,
-// to nearest even; nothing when dst is nil.
+// to nearest even; nothing when dst is nil. The bfloat16 copy, which
+// nothing reads before the backward, is written past the caches
+// (bf16FromF32sStream), so its lines are not read in from memory first.
 func narrowHalf(f16 bool, dst []uint16, src []float32) {
 	switch {
 	case dst == nil:
 	case f16:
 		F16FromF32s(dst, src)
 	default:
-		BF16FromF32s(dst, src)
+		bf16FromF32sStream(dst, src)
 	}
 }
 

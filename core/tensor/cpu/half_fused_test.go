@@ -129,3 +129,24 @@ func TestRoundHalfInto(t *testing.T) {
 		}
 	}
 }
+
+// The bfloat16 rounding that writes past the caches is bitwise
+// BF16FromF32s (the C loop and the Go one) on every start and length
+// around a cache line, ties, NaNs with payloads, infinities and
+// subnormals.
+func TestBF16FromF32sStream(t *testing.T) {
+	src := halfInputs(3000)
+	src[100] = math.Float32frombits(0x7f800001) // a NaN whose payload rounding would carry
+	src[101] = math.Float32frombits(0xffffffff)
+	src[102] = math.Float32frombits(0x00000001)
+	src[103] = math.Float32frombits(0x7f7fffff)
+	want := make([]uint16, len(src))
+	bf16FromF32sGo(want, src)
+	for _, lo := range []int{0, 1, 31, 32, 33} {
+		for _, n := range []int{0, 255, 256, 257, 1000, 2967 - lo} {
+			dst := garbage16(len(src))
+			bf16FromF32sStream(dst[lo:lo+n], src[lo:lo+n])
+			requireSameU16(t, dst[lo:lo+n], want[lo:lo+n], fmt.Sprintf("from %d, %d elements", lo, n))
+		}
+	}
+}
