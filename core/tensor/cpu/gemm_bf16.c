@@ -426,6 +426,16 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long ldp, long k, long n, con
 						if (trans) {
 							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
 						} else if (t < full) {
+							if (p == 0 && t + 1 < full) {
+								// the next tile's rows, read from memory on
+								// the first panel, as pack_a prefetches
+								const char *nx = (const char *)(a32 + (i0 + (t + 1) * MR) * (lda / 2) + q0 + s);
+								for (long r = 0; r < MR; r++) {
+									for (long o = 0; o < ks * 4; o += 64) {
+										__builtin_prefetch(nx + r * lda * 2 + o, 0, 3);
+									}
+								}
+							}
 							kernel_rows(a32 + (i0 + t * MR) * (lda / 2) + q0 + s, lda / 2, bp + s * 2 * NR, ks, ct, ldc, mr, nr,
 								    alpha, ow, bt);
 						} else {
