@@ -159,6 +159,7 @@ func (t *Tensor) releaseStorage() {
 	if a == nil {
 		return
 	}
+	t.dropEarly() // a copy of these values (halfInput)
 	t.alloc = nil
 	b := t.Bytes()
 	var buf any

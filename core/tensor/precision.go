@@ -206,12 +206,15 @@ func HalfBytes(params []*Tensor) int64 {
 }
 
 // operandOf is tensor t as an operand of a product in compute dtype d:
-// its 2-byte copy in d (a parameter's, halfOf, or a stored activation's),
-// read as it is stored, or else its float32 values, which the product
-// rounds as it reads them (an activation stored in another dtype is
-// widened back first).
+// its 2-byte copy in d (a parameter's, halfOf, a stored activation's, or
+// one made for the forward's product, halfInput), read as it is stored,
+// or else its float32 values, which the product rounds as it reads them
+// (an activation stored in another dtype is widened back first).
 func operandOf(d DType, t *Tensor) cpu.HalfOperand {
 	h := storedHalf(t)
+	if d != Float32 && h == nil && t.early != nil && t.f32 != nil {
+		h = t.early
+	}
 	if d != Float32 && h == nil {
 		h = halfOf(t, d)
 	}
@@ -227,11 +230,11 @@ func operandOf(d DType, t *Tensor) cpu.HalfOperand {
 // gemmDBias sets C (m x n, stride n) to a·b (b stored k x n) plus
 // bias[j] on column j of every row (nil: no bias), as gemmD with beta 0
 // followed by cpu.AddBias, bitwise; where b is a bf16 copy read as stored
-// and a is float32, it is one product that adds the bias as it stores C
-// (cpu.GemmRoundAHalfBBias): a Linear layer's forward.
+// (and a float32 or bf16, halfInput), it is one product that adds the
+// bias as it stores C (cpu.GemmHalfOperandBias): a Linear layer's forward.
 func gemmDBias(d DType, m, n, k int, a, b cpu.HalfOperand, bias, c []float32) {
-	if bias != nil && d == BFloat16 && a.F != nil && !a.Exact && b.H != nil {
-		cpu.GemmRoundAHalfBBias(false, false, false, m, n, k, 1, a.F, k, b.H, n, bias, c, n)
+	if bias != nil && d == BFloat16 && !a.Exact && b.H != nil {
+		cpu.GemmHalfOperandBias(false, false, false, m, n, k, 1, a, k, b.H, n, bias, c, n)
 		return
 	}
 	gemmD(d, false, false, m, n, k, a, k, b, n, 0, c, n)
@@ -337,21 +340,71 @@ func StoreHalf(out, in *Tensor) {
 // storeHalf rounds activation t into a 2-byte copy in its compute dtype
 // and gives its float32 storage back (and points its views at none); only
 // a recorded float32 activation owning its storage, not dropped, is
-// stored.
+// stored. A copy made for the forward's product (halfInput) is the
+// stored one: the same bits, rounded once.
 func storeHalf(t *Tensor) {
 	d := computeOf(t)
-	if t.dtype != Float32 || d == Float32 || t.cat != Activations || t.node == nil || t.node.exact || t.alloc == nil || t.dropped || t.half != nil {
+	if !storable(t, d) {
 		return
 	}
 	a := t.home
 	if a == nil {
 		a = Default
 	}
-	h := a.NewUninit(Activations, d, t.shape...)
-	convGrain(len(t.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], t.f32[lo:hi]) })
+	h := t.early // made for a product of the forward (halfInput)
+	t.early = nil
+	if h == nil || h.dtype != d {
+		if h != nil {
+			h.Release()
+		}
+		h = a.NewUninit(Activations, d, t.shape...)
+		convGrain(len(t.f32), func(lo, hi int) { NarrowHalf(d, h.u16[lo:hi], t.f32[lo:hi]) })
+	}
 	t.releaseStorage()
 	t.half = h
 	t.dropView()
+}
+
+// storable says storeHalf would store activation t in compute dtype d.
+func storable(t *Tensor, d DType) bool {
+	return t.dtype == Float32 && d != Float32 && t.cat == Activations && t.node != nil && !t.node.exact && t.alloc != nil && !t.dropped && t.half == nil
+}
+
+// halfInput is activation x as the left operand of a Linear's forward
+// product in compute dtype d. On the bf16 kernel, for an activation that
+// StoreHalf may store once the forward is done with it (a norm's output,
+// the MLP's activation), it narrows x into its 2-byte copy now, while x
+// is fresh in cache, and the product reads the copy where it is stored
+// (cpu.GemmHalfOperandBias) rather than rounding x as it packs it;
+// StoreHalf then keeps the copy instead of rounding x a second time, and
+// the weight gradient's product reads it too (operandOf). The numbers are
+// the ones the product would round x to, bitwise. A copy that is not
+// stored goes with x's float32 storage, or, in a checkpoint's rerun, once
+// the rerun's forward is done. Elsewhere (the portable path, which would
+// widen the copy again; a leaf, a view) it is x's float32 values, rounded
+// as read.
+func halfInput(d DType, x *Tensor) cpu.HalfOperand {
+	if d != BFloat16 || !cpu.HalfKernel(false) || x.base != nil || !storable(x, d) || len(x.f32) == 0 {
+		return f32Operand(x.f32)
+	}
+	if x.early == nil {
+		a := x.home
+		if a == nil {
+			a = Default
+		}
+		e := a.NewUninit(Activations, d, x.shape...)
+		convGrain(len(x.f32), func(lo, hi int) { NarrowHalf(d, e.u16[lo:hi], x.f32[lo:hi]) })
+		x.early = e
+	}
+	return cpu.HalfOperand{H: x.early.u16}
+}
+
+// dropEarly releases the copy halfInput made of activation t, if any.
+func (t *Tensor) dropEarly() {
+	if e := t.early; e != nil {
+		t.early = nil
+		e.Release()
+	}
 }
 
 // widen gives stored activation t float32 storage again, holding its

@@ -96,6 +96,11 @@ type Tensor struct {
 	// under mixed precision (precision.go); nil until one reads it and
 	// after the master changes.
 	half *Tensor
+	// early is an activation's 2-byte copy made ahead of StoreHalf, for
+	// a matrix product of the forward to read, while its float32 storage
+	// lives (precision.go: halfInput); StoreHalf keeps it as the stored
+	// copy, and it goes with the float32 storage otherwise.
+	early *Tensor
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for
 	// parameters, empty otherwise.
@@ -291,7 +296,7 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	c.Grad = nil
 	c.alloc = nil // a view does not own the storage
 	c.views, c.dropped, c.refilled = nil, false, false
-	c.half = nil
+	c.half, c.early = nil, nil
 	if t.cat == Activations {
 		b := t.base
 		if b == nil {
