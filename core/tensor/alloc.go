@@ -153,13 +153,15 @@ func (t *Tensor) Release() {
 }
 
 // releaseStorage gives t's own storage back, leaving a half-precision
-// copy alone.
+// copy alone; a copy made for a forward's product (halfInput) goes with
+// it, also where the storage has passed to another tensor (Checkpoint's
+// output).
 func (t *Tensor) releaseStorage() {
+	t.dropEarly()
 	a := t.alloc
 	if a == nil {
 		return
 	}
-	t.dropEarly() // a copy of these values (halfInput)
 	t.alloc = nil
 	b := t.Bytes()
 	var buf any
