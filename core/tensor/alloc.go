@@ -156,7 +156,8 @@ func (t *Tensor) Release() {
 }
 
 // releaseStorage gives t's own storage back, leaving a half-precision
-// copy alone.
+// copy alone; a copy made as its values were written (early.go) goes
+// with it.
 func (t *Tensor) releaseStorage() {
 	if e := t.early; e != nil { // a copy StoreHalf never took (early.go)
 		t.early = nil

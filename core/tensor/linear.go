@@ -34,7 +34,7 @@ func Linear(x, w, b *Tensor) *Tensor {
 			bv, done = ReadParam(b) // the bias's copy (precision.go)
 			bias = bv.f32
 		}
-		gemmDBias(d, rows, out, in, f32Operand(x.f32), operandOf(d, w), bias, y.f32)
+		gemmDBias(d, rows, out, in, halfInput(d, x), operandOf(d, w), bias, y.f32)
 		done()
 	} else {
 		linearFwd(x.f64, w.f64, biasOf[float64](b), y.f64, rows, in, out)

@@ -206,12 +206,15 @@ func HalfBytes(params []*Tensor) int64 {
 }
 
 // operandOf is tensor t as an operand of a product in compute dtype d:
-// its 2-byte copy in d (a parameter's, halfOf, or a stored activation's),
-// read as it is stored, or else its float32 values, which the product
-// rounds as it reads them (an activation stored in another dtype is
-// widened back first).
+// its 2-byte copy in d (a parameter's, halfOf, a stored activation's, or
+// one made as its values were written, early.go), read as it is stored,
+// or else its float32 values, which the product rounds as it reads them
+// (an activation stored in another dtype is widened back first).
 func operandOf(d DType, t *Tensor) cpu.HalfOperand {
 	h := storedHalf(t)
+	if d != Float32 && h == nil && t.early != nil && t.f32 != nil {
+		h = t.early
+	}
 	if d != Float32 && h == nil {
 		h = halfOf(t, d)
 	}
@@ -227,11 +230,11 @@ func operandOf(d DType, t *Tensor) cpu.HalfOperand {
 // gemmDBias sets C (m x n, stride n) to a·b (b stored k x n) plus
 // bias[j] on column j of every row (nil: no bias), as gemmD with beta 0
 // followed by cpu.AddBias, bitwise; where b is a bf16 copy read as stored
-// and a is float32, it is one product that adds the bias as it stores C
-// (cpu.GemmRoundAHalfBBias): a Linear layer's forward.
+// (and a float32 or bf16, halfInput), it is one product that adds the
+// bias as it stores C (cpu.GemmHalfOperandBias): a Linear layer's forward.
 func gemmDBias(d DType, m, n, k int, a, b cpu.HalfOperand, bias, c []float32) {
-	if bias != nil && d == BFloat16 && a.F != nil && !a.Exact && b.H != nil {
-		cpu.GemmRoundAHalfBBias(false, false, false, m, n, k, 1, a.F, k, b.H, n, bias, c, n)
+	if bias != nil && d == BFloat16 && !a.Exact && b.H != nil {
+		cpu.GemmHalfOperandBias(false, false, false, m, n, k, 1, a, k, b.H, n, bias, c, n)
 		return
 	}
 	gemmD(d, false, false, m, n, k, a, k, b, n, 0, c, n)
@@ -337,10 +340,11 @@ func StoreHalf(out, in *Tensor) {
 // storeHalf rounds activation t into a 2-byte copy in its compute dtype
 // and gives its float32 storage back (and points its views at none); only
 // a recorded float32 activation owning its storage, not dropped, is
-// stored.
+// stored. A copy made as t's values were written (early.go) is the
+// stored one: the same bits, rounded once.
 func storeHalf(t *Tensor) {
 	d := computeOf(t)
-	if t.dtype != Float32 || d == Float32 || t.cat != Activations || t.node == nil || t.node.exact || t.alloc == nil || t.dropped || t.half != nil {
+	if !storable(t, d) {
 		return
 	}
 	a := t.home
@@ -357,6 +361,38 @@ func storeHalf(t *Tensor) {
 	t.releaseStorage()
 	t.half = h
 	t.dropView()
+}
+
+// storable says storeHalf would store activation t in compute dtype d.
+func storable(t *Tensor, d DType) bool {
+	return t.dtype == Float32 && d != Float32 && t.cat == Activations && t.node != nil && !t.node.exact && t.alloc != nil && !t.dropped && t.half == nil
+}
+
+// halfInput is activation x as the left operand of a Linear's forward
+// product in compute dtype d. On the bf16 kernel, for an activation that
+// StoreHalf will store once the forward is done with it, the product
+// reads x's 2-byte copy where it is stored (cpu.GemmHalfOperandBias)
+// rather than rounding x as it packs it: the copy its op wrote as it made
+// x (a norm's output, the MLP's activation; early.go), or one narrowed
+// now, while x is fresh in cache (the attention's output). StoreHalf then
+// keeps that copy instead of rounding x again. The numbers are the ones
+// the product would round x to, bitwise. Elsewhere (the portable path,
+// which would widen the copy again; a view; a forward StoreHalf does not
+// follow) it is x's float32 values, rounded as read.
+func halfInput(d DType, x *Tensor) cpu.HalfOperand {
+	if d != BFloat16 || !cpu.HalfKernel(false) || x.base != nil || !storable(x, d) || len(x.f32) == 0 {
+		return f32Operand(x.f32)
+	}
+	if x.early == nil {
+		if e := earlyHalf(x, true); e != nil {
+			convGrain(len(x.f32), func(lo, hi int) { NarrowHalf(d, e.u16[lo:hi], x.f32[lo:hi]) })
+			keepEarly(x, e)
+		}
+	}
+	if x.early == nil || x.early.dtype != d {
+		return f32Operand(x.f32)
+	}
+	return cpu.HalfOperand{H: x.early.u16}
 }
 
 // widen gives stored activation t float32 storage again, holding its

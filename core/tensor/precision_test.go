@@ -287,6 +287,69 @@ func TestStoreHalfWidensExactly(t *testing.T) {
 	require.Equal(t, int64(2*(6*32+6*32)), heldRounded-heldStored, "h and g stored in 2 bytes instead of 4")
 }
 
+// TestLinearInputNarrowedOnce: on the bf16 kernel, in a forward StoreHalf
+// follows, a Linear's forward reads the 2-byte copy of an input that
+// StoreHalf will store: the one GELU wrote with its output, or one it
+// narrows itself (a Linear's output); StoreHalf keeps the same copy
+// rather than rounding the input again. The products are bitwise the
+// ones that round the float32 input as they read it, the copies hold the
+// inputs' bf16 bits, and an input StoreHalf does not store (a leaf) is
+// read as float32 without a copy.
+func TestLinearInputNarrowedOnce(t *testing.T) {
+	if !cpu.HalfKernel(false) {
+		t.Skip("bf16 products take the portable path here: " + cpu.HalfGemmPath())
+	}
+	rng := rand.New(rand.NewSource(9))
+	rnd := func(n int) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = float32(rng.NormFloat64())
+		}
+		return out
+	}
+	a := NewAllocator()
+	a.SetCompute(BFloat16)
+	param := func(data []float32, shape ...int) *Tensor {
+		t := a.New(Params, Float32, shape...)
+		copy(t.F32(), data)
+		return t.RequiresGrad()
+	}
+	const rows, in, mid, out = 13, 16, 34, 8
+	xt, w1, w2, b2 := param(rnd(rows*in), rows, in), param(rnd(in*mid), in, mid), param(rnd(mid*out), mid, out), param(rnd(out), out)
+	w3 := param(rnd(out*in), out, in)
+	done := StoringHalf(xt)
+	h := Linear(xt, w1, nil)
+	require.Nil(t, xt.early, "a leaf is not stored: read as float32")
+	g := Gelu(h)
+	gf := append([]float32(nil), g.f32...)
+	y := Linear(g, w2, b2)
+	require.NotNil(t, g.early, "GELU's output narrowed for the product")
+	copyBits := g.early
+	want := make([]uint16, len(gf))
+	cpu.BF16FromF32s(want, gf)
+	require.Equal(t, want, copyBits.u16)
+	w2h, bias := make([]uint16, mid*out), append([]float32(nil), b2.f32...)
+	cpu.BF16FromF32s(w2h, w2.f32)
+	cpu.RoundBF16(bias)
+	ref := make([]float32, rows*out)
+	cpu.GemmRoundAHalfBBias(false, false, false, rows, out, mid, 1, gf, mid, w2h, out, bias, ref, out)
+	require.Equal(t, ref, y.f32, "the product from the copy is the one rounding g as it reads it")
+	yf := append([]float32(nil), y.f32...)
+	z := Linear(y, w3, nil)
+	require.NotNil(t, y.early, "a Linear's output narrowed by the next Linear for its product")
+	cpu.BF16FromF32s(want[:len(yf)], yf)
+	require.Equal(t, want[:len(yf)], y.early.u16)
+	w3h, refZ := make([]uint16, out*in), make([]float32, rows*in)
+	cpu.BF16FromF32s(w3h, w3.f32)
+	cpu.GemmRoundAHalfB(false, false, false, rows, in, out, 1, yf, out, w3h, in, 0, refZ, in)
+	require.Equal(t, refZ, z.f32, "the product from y's copy is the one rounding y as it reads it")
+	StoreHalf(z, h)
+	done()
+	require.Same(t, copyBits, g.half, "StoreHalf keeps the copy the product read")
+	require.Nil(t, g.early)
+	require.Nil(t, g.f32)
+}
+
 // TestGeluReadsStoredInput: GELU's backward reads an input stored in
 // bf16 or fp16 as stored, leaving it stored, and its gradient is bitwise
 // the float32 kernel's on the widened values.

@@ -164,6 +164,9 @@ func Checkpoint(name string, x *Tensor, fn func(x *Tensor, rerun bool) (*Tensor,
 			panic(&FunctionError{Op: op, Err: fmt.Errorf("the recomputed forward recorded no graph")})
 		}
 		order := topo(y)
+		for _, t := range order {
+			t.dropEarly() // StoreHalf keeps nothing of a rerun (early.go)
+		}
 		if again := countLeaves(order, in); !sameLeaves(again, leaves) {
 			panic(&FunctionError{Op: op, Err: fmt.Errorf("the recomputed forward reached %d parameters, the forward %d: it must compute the same thing both times", len(again), len(leaves))})
 		}

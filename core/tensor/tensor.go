@@ -97,8 +97,9 @@ type Tensor struct {
 	// after the master changes.
 	half *Tensor
 	// early is the 2-byte copy of an activation's float32 values made as
-	// an op wrote or read them, which StoreHalf takes instead of rounding
-	// them again (early.go); nil when there is none.
+	// an op wrote or read them (early.go), which a Linear's forward product
+	// reads where it is stored (halfInput) and StoreHalf takes instead of
+	// rounding them again; nil when there is none.
 	early *Tensor
 
 	// Name is the parameter's global name (Hugging Face GPT-2 naming) for

@@ -386,17 +386,30 @@ static void kernel_rows(const uint32_t *ap, long rs, const uint16_t *bp, long kc
 // numbers; NULL for none), bias[j] is then added to column j of each
 // tile as its last sum is stored: bitwise the product followed by
 // AddBias, without another pass over C.
+//
+// A stored bf16 and not transposed, with k and lda even and 4-byte
+// aligned, already holds each row's pairs as the 32-bit lanes pack_row_vec
+// would copy, lda/2 lanes apart: kernel_rows reads its full tiles where
+// they are stored, and only a last tile of fewer than MR rows is packed
+// (the kernel reads all the rows of its instance, which past m1 may lie
+// past the matrix). The kernel sees the same lanes in the same order, so
+// the result is the packed product's, bitwise.
 void tacc_bf16_gemm_rows(const uint16_t *packed_b, long ldp, long k, long n, const void *a, int a_f32, int trans, long lda,
 			 long m0, long m1, float alpha, float *c, long ldc, int overwrite, const float *bias,
 			 uint32_t *scratch) {
 	long kp = (k + 1) / 2;
 	long panels = (n + NR - 1) / NR;
 	uint32_t *ap = scratch;
+	int in_place = !trans && !a_f32 && k % 2 == 0 && lda % 2 == 0 && ((uintptr_t)a & 3) == 0;
+	const uint32_t *a32 = (const uint32_t *)a;
 	for (long i0 = m0; i0 < m1; i0 += MC) {
 		long i1 = i0 + MC < m1 ? i0 + MC : m1;
+		long full = in_place ? (i1 - i0) / MR : 0; // tiles read where stored
 		for (long q0 = 0; q0 < kp; q0 += KC) {
 			long kc = q0 + KC < kp ? KC : kp - q0;
-			pack_a(a, a_f32, trans, lda, k, i0, i1, q0, kc, ap);
+			if (i0 + full * MR < i1) {
+				pack_a(a, a_f32, trans, lda, k, i0 + full * MR, i1, q0, kc, ap);
+			}
 			for (long p = 0; p < panels; p++) {
 				const uint16_t *bp = packed_b + (p * ldp + q0) * 2 * NR;
 				long nr = n - p * NR < NR ? n - p * NR : NR;
@@ -412,8 +425,21 @@ void tacc_bf16_gemm_rows(const uint16_t *packed_b, long ldp, long k, long n, con
 						const float *bt = bias && q0 + s + ks == kp ? bias + p * NR : NULL; // the last sum
 						if (trans) {
 							kernel_pairs(ap + (t * kc + s) * MR, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
+						} else if (t < full) {
+							if (p == 0 && t + 1 < full) {
+								// the next tile's rows, read from memory on
+								// the first panel, as pack_a prefetches
+								const char *nx = (const char *)(a32 + (i0 + (t + 1) * MR) * (lda / 2) + q0 + s);
+								for (long r = 0; r < MR; r++) {
+									for (long o = 0; o < ks * 4; o += 64) {
+										__builtin_prefetch(nx + r * lda * 2 + o, 0, 3);
+									}
+								}
+							}
+							kernel_rows(a32 + (i0 + t * MR) * (lda / 2) + q0 + s, lda / 2, bp + s * 2 * NR, ks, ct, ldc, mr, nr,
+								    alpha, ow, bt);
 						} else {
-							kernel_rows(ap + t * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
+							kernel_rows(ap + (t - full) * kc * MR + s, kc, bp + s * 2 * NR, ks, ct, ldc, mr, nr, alpha, ow, bt);
 						}
 					}
 				}

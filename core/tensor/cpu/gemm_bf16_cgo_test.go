@@ -3,6 +3,7 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -150,5 +151,43 @@ func TestGemmBF16BiasBlocked(t *testing.T) {
 			return c
 		}
 		require.Equal(t, run(1<<40), run(1), h.name)
+	}
+}
+
+// TestGemmBF16InPlaceA: a bf16 A not transposed, with k and lda even and
+// 4-byte aligned, is read where it is stored for its full tiles and packed
+// for a last tile of fewer rows; the product equals, bitwise, the one
+// from the float32 A it was rounded from, which is packed, for row counts
+// with and without a last partial tile, past one block of rows (MC) and
+// of k (KC), dense and padded rows, B in both layouts, and from an odd
+// element (2-byte aligned: packed, as before).
+func TestGemmBF16InPlaceA(t *testing.T) {
+	if !bf16Kernel.Load() {
+		t.Skip("bf16 products take the portable path here: " + HalfGemmPath())
+	}
+	rng := newRNG(29)
+	for _, sz := range [][3]int{{12, 33, 64}, {24, 40, 2}, {29, 70, 300}, {2*bf16MC + 5, 45, 130}, {37, 33, 2*bf16KC + 300}} {
+		m, n, k := sz[0], sz[1], sz[2]
+		for _, pad := range []int{0, 2} {
+			for _, off := range []int{0, 1} {
+				for _, tb := range []bool{false, true} {
+					lda, ldb := k+pad, n
+					br, bc := k, n
+					if tb {
+						br, bc, ldb = n, k, k
+					}
+					af := randSlice[float32](rng, off+m*lda, 1)
+					ah := convert(af, BF16FromF32)
+					b := convert(randSlice[float32](rng, br*bc, 1), BF16FromF32)
+					for _, beta := range []float32{0, 0.5} {
+						c0 := randSlice[float32](rng, m*n, 1)
+						want, got := append([]float32(nil), c0...), append([]float32(nil), c0...)
+						GemmRoundAHalfB(false, false, tb, m, n, k, 1.5, af[off:], lda, b, ldb, beta, want, n)
+						GemmBF16(false, tb, m, n, k, 1.5, ah[off:], lda, b, ldb, beta, got, n)
+						requireSameBits(t, got, want, fmt.Sprintf("m %d n %d k %d lda %d from element %d tb %v beta %v", m, n, k, lda, off, tb, beta))
+					}
+				}
+			}
+		}
 	}
 }

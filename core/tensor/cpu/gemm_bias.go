@@ -9,11 +9,24 @@ import "fmt"
 // while the tile is in cache, rather than in a second pass over C; the
 // portable path makes the two calls.
 func GemmRoundAHalfBBias(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []uint16, ldb int, bias, c []float32, ldc int) {
-	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+	gemmHalfBias("GemmRoundAHalfBBias", f16, transA, transB, m, n, k, alpha, halfOperand{f: a, f16: f16}, lda, b, ldb, bias, c, ldc)
+}
+
+// GemmHalfOperandBias is GemmRoundAHalfBBias with A a HalfOperand: float32
+// rounded as read, or already in the half format (H), as a Linear's input
+// narrowed once for the product and for the copy kept for the backward.
+// The result is bitwise that of GemmRoundAHalfBBias on the float32 A the
+// halves were rounded from.
+func GemmHalfOperandBias(f16, transA, transB bool, m, n, k int, alpha float32, a HalfOperand, lda int, b []uint16, ldb int, bias, c []float32, ldc int) {
+	gemmHalfBias("GemmHalfOperandBias", f16, transA, transB, m, n, k, alpha, halfOperand{f: a.F, h: a.H, f16: f16, exact: a.Exact}, lda, b, ldb, bias, c, ldc)
+}
+
+func gemmHalfBias(name string, f16, transA, transB bool, m, n, k int, alpha float32, ao halfOperand, lda int, b []uint16, ldb int, bias, c []float32, ldc int) {
+	checkGemm(transA, transB, m, n, k, ao.len(), lda, len(b), ldb, len(c), ldc)
 	if len(bias) < n {
-		panic(fmt.Sprintf("cpu.GemmRoundAHalfBBias: bias has %d numbers for %d columns", len(bias), n))
+		panic(fmt.Sprintf("cpu.%s: bias has %d numbers for %d columns", name, len(bias), n))
 	}
-	ao, bo := halfOperand{f: a, f16: f16}, halfOperand{h: b, f16: f16}
+	bo := halfOperand{h: b, f16: f16}
 	if bf16Kernel.Load() && !f16 && m > 0 && n > 0 && k > 0 {
 		gemmBF16NativeBias(transA, transB, m, n, k, alpha, ao, lda, bo, ldb, true, bias[:n], c, ldc)
 		return

@@ -34,3 +34,30 @@ func TestGemmRoundAHalfBBias(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmHalfOperandBias: with A already in bf16 (H) the product with its
+// bias is bitwise GemmRoundAHalfBBias on the float32 A those halves were
+// rounded from, on the kernel's path and the portable one, and with A
+// float32 it is GemmRoundAHalfBBias itself.
+func TestGemmHalfOperandBias(t *testing.T) {
+	rng := newRNG(31)
+	for _, kernel := range []bool{true, false} {
+		was := SetBF16Kernel(kernel)
+		for _, h := range halfCases() {
+			if h.beta != 0 {
+				continue
+			}
+			bb := convert(h.b, BF16FromF32)
+			bias := randSlice[float32](rng, h.n, 1)
+			name := fmt.Sprintf("%s kernel %v", h.name, HalfKernel(false))
+			want := append([]float32(nil), h.c...)
+			GemmRoundAHalfBBias(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, h.a, h.lda, bb, h.ldb, bias, want, h.ldc)
+			for _, a := range []HalfOperand{{H: convert(h.a, BF16FromF32)}, {F: h.a}} {
+				got := append([]float32(nil), h.c...)
+				GemmHalfOperandBias(false, h.ta, h.tb, h.m, h.n, h.k, h.alpha, a, h.lda, bb, h.ldb, bias, got, h.ldc)
+				requireSameBits(t, got, want, fmt.Sprintf("%s A stored %v", name, a.H != nil))
+			}
+		}
+		SetBF16Kernel(was)
+	}
+}
