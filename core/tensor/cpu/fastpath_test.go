@@ -242,3 +242,38 @@ func TestGeluBackwardBF16MatchesWidened(t *testing.T) {
 	requireSameBits(t, c, want, "C loop")
 	requireSameBits(t, g, want, "Go loop")
 }
+
+// TestSoftmaxMaxMatchesGo puts a row's maximum at every position, in each
+// lane of the vectorised running maxima and in the tail, and a NaN first
+// (it wins every comparison's fallback) or later (it loses them all): the
+// C loop must pick the same maximum as the Go loop's single running one,
+// so every output bit agrees.
+func TestSoftmaxMaxMatchesGo(t *testing.T) {
+	rng := newRNG(67)
+	bits := func(x []float32) []uint32 {
+		b := make([]uint32, len(x))
+		for i, v := range x {
+			b[i] = math.Float32bits(v)
+		}
+		return b
+	}
+	nan := float32(math.NaN())
+	for _, n := range []int{1, 16, 33, 100} {
+		for p := range n {
+			for _, top := range []float32{50, nan} {
+				src := randSlice[float32](rng, n, 5)
+				src[p] = top
+				p1, p2 := make([]float32, n), make([]float32, n)
+				var m1, s1, m2, s2 [1]float32
+				softmaxRows32(src, p1, 1, n, m1[:], s1[:])
+				softmaxRows32Go(src, p2, 1, n, m2[:], s2[:])
+				require.Equal(t, bits(p2), bits(p1), "n=%d, %g at %d", n, top, p)
+				require.Equal(t, bits(m2[:]), bits(m1[:]), "maximum, n=%d, %g at %d", n, top, p)
+				require.Equal(t, bits(s2[:]), bits(s1[:]), "sum, n=%d, %g at %d", n, top, p)
+				if top == 50 {
+					require.Equal(t, float32(50), m1[0])
+				}
+			}
+		}
+	}
+}
