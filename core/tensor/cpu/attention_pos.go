@@ -281,9 +281,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p, Tk)
 				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				if hd.lse != nil {
-					for r := range i1 - i0 {
-						hd.lse[i0+r] = mx[r] + F(math.Log(float64(sum[r])))
-					}
+					lseRows(hd.lse[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				}
 				pv(false, i1-i0, 0, nk, 1, p, Tk, 0, hd.o[i0*d.LdO:], d.LdO)
 			}
@@ -317,6 +315,27 @@ func softmaxPrefix[F Float](p []F, ld, width int, lens []int64, maxs, sums []F) 
 			maxs[r], sums[r] = F(math.Inf(-1)), 0
 		}
 		clear(row[n:])
+	}
+}
+
+// lseRows sets each row's log-sum-exp from its maximum and its sum of
+// exp(x - max): lse = max + log(sum), -Inf for a row with no entry (max
+// -Inf, sum 0). float32 rows take it in C (lseRows32), one call for a row
+// block rather than a Go call of math.Log a row.
+func lseRows[F Float](lse, maxs, sums []F) {
+	if isF32[F]() {
+		lseRows32(as32(lse), as32(maxs), as32(sums))
+		return
+	}
+	lseRowsGo(lse, maxs, sums)
+}
+
+// lseRowsGo is lseRows's loop, which fastpath.c repeats for float32 with
+// math.Log's arithmetic written out (go_log).
+func lseRowsGo[F Float](lse, maxs, sums []F) {
+	sums, maxs = sums[:len(lse)], maxs[:len(lse)]
+	for r, s := range sums {
+		lse[r] = maxs[r] + F(math.Log(float64(s)))
 	}
 }
 

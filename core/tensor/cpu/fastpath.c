@@ -373,3 +373,89 @@ void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gsca
 		adamw_step(p + i, g + i, m + i, v + i, gscale, decay, b1, b2, ob1, ob2, step, bc2_sqrt, eps);
 	}
 }
+
+// go_log matches math.Log on amd64 (archLog, log_amd64.s) operation for
+// operation, for every input a float32 widens to: the same reduction to
+// f1 in [sqrt(2)/2, sqrt(2)) by the exponent bits (no rescaling of
+// subnormals, which no widened float32 is), the same polynomial and the
+// same order of the final sums. Written without branches so the loop of
+// tacc_lse_rows vectorises, the special cases chosen at the end as there.
+static inline double go_log(double x) {
+	uint64_t bx;
+	memcpy(&bx, &x, 8);
+	uint64_t fb = (bx & 0x000FFFFFFFFFFFFFull) | 0x3FE0000000000000ull;
+	double f1;
+	memcpy(&f1, &fb, 8);
+	double k = (double)((int32_t)((bx >> 52) & 0x7FF) - 0x3FE);
+	// if !(sqrt(2)/2 < f1) { k -= 1; f1 *= 2 }, the asm's compare, on the
+	// bits: f1 and sqrt(2)/2 (0x3FE6A09E667F3BCD) are positive and finite
+	double low = (double)(fb <= 0x3FE6A09E667F3BCDull);
+	k = k - low;
+	f1 = f1 * (low + 1.0);
+	double f = f1 - 1.0;
+	double s = f / (2.0 + f);
+	double s2 = s * s;
+	double s4 = s2 * s2;
+	double t1 = s2 * (((1.479819860511658591e-01 * s4 + 1.818357216161805012e-01) * s4 + 2.857142874366239149e-01) * s4 +
+			  6.666666666666735130e-01);
+	double t2 = s4 * ((1.531383769920937332e-01 * s4 + 2.222219843214978396e-01) * s4 + 3.999999999940941908e-01);
+	double r = t1 + t2;
+	double hfsq = 0.5 * f * f;
+	double lo = s * (hfsq + r) + k * 1.90821492927058770002e-10;
+	double y = k * 6.93147180369123816490e-01 - ((hfsq - lo) - f);
+	uint64_t yb;
+	memcpy(&yb, &y, 8);
+	uint64_t big = -(uint64_t)((int64_t)bx >= (int64_t)0x7FF0000000000000ull); // +Inf or NaN: x
+	uint64_t neg = -(uint64_t)((int64_t)bx < 0);                                 // below zero: NaN
+	uint64_t zero = -(uint64_t)((bx & 0x7FFFFFFFFFFFFFFFull) == 0);              // ±0: -Inf
+	yb = (yb & ~big) | (bx & big);
+	yb = (yb & ~neg) | (0x7FF8000000000001ull & neg);
+	yb = (yb & ~zero) | (0xFFF0000000000000ull & zero);
+	memcpy(&y, &yb, 8);
+	return y;
+}
+
+// tacc_lse_rows matches lseRowsGo in attention_pos.go on float32: each
+// row's log-sum-exp from its maximum and its sum of exponentials.
+CLONES void tacc_lse_rows(float *lse, const float *maxs, const float *sums, long n) {
+	for (long i = 0; i < n; i++) {
+		lse[i] = maxs[i] + (float)go_log((double)sums[i]);
+	}
+}
+
+// attn_delta_rows sums, for M rows of one head from row r0 on, dout·out
+// in float64 in index order (AttentionDelta's loop): M independent
+// chains of additions side by side, where one row at a time waits on
+// each addition before the next.
+#define ATTN_DELTA_ROWS 8
+static inline void attn_delta_rows(const float *dout, const float *out, float *delta, long r0, long m, long h, long tq,
+				   long nh, long hs, long ldo) {
+	double s[ATTN_DELTA_ROWS] = {0};
+	for (long i = 0; i < hs; i++) {
+		for (long j = 0; j < m; j++) {
+			long off = (r0 + j) * ldo + h * hs + i;
+			s[j] += (double)dout[off] * (double)out[off];
+		}
+	}
+	for (long j = 0; j < m; j++) {
+		long r = r0 + j;
+		delta[(r / tq * nh + h) * tq + r % tq] = (float)s[j];
+	}
+}
+
+// tacc_attn_delta matches attentionDeltaGo in attention_merge.go on
+// float32 for rows [lo, hi) of the B*tq rows of dout and out.
+CLONES void tacc_attn_delta(const float *dout, const float *out, float *delta, long lo, long hi, long tq, long nh,
+			    long hs, long ldo) {
+	long r0 = lo;
+	for (; r0 + ATTN_DELTA_ROWS <= hi; r0 += ATTN_DELTA_ROWS) {
+		for (long h = 0; h < nh; h++) {
+			attn_delta_rows(dout, out, delta, r0, ATTN_DELTA_ROWS, h, tq, nh, hs, ldo);
+		}
+	}
+	for (; r0 < hi; r0++) {
+		for (long h = 0; h < nh; h++) {
+			attn_delta_rows(dout, out, delta, r0, 1, h, tq, nh, hs, ldo);
+		}
+	}
+}

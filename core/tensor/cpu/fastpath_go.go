@@ -36,6 +36,12 @@ func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }
 
 func lseBackward32(p, dp []float32, delta float32) { lseBackwardGo(p, dp, delta) }
 
+func lseRows32(lse, maxs, sums []float32) { lseRowsGo(lse, maxs, sums) }
+
+func attnDelta32(d AttnDims, dout, out, delta []float32, lo, hi int) {
+	attentionDeltaGo(d, dout, out, delta, lo, hi)
+}
+
 func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	adamWGo(p, g, m, v, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
 }

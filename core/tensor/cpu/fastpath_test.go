@@ -277,3 +277,51 @@ func TestSoftmaxMaxMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestLSERowsFastPathMatchesGo checks the C log-sum-exp of row maxima and
+// sums, whose logarithm is math.Log's arithmetic written out in C, bit for
+// bit against the Go loop's math.Log: sums over the whole float32 range
+// (the attention's lie in [1, keys]), the special cases (an empty row's
+// -Inf and 0, negatives, infinities, NaN) and maxima of both signs.
+func TestLSERowsFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(71)
+	inf := float32(math.Inf(1))
+	sums := []float32{0, float32(math.Copysign(0, -1)), 1, 2, 0.5, 1e-45, 1e-38, math.MaxFloat32, inf, -inf, -1,
+		float32(math.NaN()), float32(math.Sqrt2 / 2), float32(math.Sqrt2)}
+	for range 200000 {
+		sums = append(sums, float32(1+rng.Float64()*255), math.Float32frombits(rng.Uint32()&0x7fffffff))
+	}
+	maxs := make([]float32, len(sums))
+	for i := range maxs {
+		maxs[i] = float32(rng.NormFloat64() * 4)
+	}
+	maxs[0] = -inf // an empty row
+	for _, m := range [][]float32{make([]float32, len(sums)), maxs} {
+		l1, l2 := make([]float32, len(sums)), make([]float32, len(sums))
+		lseRows32(l1, m, sums)
+		lseRowsGo(l2, m, sums)
+		for i := range sums {
+			if math.Float32bits(l1[i]) != math.Float32bits(l2[i]) {
+				t.Fatalf("max %g, sum %g (%#x): C %g (%#x), Go %g (%#x)", m[i], sums[i], math.Float32bits(sums[i]),
+					l1[i], math.Float32bits(l1[i]), l2[i], math.Float32bits(l2[i]))
+			}
+		}
+	}
+}
+
+// TestAttentionDeltaFastPathMatchesGo runs the float32 AttentionDelta
+// (rows summed side by side in C) against its Go loop, bit for bit, on row
+// ranges that start anywhere and end inside a group of rows, over batches
+// and heads, with a row stride wider than the heads.
+func TestAttentionDeltaFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(73)
+	d := AttnDims{B: 3, NH: 3, HS: 20, Tq: 13, Tk: 13, LdQ: 70, LdK: 70, LdV: 70, LdO: 70}
+	dout := randSlice[float32](rng, d.B*d.Tq*d.LdO, 1)
+	out := randSlice[float32](rng, d.B*d.Tq*d.LdO, 100)
+	for _, r := range [][2]int{{0, 39}, {0, 8}, {3, 30}, {5, 6}, {38, 39}, {7, 7}} {
+		d1, d2 := make([]float32, d.B*d.NH*d.Tq), make([]float32, d.B*d.NH*d.Tq)
+		attnDelta32(d, dout, out, d1, r[0], r[1])
+		attentionDeltaGo(d, dout, out, d2, r[0], r[1])
+		require.Equal(t, d2, d1, "rows %v", r)
+	}
+}
