@@ -354,7 +354,7 @@ func lseRowsGo[F Float](lse, maxs, sums []F) {
 func AttentionPosBackward[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpos []int, dq, dk, dv []F) {
 	vis := d.check("AttentionPosBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
 		size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})...)
-	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv)
+	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv, false)
 }
 
 // AttentionLSEBackward accumulates into dq, dk and dv the contribution of
@@ -373,7 +373,20 @@ func AttentionLSEBackward[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qp
 	rows := size{"delta", len(delta), d.B * d.NH * d.Tq}
 	vis := d.check("AttentionLSEBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
 		rows, size{"lse", len(lse), d.B * d.NH * d.Tq})...)
-	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv)
+	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv, false)
+}
+
+// AttentionLSEGrad is AttentionLSEBackward that sets dq, dk and dv (each
+// head's columns of every row) to the key block's contribution instead of
+// adding it: it never reads them, so the gradient of an attention over a
+// single key block needs no zero-filled buffers. The result is bitwise
+// AttentionLSEBackward's into zeros: each product writes alpha·A·B where
+// it would have added it to 0, and rows no key reaches are cleared.
+func AttentionLSEGrad[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qpos, kpos []int, dq, dk, dv []F) {
+	rows := size{"delta", len(delta), d.B * d.NH * d.Tq}
+	vis := d.check("AttentionLSEGrad", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
+		rows, size{"lse", len(lse), d.B * d.NH * d.Tq})...)
+	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv, true)
 }
 
 func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...size) []size {
@@ -388,9 +401,17 @@ func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...s
 
 // attentionBackward is the backward of both: with att it reads the stored
 // probabilities and takes rowsum(P∘dP) row by row; without, it recomputes P
-// from the final lse and uses delta.
-func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, delta, lse []F, dq, dk, dv []F) {
+// from the final lse and uses delta. With set it writes dq, dk and dv
+// rather than adding to them (AttentionLSEGrad): the first product into
+// each block of rows overwrites it (beta 0), and a block no product
+// reaches is cleared.
+func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, delta, lse []F, dq, dk, dv []F, set bool) {
 	if d.B == 0 || d.Tq == 0 || d.Tk == 0 {
+		if set {
+			clearRows(dq, d.B*d.Tq, d.LdQ, d.NH*d.HS)
+			clearRows(dk, d.B*d.Tk, d.LdK, d.kvHeads()*d.HS)
+			clearRows(dv, d.B*d.Tk, d.LdV, d.kvHeads()*d.HS)
+		}
 		return
 	}
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
@@ -421,6 +442,15 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 			} else {
 				p, dl = *pBuf, delta[bh*Tq:(bh+1)*Tq]
 			}
+			// dq's rows are this head's alone; dk and dv are the group's,
+			// set by its first head and added to by the others.
+			betaQ, betaKV := F(1), F(1)
+			if set {
+				betaQ = 0
+				if bh%group == 0 {
+					betaKV = 0
+				}
+			}
 			// Row blocks of P, dP and dS: rows [i0,i1) see keys [0,nk).
 			var scores func(m, n int, alpha F, a []F, lda int, c []F, ldc int)
 			releaseK := func() {}
@@ -433,6 +463,9 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				i1 := min(Tq, i0+attnBlock)
 				nk := int(vis[i1-1])
 				if nk == 0 {
+					if set { // no product writes these rows of dq
+						clearRows(g.q[i0*d.LdQ:], i1-i0, d.LdQ, hs)
+					}
 					continue // no row of the block sees a key; none is read below
 				}
 				if att == nil {
@@ -457,7 +490,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					}
 					clear(ds[i*Tk+n : i*Tk+colsRead(n, nk, Tk)]) // invisible scores get no gradient
 				}
-				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, 1, g.q[i0*d.LdQ:], d.LdQ)
+				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, betaQ, g.q[i0*d.LdQ:], d.LdQ)
 			}
 			releaseK()
 			releaseV()
@@ -473,16 +506,27 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					first++
 				}
 				if first == Tq {
+					if betaKV == 0 { // no query sees keys j0 on: nothing else writes them
+						clearRows(g.k[j0*d.LdK:], Tk-j0, d.LdK, hs)
+						clearRows(g.v[j0*d.LdV:], Tk-j0, d.LdV, hs)
+					}
 					break
 				}
 				m := Tq - first
-				dsq(true, j1-j0, first, m, scale, ds[first*Tk+j0:], Tk, 1, g.k[j0*d.LdK:], d.LdK)
-				pdo(true, j1-j0, first, m, 1, p[first*Tk+j0:], Tk, 1, g.v[j0*d.LdV:], d.LdV)
+				dsq(true, j1-j0, first, m, scale, ds[first*Tk+j0:], Tk, betaKV, g.k[j0*d.LdK:], d.LdK)
+				pdo(true, j1-j0, first, m, 1, p[first*Tk+j0:], Tk, betaKV, g.v[j0*d.LdV:], d.LdV)
 			}
 			releaseQ()
 			releaseO()
 		}
 	})
+}
+
+// clearRows zeroes the first cols entries of rows rows of x (stride ld).
+func clearRows[F Float](x []F, rows, ld, cols int) {
+	for r := range rows {
+		clear(x[r*ld : r*ld+cols])
+	}
 }
 
 // expMinus replaces each score x of row with exp(x - lse); in float32 with

@@ -533,3 +533,52 @@ func TestAttentionPosDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionLSEGradSets checks that AttentionLSEGrad writes every
+// element of each head's columns of dq, dk and dv, bit for bit what
+// AttentionLSEBackward adds into zeros: its buffers start as NaN, so an
+// element it failed to write, or read before writing, shows. The cases
+// cover row blocks that see no key (cleared dq), keys no query sees
+// (cleared dk and dv), no keys at all, and key/value groups, whose later
+// heads add to what the first one set.
+func TestAttentionLSEGradSets(t *testing.T) {
+	testAttentionLSEGradSets[float32](t, NoHalf)
+	testAttentionLSEGradSets[float32](t, BF16)
+	testAttentionLSEGradSets[float32](t, F16)
+	testAttentionLSEGradSets[float64](t, NoHalf)
+}
+
+func testAttentionLSEGradSets[F Float](t *testing.T, f HalfFormat) {
+	bits := func(x []F) []uint64 {
+		b := make([]uint64, len(x))
+		for i, v := range x {
+			b[i] = math.Float64bits(float64(v))
+		}
+		return b
+	}
+	nans := func(n int) []F {
+		x := make([]F, n)
+		for i := range x {
+			x[i] = F(math.NaN())
+		}
+		return x
+	}
+	for _, c := range posCases() {
+		for _, kvh := range []int{0, 2} {
+			d, q, k, v, dout := posInputs[F](c, 2, 4, 8, 53)
+			d.HalfProducts, d.KVH = f, kvh
+			out, lse, delta := make([]F, d.B*d.Tq*d.LdO), make([]F, d.B*d.NH*d.Tq), make([]F, d.B*d.NH*d.Tq)
+			AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, nil, lse)
+			AttentionDelta(d, dout, out, delta)
+			dq, dk, dv := make([]F, len(q)), make([]F, len(k)), make([]F, len(v))
+			AttentionLSEBackward(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, dq, dk, dv)
+			sq, sk, sv := nans(len(q)), nans(len(k)), nans(len(v))
+			AttentionLSEGrad(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, sq, sk, sv)
+			w, kw := d.NH*d.HS, d.kvHeads()*d.HS
+			name := fmt.Sprintf("%s, KVH %d, half format %d", c.name, kvh, f)
+			require.Equal(t, bits(colsOf(dq, d.LdQ, w)), bits(colsOf(sq, d.LdQ, w)), "dq: %s", name)
+			require.Equal(t, bits(colsOf(dk, d.LdK, kw)), bits(colsOf(sk, d.LdK, kw)), "dk: %s", name)
+			require.Equal(t, bits(colsOf(dv, d.LdV, kw)), bits(colsOf(sv, d.LdV, kw)), "dv: %s", name)
+		}
+	}
+}
