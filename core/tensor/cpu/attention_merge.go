@@ -23,8 +23,8 @@ func AttentionDelta[F Float](d AttnDims, dout, out []F, delta []F) {
 }
 
 // attentionDeltaGo is AttentionDelta's loop over rows [lo, hi) of the
-// B*Tq rows, which fastpath.c repeats for float32 (attnDelta32) with
-// several rows' sums side by side.
+// B*Tq rows, which fastpath.c repeats for float32 (attnDelta32) with the
+// sums of eight neighbouring (row, head) pairs side by side.
 func attentionDeltaGo[F Float](d AttnDims, dout, out []F, delta []F, lo, hi int) {
 	for r := lo; r < hi; r++ {
 		b, t := r/d.Tq, r%d.Tq

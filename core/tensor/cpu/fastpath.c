@@ -423,22 +423,28 @@ CLONES void tacc_lse_rows(float *lse, const float *maxs, const float *sums, long
 	}
 }
 
-// attn_delta_rows sums, for M rows of one head from row r0 on, dout·out
-// in float64 in index order (AttentionDelta's loop): M independent
-// chains of additions side by side, where one row at a time waits on
-// each addition before the next.
-#define ATTN_DELTA_ROWS 8
-static inline void attn_delta_rows(const float *dout, const float *out, float *delta, long r0, long m, long h, long tq,
-				   long nh, long hs, long ldo) {
-	double s[ATTN_DELTA_ROWS] = {0};
+// attn_delta_sums sums dout·out in float64 in index order (AttentionDelta's
+// loop) for M (row, head) pairs from pair u0 on, pair u being head u % nh
+// of row u / nh: M independent chains of additions side by side, where
+// one pair at a time waits on each addition before the next, over
+// neighbouring stretches of the same rows.
+#define ATTN_DELTA_CHAINS 8
+static inline void attn_delta_sums(const float *dout, const float *out, float *delta, long u0, long m, long tq, long nh,
+				   long hs, long ldo) {
+	const float *g[ATTN_DELTA_CHAINS], *o[ATTN_DELTA_CHAINS];
+	for (long j = 0; j < m; j++) {
+		long r = (u0 + j) / nh, h = (u0 + j) % nh;
+		g[j] = dout + r * ldo + h * hs;
+		o[j] = out + r * ldo + h * hs;
+	}
+	double s[ATTN_DELTA_CHAINS] = {0};
 	for (long i = 0; i < hs; i++) {
 		for (long j = 0; j < m; j++) {
-			long off = (r0 + j) * ldo + h * hs + i;
-			s[j] += (double)dout[off] * (double)out[off];
+			s[j] += (double)g[j][i] * (double)o[j][i];
 		}
 	}
 	for (long j = 0; j < m; j++) {
-		long r = r0 + j;
+		long r = (u0 + j) / nh, h = (u0 + j) % nh;
 		delta[(r / tq * nh + h) * tq + r % tq] = (float)s[j];
 	}
 }
@@ -447,15 +453,11 @@ static inline void attn_delta_rows(const float *dout, const float *out, float *d
 // float32 for rows [lo, hi) of the B*tq rows of dout and out.
 CLONES void tacc_attn_delta(const float *dout, const float *out, float *delta, long lo, long hi, long tq, long nh,
 			    long hs, long ldo) {
-	long r0 = lo;
-	for (; r0 + ATTN_DELTA_ROWS <= hi; r0 += ATTN_DELTA_ROWS) {
-		for (long h = 0; h < nh; h++) {
-			attn_delta_rows(dout, out, delta, r0, ATTN_DELTA_ROWS, h, tq, nh, hs, ldo);
-		}
+	long u = lo * nh, end = hi * nh;
+	for (; u + ATTN_DELTA_CHAINS <= end; u += ATTN_DELTA_CHAINS) {
+		attn_delta_sums(dout, out, delta, u, ATTN_DELTA_CHAINS, tq, nh, hs, ldo);
 	}
-	for (; r0 < hi; r0++) {
-		for (long h = 0; h < nh; h++) {
-			attn_delta_rows(dout, out, delta, r0, 1, h, tq, nh, hs, ldo);
-		}
+	for (; u < end; u++) {
+		attn_delta_sums(dout, out, delta, u, 1, tq, nh, hs, ldo);
 	}
 }

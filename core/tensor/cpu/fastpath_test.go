@@ -310,7 +310,7 @@ func TestLSERowsFastPathMatchesGo(t *testing.T) {
 }
 
 // TestAttentionDeltaFastPathMatchesGo runs the float32 AttentionDelta
-// (rows summed side by side in C) against its Go loop, bit for bit, on row
+// ((row, head) pairs summed side by side in C) against its Go loop, bit for bit, on row
 // ranges that start anywhere and end inside a group of rows, over batches
 // and heads, with a row stride wider than the heads.
 func TestAttentionDeltaFastPathMatchesGo(t *testing.T) {
