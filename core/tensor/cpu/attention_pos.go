@@ -42,7 +42,8 @@ import (
 // visible keys of every row are a prefix of the key block that grows with the
 // row, and rows [i0, i1) need only the keys visible to row i1-1: the products
 // run in row blocks of attnBlock and skip the invisible part, as the
-// whole-sequence kernel always did.
+// whole-sequence kernel always did (attnRows's rows, attnBlock's keys for
+// dk and dv).
 
 // AttnDims gives the shapes and layouts of attention over positions: B
 // batches, NH heads of HS elements; Tq query rows and Tk key rows per batch
@@ -240,6 +241,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
 	gemm := productFor[F](d)
+	rb := attnRows[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -254,8 +256,8 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 			hd := posHeadAt(d, bh, q, k, v, out, lse)
 			scores, release := keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			pv, releaseV := spanProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
-			for i0 := 0; i0 < Tq; i0 += attnBlock {
-				i1 := min(Tq, i0+attnBlock)
+			for i0 := 0; i0 < Tq; i0 += rb {
+				i1 := min(Tq, i0+rb)
 				nk := int(vis[i1-1]) // keys visible to some row of the block
 				if nk == 0 {
 					for i := i0; i < i1; i++ {
@@ -417,6 +419,7 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
 	gemm := productFor[F](d)
+	rb := attnRows[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -459,8 +462,8 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 			}
 			dP, releaseV := keyProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
 			dsk, releaseDK := spanProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
-			for i0 := 0; i0 < Tq; i0 += attnBlock {
-				i1 := min(Tq, i0+attnBlock)
+			for i0 := 0; i0 < Tq; i0 += rb {
+				i1 := min(Tq, i0+rb)
 				nk := int(vis[i1-1])
 				if nk == 0 {
 					if set { // no product writes these rows of dq

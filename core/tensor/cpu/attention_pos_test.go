@@ -582,3 +582,44 @@ func testAttentionLSEGradSets[F Float](t *testing.T, f HalfFormat) {
 		}
 	}
 }
+
+// TestAttentionKernelRowBlock checks that the narrower row blocks of the
+// bf16 kernel change no bit of the attention: forward (probabilities,
+// output, log-sum-exp) and both backwards agree bit for bit with the
+// products run in row blocks of attnBlock, over the masks of posCases, a
+// sequence longer than one of the kernel's 256-term sums, and key/value
+// groups.
+func TestAttentionKernelRowBlock(t *testing.T) {
+	if !bf16Kernel.Load() {
+		t.Skip("the bf16 kernel does not run here (" + HalfGemmPath() + "); other paths keep attnBlock")
+	}
+	cases := append(posCases(), posCase{"long", seq(0, 300), seq(0, 300)})
+	run := func(d AttnDims, c posCase, q, k, v, dout []float32) (res [][]float32) {
+		out, att, lse := make([]float32, d.B*d.Tq*d.LdO), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, d.B*d.NH*d.Tq)
+		AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, att, lse)
+		out2 := make([]float32, len(out))
+		AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out2, nil, lse)
+		dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+		AttentionPosBackward(d, dout, q, k, v, att, c.qpos, c.kpos, dq, dk, dv)
+		delta := make([]float32, len(lse))
+		AttentionDelta(d, dout, out2, delta)
+		lq, lk, lv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+		AttentionLSEGrad(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, lq, lk, lv)
+		return [][]float32{out, att, out2, lse, dq, dk, dv, lq, lk, lv}
+	}
+	defer func(b int) { kernelRowBlock = b }(kernelRowBlock)
+	require.Less(t, kernelRowBlock, attnBlock, "the kernel's row blocks are the narrower ones")
+	for _, c := range cases {
+		for _, kvh := range []int{0, 2} {
+			d, q, k, v, dout := posInputs[float32](c, 2, 4, 8, 59)
+			d.HalfProducts, d.KVH = BF16, kvh
+			narrow := run(d, c, q, k, v, dout)
+			kernelRowBlock = attnBlock
+			wide := run(d, c, q, k, v, dout)
+			kernelRowBlock = attnBlock / 2
+			for i := range wide {
+				require.Equal(t, wide[i], narrow[i], "%s, KVH %d: result %d", c.name, kvh, i)
+			}
+		}
+	}
+}
