@@ -471,27 +471,31 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					}
 					continue // no row of the block sees a key; none is read below
 				}
+				// Row i's entries the products read: its visible keys
+				// (lens), then zeros up to ends.
+				var lens, ends [attnBlock]int64
+				for i := i0; i < i1; i++ {
+					lens[i-i0], ends[i-i0] = vis[i], int64(colsRead(int(vis[i]), nk, Tk))
+				}
 				if att == nil {
 					scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p[i0*Tk:], Tk)
+					exps := lens // the visible entries that get exp(s - lse)
 					for i := i0; i < i1; i++ {
-						n := int(vis[i])
-						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
 						if math.IsInf(float64(hd.lse[i]), -1) {
-							n = 0 // no key visible anywhere: the row contributes nothing
+							exps[i-i0] = 0 // no key visible anywhere: the row contributes nothing
 						}
-						expMinus(row[:n], hd.lse[i])
-						clear(row[n:])
 					}
+					expMinusRows(p[i0*Tk:], Tk, exps[:i1-i0], ends[:i1-i0], hd.lse[i0:i1])
 				}
 				dP(i1-i0, nk, 1, hd.o[i0*d.LdO:], d.LdO, ds[i0*Tk:], Tk)
-				for i := i0; i < i1; i++ {
-					n := int(vis[i])
-					if att != nil {
+				if att != nil {
+					for i := i0; i < i1; i++ {
+						n := int(vis[i])
 						softmaxBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n])
-					} else {
-						lseBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n], dl[i])
+						clear(ds[i*Tk+n : i*Tk+int(ends[i-i0])]) // invisible scores get no gradient
 					}
-					clear(ds[i*Tk+n : i*Tk+colsRead(n, nk, Tk)]) // invisible scores get no gradient
+				} else {
+					lseBackwardRows(p[i0*Tk:], ds[i0*Tk:], Tk, lens[:i1-i0], ends[:i1-i0], dl[i0:i1])
 				}
 				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, betaQ, g.q[i0*d.LdQ:], d.LdQ)
 			}
@@ -545,6 +549,26 @@ func expMinus[F Float](row []F, lse F) {
 	}
 }
 
+// expMinusRows applies expMinus to the first lens[r] entries of each row r
+// of p (stride ld) with lse[r] and zeroes its entries from there up to
+// ends[r]: one call for a row block, in C for float32.
+func expMinusRows[F Float](p []F, ld int, lens, ends []int64, lse []F) {
+	if isF32[F]() {
+		expMinusRows32(as32(p), ld, lens, ends, as32(lse))
+		return
+	}
+	expMinusRowsGo(p, ld, lens, ends, lse)
+}
+
+// expMinusRowsGo is expMinusRows's loop, which fastpath.c repeats.
+func expMinusRowsGo[F Float](p []F, ld int, lens, ends []int64, lse []F) {
+	for r, n := range lens {
+		row := p[r*ld : r*ld+int(ends[r])]
+		expMinus(row[:n], lse[r])
+		clear(row[n:])
+	}
+}
+
 // expMinus32Go is expMinus on float32, the loop fastpath.c repeats.
 func expMinus32Go(r []float32, l float32) {
 	for i, x := range r {
@@ -565,6 +589,26 @@ func lseBackward[F Float](p, dp []F, delta F) {
 		return
 	}
 	lseBackwardGo(p, dp, delta)
+}
+
+// lseBackwardRows applies lseBackward to the first lens[r] entries of each
+// row r of p and dp (stride ld) with delta[r] and zeroes dp's entries
+// from there up to ends[r] (invisible scores get no gradient): one call
+// for a row block, in C for float32.
+func lseBackwardRows[F Float](p, dp []F, ld int, lens, ends []int64, delta []F) {
+	if isF32[F]() {
+		lseBackwardRows32(as32(p), as32(dp), ld, lens, ends, as32(delta))
+		return
+	}
+	lseBackwardRowsGo(p, dp, ld, lens, ends, delta)
+}
+
+// lseBackwardRowsGo is lseBackwardRows's loop, which fastpath.c repeats.
+func lseBackwardRowsGo[F Float](p, dp []F, ld int, lens, ends []int64, delta []F) {
+	for r, n := range lens {
+		lseBackward(p[r*ld:r*ld+int(n)], dp[r*ld:r*ld+int(n)], delta[r])
+		clear(dp[r*ld+int(n) : r*ld+int(ends[r])])
+	}
 }
 
 // lseBackwardGo is lseBackward's loop, which fastpath.c repeats for

@@ -461,3 +461,25 @@ CLONES void tacc_attn_delta(const float *dout, const float *out, float *delta, l
 		attn_delta_sums(dout, out, delta, u, 1, tq, nh, hs, ldo);
 	}
 }
+
+// tacc_exp_minus_rows is expMinusRowsGo in attention_pos.go on float32: for
+// each of rows rows of stride ld, tacc_exp_minus on its first lens[r]
+// entries with lse[r] and zeros up to ends[r], one call for a row block.
+CLONES void tacc_exp_minus_rows(float *p, long ld, long rows, const int64_t *lens, const int64_t *ends, const float *lse) {
+	for (long r = 0; r < rows; r++) {
+		float *row = p + r * ld;
+		tacc_exp_minus(row, (long)lens[r], lse[r]);
+		memset(row + lens[r], 0, (size_t)(ends[r] - lens[r]) * sizeof(float));
+	}
+}
+
+// tacc_lse_backward_rows is lseBackwardRowsGo in attention_pos.go on
+// float32: tacc_lse_backward on the first lens[r] entries of row r of p
+// and dp (stride ld) with delta[r], and zeros in dp up to ends[r].
+CLONES void tacc_lse_backward_rows(const float *p, float *dp, long ld, long rows, const int64_t *lens,
+				   const int64_t *ends, const float *delta) {
+	for (long r = 0; r < rows; r++) {
+		tacc_lse_backward(p + r * ld, dp + r * ld, (long)lens[r], delta[r]);
+		memset(dp + r * ld + lens[r], 0, (size_t)(ends[r] - lens[r]) * sizeof(float));
+	}
+}

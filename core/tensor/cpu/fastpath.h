@@ -30,5 +30,8 @@ void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gsca
 void tacc_lse_rows(float *lse, const float *maxs, const float *sums, long n);
 void tacc_attn_delta(const float *dout, const float *out, float *delta, long lo, long hi, long tq, long nh,
 		     long hs, long ldo);
+void tacc_exp_minus_rows(float *p, long ld, long rows, const int64_t *lens, const int64_t *ends, const float *lse);
+void tacc_lse_backward_rows(const float *p, float *dp, long ld, long rows, const int64_t *lens,
+			    const int64_t *ends, const float *delta);
 
 #endif

@@ -38,6 +38,14 @@ func lseBackward32(p, dp []float32, delta float32) { lseBackwardGo(p, dp, delta)
 
 func lseRows32(lse, maxs, sums []float32) { lseRowsGo(lse, maxs, sums) }
 
+func expMinusRows32(p []float32, ld int, lens, ends []int64, lse []float32) {
+	expMinusRowsGo(p, ld, lens, ends, lse)
+}
+
+func lseBackwardRows32(p, dp []float32, ld int, lens, ends []int64, delta []float32) {
+	lseBackwardRowsGo(p, dp, ld, lens, ends, delta)
+}
+
 func attnDelta32(d AttnDims, dout, out, delta []float32, lo, hi int) {
 	attentionDeltaGo(d, dout, out, delta, lo, hi)
 }

@@ -325,3 +325,33 @@ func TestAttentionDeltaFastPathMatchesGo(t *testing.T) {
 		require.Equal(t, d2, d1, "rows %v", r)
 	}
 }
+
+// TestAttentionRowsFastPathMatchesGo runs the row-block forms of expMinus
+// and lseBackward in C against their Go loops, bit for bit, on rows with
+// empty, partial and full prefixes, zeros out to different ends, and
+// entries past the ends that must stay as they were.
+func TestAttentionRowsFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(79)
+	ld := 40
+	lens := []int64{0, 3, 17, 32, 40, 0, 1}
+	ends := []int64{0, 32, 20, 32, 40, 16, 1}
+	rows := len(lens)
+	lse := randSlice[float32](rng, rows, 3)
+	lse[5] = float32(math.Inf(-1))
+	e1 := randSlice[float32](rng, rows*ld, 6)
+	e2 := append([]float32(nil), e1...)
+	expMinusRows32(e1, ld, lens, ends, lse)
+	expMinusRowsGo(e2, ld, lens, ends, lse)
+	require.Equal(t, e2, e1, "exp rows")
+	delta := randSlice[float32](rng, rows, 1)
+	d1 := randSlice[float32](rng, rows*ld, 1)
+	d2 := append([]float32(nil), d1...)
+	lseBackwardRows32(e1, d1, ld, lens, ends, delta)
+	lseBackwardRowsGo(e2, d2, ld, lens, ends, delta)
+	require.Equal(t, d2, d1, "lse backward rows")
+	for r := range rows {
+		for i := lens[r]; i < ends[r]; i++ {
+			require.Zero(t, d1[r*ld+int(i)], "row %d entry %d past the visible keys", r, i)
+		}
+	}
+}
