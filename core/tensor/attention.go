@@ -90,7 +90,7 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		return out, lse
 	}
 	record(out, "attention", func(_ *Backprop, g *Tensor) []*Tensor {
-		gq := zerosLike(qkv, qkv.shape...)
+		gq := like(qkv, qkv.shape...) // every element is written: no zero-fill
 		if qkv.dtype == Float32 {
 			selfAttentionBackward[float32](d, g, qkv, out, keep, pos, gq)
 		} else {
@@ -120,13 +120,14 @@ func selfAttentionForward[F cpu.Float](d cpu.AttnDims, qkv *Tensor, pos []int, o
 }
 
 // selfAttentionBackward recomputes the probabilities of each row block from
-// q, k and lse and accumulates the gradient into gq (dq | dk | dv).
+// q, k and lse and writes the gradient into gq (dq | dk | dv, which cover
+// all its columns), whose contents it never reads.
 func selfAttentionBackward[F cpu.Float](d cpu.AttnDims, g, qkv, out, lse *Tensor, pos []int, gq *Tensor) {
 	x, dx, C := data[F](qkv), data[F](gq), d.NH*d.HS
 	delta := like(qkv, lse.shape...)
 	defer delta.Release()
 	cpu.AttentionDelta(d, data[F](g), data[F](out), data[F](delta))
-	cpu.AttentionLSEBackward(d, data[F](g), x, x[C:], x[2*C:], data[F](delta), data[F](lse), pos, pos, dx, dx[C:], dx[2*C:])
+	cpu.AttentionLSEGrad(d, data[F](g), x, x[C:], x[2*C:], data[F](delta), data[F](lse), pos, pos, dx, dx[C:], dx[2*C:])
 }
 
 // HalfProducts is the format of the attention's matrix products on t's

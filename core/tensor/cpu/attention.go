@@ -9,6 +9,27 @@ import (
 // so with T = 256 the products do 5/8 of the full T x T work.
 const attnBlock = 64
 
+// kernelRowBlock is the row-block size of the attention's products where
+// they run on the bf16 kernel: half of attnBlock, so with T = 256 they do
+// 9/16 of the full T x T work rather than 5/8. On the kernel every element
+// of a product is its own chain of sums, whatever rows and keys share its
+// call, so the narrower blocks change no bit; BLAS picks its kernels by a
+// product's shape, so the other paths keep attnBlock. The key blocks of
+// dk and dv keep attnBlock everywhere: their products' sums run over the
+// query rows, and on the kernel a sum of more than 256 terms is split at
+// points counted from its first row, which the narrower blocks would move.
+// A variable so a test can compare both.
+var kernelRowBlock = attnBlock / 2
+
+// attnRows is the row-block size of attention d's products over the rows
+// of a head: kernelRowBlock on the bf16 kernel, attnBlock elsewhere.
+func attnRows[F Float](d AttnDims) int {
+	if isF32[F]() && d.HalfProducts == BF16 && bf16Kernel.Load() {
+		return kernelRowBlock
+	}
+	return attnBlock
+}
+
 // headGemm is the float32 matrix product used for the per-head products of
 // attention. It is gemmBLAS, called from the head-parallel loop with the BLAS
 // library held single-threaded (serialBLAS); BenchmarkAttention swaps in the

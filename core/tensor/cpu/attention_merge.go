@@ -14,19 +14,30 @@ func AttentionDelta[F Float](d AttnDims, dout, out []F, delta []F) {
 	d.checkSizes("AttentionDelta", size{"dout", len(dout), d.rowsNeed(d.B*d.Tq, d.LdO)},
 		size{"out", len(out), d.rowsNeed(d.B*d.Tq, d.LdO)}, size{"delta", len(delta), d.B * d.NH * d.Tq})
 	ParallelFor(d.B*d.Tq, max(1, elemGrain/max(1, d.NH*d.HS)), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			b, t := r/d.Tq, r%d.Tq
-			for h := range d.NH {
-				g := dout[r*d.LdO+h*d.HS : r*d.LdO+(h+1)*d.HS]
-				o := out[r*d.LdO+h*d.HS : r*d.LdO+(h+1)*d.HS]
-				var s float64
-				for i, x := range g {
-					s += float64(x) * float64(o[i])
-				}
-				delta[(b*d.NH+h)*d.Tq+t] = F(s)
-			}
+		if isF32[F]() {
+			attnDelta32(d, as32(dout), as32(out), as32(delta), lo, hi)
+			return
 		}
+		attentionDeltaGo(d, dout, out, delta, lo, hi)
 	})
+}
+
+// attentionDeltaGo is AttentionDelta's loop over rows [lo, hi) of the
+// B*Tq rows, which fastpath.c repeats for float32 (attnDelta32) with the
+// sums of eight neighbouring (row, head) pairs side by side.
+func attentionDeltaGo[F Float](d AttnDims, dout, out []F, delta []F, lo, hi int) {
+	for r := lo; r < hi; r++ {
+		b, t := r/d.Tq, r%d.Tq
+		for h := range d.NH {
+			g := dout[r*d.LdO+h*d.HS : r*d.LdO+(h+1)*d.HS]
+			o := out[r*d.LdO+h*d.HS : r*d.LdO+(h+1)*d.HS]
+			var s float64
+			for i, x := range g {
+				s += float64(x) * float64(o[i])
+			}
+			delta[(b*d.NH+h)*d.Tq+t] = F(s)
+		}
+	}
 }
 
 // AttentionMerge folds the attention (outB, lseB) of queries over a key

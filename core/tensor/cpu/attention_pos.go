@@ -42,7 +42,8 @@ import (
 // visible keys of every row are a prefix of the key block that grows with the
 // row, and rows [i0, i1) need only the keys visible to row i1-1: the products
 // run in row blocks of attnBlock and skip the invisible part, as the
-// whole-sequence kernel always did.
+// whole-sequence kernel always did (attnRows's rows, attnBlock's keys for
+// dk and dv).
 
 // AttnDims gives the shapes and layouts of attention over positions: B
 // batches, NH heads of HS elements; Tq query rows and Tk key rows per batch
@@ -240,6 +241,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
 	gemm := productFor[F](d)
+	rb := attnRows[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -254,8 +256,8 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 			hd := posHeadAt(d, bh, q, k, v, out, lse)
 			scores, release := keyProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
 			pv, releaseV := spanProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
-			for i0 := 0; i0 < Tq; i0 += attnBlock {
-				i1 := min(Tq, i0+attnBlock)
+			for i0 := 0; i0 < Tq; i0 += rb {
+				i1 := min(Tq, i0+rb)
 				nk := int(vis[i1-1]) // keys visible to some row of the block
 				if nk == 0 {
 					for i := i0; i < i1; i++ {
@@ -281,9 +283,7 @@ func AttentionPosForward[F Float](d AttnDims, q, k, v []F, qpos, kpos []int, out
 				scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p, Tk)
 				softmaxPrefix(p, Tk, width, vis[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				if hd.lse != nil {
-					for r := range i1 - i0 {
-						hd.lse[i0+r] = mx[r] + F(math.Log(float64(sum[r])))
-					}
+					lseRows(hd.lse[i0:i1], mx[:i1-i0], sum[:i1-i0])
 				}
 				pv(false, i1-i0, 0, nk, 1, p, Tk, 0, hd.o[i0*d.LdO:], d.LdO)
 			}
@@ -320,6 +320,27 @@ func softmaxPrefix[F Float](p []F, ld, width int, lens []int64, maxs, sums []F) 
 	}
 }
 
+// lseRows sets each row's log-sum-exp from its maximum and its sum of
+// exp(x - max): lse = max + log(sum), -Inf for a row with no entry (max
+// -Inf, sum 0). float32 rows take it in C (lseRows32), one call for a row
+// block rather than a Go call of math.Log a row.
+func lseRows[F Float](lse, maxs, sums []F) {
+	if isF32[F]() {
+		lseRows32(as32(lse), as32(maxs), as32(sums))
+		return
+	}
+	lseRowsGo(lse, maxs, sums)
+}
+
+// lseRowsGo is lseRows's loop, which fastpath.c repeats for float32 with
+// math.Log's arithmetic written out (go_log).
+func lseRowsGo[F Float](lse, maxs, sums []F) {
+	sums, maxs = sums[:len(lse)], maxs[:len(lse)]
+	for r, s := range sums {
+		lse[r] = maxs[r] + F(math.Log(float64(s)))
+	}
+}
+
 // AttentionPosBackward accumulates into dq, dk and dv the gradient of
 // AttentionPosForward's out given dout (layout of out) and the stored
 // probabilities att, for a forward whose keys were the whole softmax. Per
@@ -335,7 +356,7 @@ func softmaxPrefix[F Float](p []F, ld, width int, lens []int64, maxs, sums []F) 
 func AttentionPosBackward[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpos []int, dq, dk, dv []F) {
 	vis := d.check("AttentionPosBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
 		size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})...)
-	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv)
+	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv, false)
 }
 
 // AttentionLSEBackward accumulates into dq, dk and dv the contribution of
@@ -354,7 +375,20 @@ func AttentionLSEBackward[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qp
 	rows := size{"delta", len(delta), d.B * d.NH * d.Tq}
 	vis := d.check("AttentionLSEBackward", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
 		rows, size{"lse", len(lse), d.B * d.NH * d.Tq})...)
-	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv)
+	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv, false)
+}
+
+// AttentionLSEGrad is AttentionLSEBackward that sets dq, dk and dv (each
+// head's columns of every row) to the key block's contribution instead of
+// adding it: it never reads them, so the gradient of an attention over a
+// single key block needs no zero-filled buffers. The result is bitwise
+// AttentionLSEBackward's into zeros: each product writes alpha·A·B where
+// it would have added it to 0, and rows no key reaches are cleared.
+func AttentionLSEGrad[F Float](d AttnDims, dout, q, k, v, delta, lse []F, qpos, kpos []int, dq, dk, dv []F) {
+	rows := size{"delta", len(delta), d.B * d.NH * d.Tq}
+	vis := d.check("AttentionLSEGrad", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
+		rows, size{"lse", len(lse), d.B * d.NH * d.Tq})...)
+	attentionBackward(d, vis, dout, q, k, v, nil, delta, lse, dq, dk, dv, true)
 }
 
 func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...size) []size {
@@ -369,14 +403,23 @@ func backwardSizes[F Float](d AttnDims, dout, q, k, v, dq, dk, dv []F, more ...s
 
 // attentionBackward is the backward of both: with att it reads the stored
 // probabilities and takes rowsum(P∘dP) row by row; without, it recomputes P
-// from the final lse and uses delta.
-func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, delta, lse []F, dq, dk, dv []F) {
+// from the final lse and uses delta. With set it writes dq, dk and dv
+// rather than adding to them (AttentionLSEGrad): the first product into
+// each block of rows overwrites it (beta 0), and a block no product
+// reaches is cleared.
+func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, delta, lse []F, dq, dk, dv []F, set bool) {
 	if d.B == 0 || d.Tq == 0 || d.Tk == 0 {
+		if set {
+			clearRows(dq, d.B*d.Tq, d.LdQ, d.NH*d.HS)
+			clearRows(dk, d.B*d.Tk, d.LdK, d.kvHeads()*d.HS)
+			clearRows(dv, d.B*d.Tk, d.LdV, d.kvHeads()*d.HS)
+		}
 		return
 	}
 	hs, Tq, Tk := d.HS, d.Tq, d.Tk
 	scale := F(1 / math.Sqrt(float64(hs)))
 	gemm := productFor[F](d)
+	rb := attnRows[F](d)
 	if d.B*d.NH > 1 {
 		defer serialBLAS()()
 	}
@@ -402,6 +445,15 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 			} else {
 				p, dl = *pBuf, delta[bh*Tq:(bh+1)*Tq]
 			}
+			// dq's rows are this head's alone; dk and dv are the group's,
+			// set by its first head and added to by the others.
+			betaQ, betaKV := F(1), F(1)
+			if set {
+				betaQ = 0
+				if bh%group == 0 {
+					betaKV = 0
+				}
+			}
 			// Row blocks of P, dP and dS: rows [i0,i1) see keys [0,nk).
 			var scores func(m, n int, alpha F, a []F, lda int, c []F, ldc int)
 			releaseK := func() {}
@@ -410,35 +462,42 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 			}
 			dP, releaseV := keyProduct(d, gemm, hd.v, d.LdV, int(vis[Tq-1]))
 			dsk, releaseDK := spanProduct(d, gemm, hd.k, d.LdK, int(vis[Tq-1]))
-			for i0 := 0; i0 < Tq; i0 += attnBlock {
-				i1 := min(Tq, i0+attnBlock)
+			for i0 := 0; i0 < Tq; i0 += rb {
+				i1 := min(Tq, i0+rb)
 				nk := int(vis[i1-1])
 				if nk == 0 {
+					if set { // no product writes these rows of dq
+						clearRows(g.q[i0*d.LdQ:], i1-i0, d.LdQ, hs)
+					}
 					continue // no row of the block sees a key; none is read below
+				}
+				// Row i's entries the products read: its visible keys
+				// (lens), then zeros up to ends.
+				var lens, ends [attnBlock]int64
+				for i := i0; i < i1; i++ {
+					lens[i-i0], ends[i-i0] = vis[i], int64(colsRead(int(vis[i]), nk, Tk))
 				}
 				if att == nil {
 					scores(i1-i0, nk, scale, hd.q[i0*d.LdQ:], d.LdQ, p[i0*Tk:], Tk)
+					exps := lens // the visible entries that get exp(s - lse)
 					for i := i0; i < i1; i++ {
-						n := int(vis[i])
-						row := p[i*Tk : i*Tk+colsRead(n, nk, Tk)]
 						if math.IsInf(float64(hd.lse[i]), -1) {
-							n = 0 // no key visible anywhere: the row contributes nothing
+							exps[i-i0] = 0 // no key visible anywhere: the row contributes nothing
 						}
-						expMinus(row[:n], hd.lse[i])
-						clear(row[n:])
 					}
+					expMinusRows(p[i0*Tk:], Tk, exps[:i1-i0], ends[:i1-i0], hd.lse[i0:i1])
 				}
 				dP(i1-i0, nk, 1, hd.o[i0*d.LdO:], d.LdO, ds[i0*Tk:], Tk)
-				for i := i0; i < i1; i++ {
-					n := int(vis[i])
-					if att != nil {
+				if att != nil {
+					for i := i0; i < i1; i++ {
+						n := int(vis[i])
 						softmaxBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n])
-					} else {
-						lseBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n], dl[i])
+						clear(ds[i*Tk+n : i*Tk+int(ends[i-i0])]) // invisible scores get no gradient
 					}
-					clear(ds[i*Tk+n : i*Tk+colsRead(n, nk, Tk)]) // invisible scores get no gradient
+				} else {
+					lseBackwardRows(p[i0*Tk:], ds[i0*Tk:], Tk, lens[:i1-i0], ends[:i1-i0], dl[i0:i1])
 				}
-				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, 1, g.q[i0*d.LdQ:], d.LdQ)
+				dsk(false, i1-i0, 0, nk, scale, ds[i0*Tk:], Tk, betaQ, g.q[i0*d.LdQ:], d.LdQ)
 			}
 			releaseK()
 			releaseV()
@@ -454,16 +513,27 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 					first++
 				}
 				if first == Tq {
+					if betaKV == 0 { // no query sees keys j0 on: nothing else writes them
+						clearRows(g.k[j0*d.LdK:], Tk-j0, d.LdK, hs)
+						clearRows(g.v[j0*d.LdV:], Tk-j0, d.LdV, hs)
+					}
 					break
 				}
 				m := Tq - first
-				dsq(true, j1-j0, first, m, scale, ds[first*Tk+j0:], Tk, 1, g.k[j0*d.LdK:], d.LdK)
-				pdo(true, j1-j0, first, m, 1, p[first*Tk+j0:], Tk, 1, g.v[j0*d.LdV:], d.LdV)
+				dsq(true, j1-j0, first, m, scale, ds[first*Tk+j0:], Tk, betaKV, g.k[j0*d.LdK:], d.LdK)
+				pdo(true, j1-j0, first, m, 1, p[first*Tk+j0:], Tk, betaKV, g.v[j0*d.LdV:], d.LdV)
 			}
 			releaseQ()
 			releaseO()
 		}
 	})
+}
+
+// clearRows zeroes the first cols entries of rows rows of x (stride ld).
+func clearRows[F Float](x []F, rows, ld, cols int) {
+	for r := range rows {
+		clear(x[r*ld : r*ld+cols])
+	}
 }
 
 // expMinus replaces each score x of row with exp(x - lse); in float32 with
@@ -476,6 +546,26 @@ func expMinus[F Float](row []F, lse F) {
 	}
 	for i, x := range row {
 		row[i] = F(math.Exp(float64(x - lse)))
+	}
+}
+
+// expMinusRows applies expMinus to the first lens[r] entries of each row r
+// of p (stride ld) with lse[r] and zeroes its entries from there up to
+// ends[r]: one call for a row block, in C for float32.
+func expMinusRows[F Float](p []F, ld int, lens, ends []int64, lse []F) {
+	if isF32[F]() {
+		expMinusRows32(as32(p), ld, lens, ends, as32(lse))
+		return
+	}
+	expMinusRowsGo(p, ld, lens, ends, lse)
+}
+
+// expMinusRowsGo is expMinusRows's loop, which fastpath.c repeats.
+func expMinusRowsGo[F Float](p []F, ld int, lens, ends []int64, lse []F) {
+	for r, n := range lens {
+		row := p[r*ld : r*ld+int(ends[r])]
+		expMinus(row[:n], lse[r])
+		clear(row[n:])
 	}
 }
 
@@ -499,6 +589,26 @@ func lseBackward[F Float](p, dp []F, delta F) {
 		return
 	}
 	lseBackwardGo(p, dp, delta)
+}
+
+// lseBackwardRows applies lseBackward to the first lens[r] entries of each
+// row r of p and dp (stride ld) with delta[r] and zeroes dp's entries
+// from there up to ends[r] (invisible scores get no gradient): one call
+// for a row block, in C for float32.
+func lseBackwardRows[F Float](p, dp []F, ld int, lens, ends []int64, delta []F) {
+	if isF32[F]() {
+		lseBackwardRows32(as32(p), as32(dp), ld, lens, ends, as32(delta))
+		return
+	}
+	lseBackwardRowsGo(p, dp, ld, lens, ends, delta)
+}
+
+// lseBackwardRowsGo is lseBackwardRows's loop, which fastpath.c repeats.
+func lseBackwardRowsGo[F Float](p, dp []F, ld int, lens, ends []int64, delta []F) {
+	for r, n := range lens {
+		lseBackward(p[r*ld:r*ld+int(n)], dp[r*ld:r*ld+int(n)], delta[r])
+		clear(dp[r*ld+int(n) : r*ld+int(ends[r])])
+	}
 }
 
 // lseBackwardGo is lseBackward's loop, which fastpath.c repeats for

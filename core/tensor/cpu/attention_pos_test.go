@@ -533,3 +533,93 @@ func TestAttentionPosDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionLSEGradSets checks that AttentionLSEGrad writes every
+// element of each head's columns of dq, dk and dv, bit for bit what
+// AttentionLSEBackward adds into zeros: its buffers start as NaN, so an
+// element it failed to write, or read before writing, shows. The cases
+// cover row blocks that see no key (cleared dq), keys no query sees
+// (cleared dk and dv), no keys at all, and key/value groups, whose later
+// heads add to what the first one set.
+func TestAttentionLSEGradSets(t *testing.T) {
+	testAttentionLSEGradSets[float32](t, NoHalf)
+	testAttentionLSEGradSets[float32](t, BF16)
+	testAttentionLSEGradSets[float32](t, F16)
+	testAttentionLSEGradSets[float64](t, NoHalf)
+}
+
+func testAttentionLSEGradSets[F Float](t *testing.T, f HalfFormat) {
+	bits := func(x []F) []uint64 {
+		b := make([]uint64, len(x))
+		for i, v := range x {
+			b[i] = math.Float64bits(float64(v))
+		}
+		return b
+	}
+	nans := func(n int) []F {
+		x := make([]F, n)
+		for i := range x {
+			x[i] = F(math.NaN())
+		}
+		return x
+	}
+	for _, c := range posCases() {
+		for _, kvh := range []int{0, 2} {
+			d, q, k, v, dout := posInputs[F](c, 2, 4, 8, 53)
+			d.HalfProducts, d.KVH = f, kvh
+			out, lse, delta := make([]F, d.B*d.Tq*d.LdO), make([]F, d.B*d.NH*d.Tq), make([]F, d.B*d.NH*d.Tq)
+			AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, nil, lse)
+			AttentionDelta(d, dout, out, delta)
+			dq, dk, dv := make([]F, len(q)), make([]F, len(k)), make([]F, len(v))
+			AttentionLSEBackward(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, dq, dk, dv)
+			sq, sk, sv := nans(len(q)), nans(len(k)), nans(len(v))
+			AttentionLSEGrad(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, sq, sk, sv)
+			w, kw := d.NH*d.HS, d.kvHeads()*d.HS
+			name := fmt.Sprintf("%s, KVH %d, half format %d", c.name, kvh, f)
+			require.Equal(t, bits(colsOf(dq, d.LdQ, w)), bits(colsOf(sq, d.LdQ, w)), "dq: %s", name)
+			require.Equal(t, bits(colsOf(dk, d.LdK, kw)), bits(colsOf(sk, d.LdK, kw)), "dk: %s", name)
+			require.Equal(t, bits(colsOf(dv, d.LdV, kw)), bits(colsOf(sv, d.LdV, kw)), "dv: %s", name)
+		}
+	}
+}
+
+// TestAttentionKernelRowBlock checks that the narrower row blocks of the
+// bf16 kernel change no bit of the attention: forward (probabilities,
+// output, log-sum-exp) and both backwards agree bit for bit with the
+// products run in row blocks of attnBlock, over the masks of posCases, a
+// sequence longer than one of the kernel's 256-term sums, and key/value
+// groups.
+func TestAttentionKernelRowBlock(t *testing.T) {
+	if !bf16Kernel.Load() {
+		t.Skip("the bf16 kernel does not run here (" + HalfGemmPath() + "); other paths keep attnBlock")
+	}
+	cases := append(posCases(), posCase{"long", seq(0, 300), seq(0, 300)})
+	run := func(d AttnDims, c posCase, q, k, v, dout []float32) (res [][]float32) {
+		out, att, lse := make([]float32, d.B*d.Tq*d.LdO), make([]float32, d.B*d.NH*d.Tq*d.Tk), make([]float32, d.B*d.NH*d.Tq)
+		AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out, att, lse)
+		out2 := make([]float32, len(out))
+		AttentionPosForward(d, q, k, v, c.qpos, c.kpos, out2, nil, lse)
+		dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+		AttentionPosBackward(d, dout, q, k, v, att, c.qpos, c.kpos, dq, dk, dv)
+		delta := make([]float32, len(lse))
+		AttentionDelta(d, dout, out2, delta)
+		lq, lk, lv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+		AttentionLSEGrad(d, dout, q, k, v, delta, lse, c.qpos, c.kpos, lq, lk, lv)
+		return [][]float32{out, att, out2, lse, dq, dk, dv, lq, lk, lv}
+	}
+	defer func(b int) { kernelRowBlock = b }(kernelRowBlock)
+	require.Less(t, kernelRowBlock, attnBlock, "the kernel's row blocks are the narrower ones")
+	for _, c := range cases {
+		for _, kvh := range []int{0, 2} {
+			d, q, k, v, dout := posInputs[float32](c, 2, 4, 8, 59)
+			d.HalfProducts, d.KVH = BF16, kvh
+			narrow := run(d, c, q, k, v, dout)
+			kernelRowBlock = attnBlock
+			wide := run(d, c, q, k, v, dout)
+			kernelRowBlock = attnBlock / 2
+			for i := range wide {
+				require.Equal(t, wide[i], narrow[i], "%s, KVH %d: result %d", c.name, kvh, i)
+			}
+		}
+	}
+}

@@ -87,13 +87,36 @@ CLONES void tacc_gelu_bwd_bf16(const uint16_t *restrict x, const float *restrict
 }
 
 // softmax_row matches softmaxRow32 in fastpath.go.
+// The maximum is taken in SUM_LANES running maxima, each started at src[0]
+// and folded in lane order, then over the tail: the same number as the Go
+// loop's single running maximum (a NaN in src[0] wins everywhere, later
+// NaNs lose every comparison), but in vector compares rather than one
+// chain of scalar ones, which took a third of this function's time.
+typedef float lanes_f32 __attribute__((vector_size(SUM_LANES * 4)));
+typedef int32_t lanes_i32 __attribute__((vector_size(SUM_LANES * 4)));
+
 static inline void softmax_row(const float *src, float *dst, long n, float *mx_out, float *sum_out) {
+	lanes_f32 lm;
+	for (int j = 0; j < SUM_LANES; j++) {
+		lm[j] = src[0];
+	}
+	long full = n - n % SUM_LANES;
+	for (long i = 0; i < full; i += SUM_LANES) {
+		lanes_f32 v;
+		memcpy(&v, src + i, sizeof v);
+		lanes_i32 gt = v > lm; // all ones where src[i+j] > lm[j]
+		lm = (lanes_f32)(((lanes_i32)v & gt) | ((lanes_i32)lm & ~gt));
+	}
+	float lane_mx[SUM_LANES];
+	memcpy(lane_mx, &lm, sizeof lm);
 	float mx = src[0];
-	for (long i = 1; i < n; i++) {
+	for (int j = 0; j < SUM_LANES; j++) {
+		mx = lane_mx[j] > mx ? lane_mx[j] : mx;
+	}
+	for (long i = full; i < n; i++) {
 		mx = src[i] > mx ? src[i] : mx;
 	}
 	float acc[SUM_LANES] = {0};
-	long full = n - n % SUM_LANES;
 	for (long i = 0; i < full; i += SUM_LANES) {
 		for (int j = 0; j < SUM_LANES; j++) {
 			float d = src[i + j] - mx;
@@ -429,4 +452,114 @@ void tacc_bf16_from_f32_stream(const uint32_t *src, uint16_t *dst, long n) {
 		return;
 	}
 	tacc_bf16_from_f32(src, dst, n);
+}
+
+// go_log matches math.Log on amd64 (archLog, log_amd64.s) operation for
+// operation, for every input a float32 widens to: the same reduction to
+// f1 in [sqrt(2)/2, sqrt(2)) by the exponent bits (no rescaling of
+// subnormals, which no widened float32 is), the same polynomial and the
+// same order of the final sums. Written without branches so the loop of
+// tacc_lse_rows vectorises, the special cases chosen at the end as there.
+static inline double go_log(double x) {
+	uint64_t bx;
+	memcpy(&bx, &x, 8);
+	uint64_t fb = (bx & 0x000FFFFFFFFFFFFFull) | 0x3FE0000000000000ull;
+	double f1;
+	memcpy(&f1, &fb, 8);
+	double k = (double)((int32_t)((bx >> 52) & 0x7FF) - 0x3FE);
+	// if !(sqrt(2)/2 < f1) { k -= 1; f1 *= 2 }, the asm's compare, on the
+	// bits: f1 and sqrt(2)/2 (0x3FE6A09E667F3BCD) are positive and finite
+	double low = (double)(fb <= 0x3FE6A09E667F3BCDull);
+	k = k - low;
+	f1 = f1 * (low + 1.0);
+	double f = f1 - 1.0;
+	double s = f / (2.0 + f);
+	double s2 = s * s;
+	double s4 = s2 * s2;
+	double t1 = s2 * (((1.479819860511658591e-01 * s4 + 1.818357216161805012e-01) * s4 + 2.857142874366239149e-01) * s4 +
+			  6.666666666666735130e-01);
+	double t2 = s4 * ((1.531383769920937332e-01 * s4 + 2.222219843214978396e-01) * s4 + 3.999999999940941908e-01);
+	double r = t1 + t2;
+	double hfsq = 0.5 * f * f;
+	double lo = s * (hfsq + r) + k * 1.90821492927058770002e-10;
+	double y = k * 6.93147180369123816490e-01 - ((hfsq - lo) - f);
+	uint64_t yb;
+	memcpy(&yb, &y, 8);
+	uint64_t big = -(uint64_t)((int64_t)bx >= (int64_t)0x7FF0000000000000ull); // +Inf or NaN: x
+	uint64_t neg = -(uint64_t)((int64_t)bx < 0);                                 // below zero: NaN
+	uint64_t zero = -(uint64_t)((bx & 0x7FFFFFFFFFFFFFFFull) == 0);              // ±0: -Inf
+	yb = (yb & ~big) | (bx & big);
+	yb = (yb & ~neg) | (0x7FF8000000000001ull & neg);
+	yb = (yb & ~zero) | (0xFFF0000000000000ull & zero);
+	memcpy(&y, &yb, 8);
+	return y;
+}
+
+// tacc_lse_rows matches lseRowsGo in attention_pos.go on float32: each
+// row's log-sum-exp from its maximum and its sum of exponentials.
+CLONES void tacc_lse_rows(float *lse, const float *maxs, const float *sums, long n) {
+	for (long i = 0; i < n; i++) {
+		lse[i] = maxs[i] + (float)go_log((double)sums[i]);
+	}
+}
+
+// attn_delta_sums sums dout·out in float64 in index order (AttentionDelta's
+// loop) for M (row, head) pairs from pair u0 on, pair u being head u % nh
+// of row u / nh: M independent chains of additions side by side, where
+// one pair at a time waits on each addition before the next, over
+// neighbouring stretches of the same rows.
+#define ATTN_DELTA_CHAINS 8
+static inline void attn_delta_sums(const float *dout, const float *out, float *delta, long u0, long m, long tq, long nh,
+				   long hs, long ldo) {
+	const float *g[ATTN_DELTA_CHAINS], *o[ATTN_DELTA_CHAINS];
+	for (long j = 0; j < m; j++) {
+		long r = (u0 + j) / nh, h = (u0 + j) % nh;
+		g[j] = dout + r * ldo + h * hs;
+		o[j] = out + r * ldo + h * hs;
+	}
+	double s[ATTN_DELTA_CHAINS] = {0};
+	for (long i = 0; i < hs; i++) {
+		for (long j = 0; j < m; j++) {
+			s[j] += (double)g[j][i] * (double)o[j][i];
+		}
+	}
+	for (long j = 0; j < m; j++) {
+		long r = (u0 + j) / nh, h = (u0 + j) % nh;
+		delta[(r / tq * nh + h) * tq + r % tq] = (float)s[j];
+	}
+}
+
+// tacc_attn_delta matches attentionDeltaGo in attention_merge.go on
+// float32 for rows [lo, hi) of the B*tq rows of dout and out.
+CLONES void tacc_attn_delta(const float *dout, const float *out, float *delta, long lo, long hi, long tq, long nh,
+			    long hs, long ldo) {
+	long u = lo * nh, end = hi * nh;
+	for (; u + ATTN_DELTA_CHAINS <= end; u += ATTN_DELTA_CHAINS) {
+		attn_delta_sums(dout, out, delta, u, ATTN_DELTA_CHAINS, tq, nh, hs, ldo);
+	}
+	for (; u < end; u++) {
+		attn_delta_sums(dout, out, delta, u, 1, tq, nh, hs, ldo);
+	}
+}
+
+// tacc_exp_minus_rows is expMinusRowsGo in attention_pos.go on float32: for
+// each of rows rows of stride ld, tacc_exp_minus on its first lens[r]
+// entries with lse[r] and zeros up to ends[r], one call for a row block.
+CLONES void tacc_exp_minus_rows(float *p, long ld, long rows, const int64_t *lens, const int64_t *ends, const float *lse) {
+	for (long r = 0; r < rows; r++) {
+		float *row = p + r * ld;
+		tacc_exp_minus(row, (long)lens[r], lse[r]);
+		memset(row + lens[r], 0, (size_t)(ends[r] - lens[r]) * sizeof(float));
+	}
+}
+
+// tacc_lse_backward_rows is lseBackwardRowsGo in attention_pos.go on
+// float32: tacc_lse_backward on the first lens[r] entries of row r of p
+// and dp (stride ld) with delta[r], and zeros in dp up to ends[r].
+CLONES void tacc_lse_backward_rows(const float *p, float *dp, long ld, long rows, const int64_t *lens,
+				   const int64_t *ends, const float *delta) {
+	for (long r = 0; r < rows; r++) {
+		tacc_lse_backward(p + r * ld, dp + r * ld, (long)lens[r], delta[r]);
+		memset(dp + r * ld + lens[r], 0, (size_t)(ends[r] - lens[r]) * sizeof(float));
+	}
 }

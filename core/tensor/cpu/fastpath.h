@@ -27,6 +27,12 @@ void tacc_exp_minus(float *row, long n, float lse);
 void tacc_lse_backward(const float *p, float *dp, long n, float delta);
 void tacc_adamw(float *p, const float *g, float *m, float *v, long n, float gscale, float decay, float b1, float b2,
 		float ob1, float ob2, float step, float bc2_sqrt, float eps);
+void tacc_lse_rows(float *lse, const float *maxs, const float *sums, long n);
+void tacc_attn_delta(const float *dout, const float *out, float *delta, long lo, long hi, long tq, long nh,
+		     long hs, long ldo);
+void tacc_exp_minus_rows(float *p, long ld, long rows, const int64_t *lens, const int64_t *ends, const float *lse);
+void tacc_lse_backward_rows(const float *p, float *dp, long ld, long rows, const int64_t *lens,
+			    const int64_t *ends, const float *delta);
 
 void tacc_gelu_bwd_set(const float *x, const float *dy, float *dx, long n);
 void tacc_gelu_bwd_bf16_set(const uint16_t *x, const float *dy, float *dx, long n);

@@ -200,6 +200,53 @@ func lseBackward32(p, dp []float32, delta float32) {
 	C.tacc_lse_backward((*C.float)(&p[0]), (*C.float)(&dp[0]), C.long(len(p)), C.float(delta))
 }
 
+func lseRows32(lse, maxs, sums []float32) {
+	if len(lse) == 0 {
+		return
+	}
+	_, _ = maxs[len(lse)-1], sums[len(lse)-1]
+	C.tacc_lse_rows((*C.float)(&lse[0]), (*C.float)(&maxs[0]), (*C.float)(&sums[0]), C.long(len(lse)))
+}
+
+// rowsNeed panics unless x holds rows rows of stride ld out to ends[r]
+// entries each, as the row loops below read them.
+func rowsNeed(x []float32, ld int, ends []int64) {
+	for r, e := range ends {
+		_ = x[:r*ld+int(e)]
+	}
+}
+
+func expMinusRows32(p []float32, ld int, lens, ends []int64, lse []float32) {
+	if len(lens) == 0 {
+		return
+	}
+	rowsNeed(p, ld, ends)
+	_, _ = ends[len(lens)-1], lse[len(lens)-1]
+	C.tacc_exp_minus_rows((*C.float)(&p[0]), C.long(ld), C.long(len(lens)), (*C.int64_t)(&lens[0]), (*C.int64_t)(&ends[0]),
+		(*C.float)(&lse[0]))
+}
+
+func lseBackwardRows32(p, dp []float32, ld int, lens, ends []int64, delta []float32) {
+	if len(lens) == 0 {
+		return
+	}
+	rowsNeed(p, ld, lens)
+	rowsNeed(dp, ld, ends)
+	_, _ = ends[len(lens)-1], delta[len(lens)-1]
+	C.tacc_lse_backward_rows((*C.float)(&p[0]), (*C.float)(&dp[0]), C.long(ld), C.long(len(lens)), (*C.int64_t)(&lens[0]),
+		(*C.int64_t)(&ends[0]), (*C.float)(&delta[0]))
+}
+
+// attnDelta32 runs rows [lo, hi) of AttentionDelta on float32; the
+// caller has checked the sizes.
+func attnDelta32(d AttnDims, dout, out, delta []float32, lo, hi int) {
+	if lo >= hi {
+		return
+	}
+	C.tacc_attn_delta((*C.float)(&dout[0]), (*C.float)(&out[0]), (*C.float)(&delta[0]), C.long(lo), C.long(hi),
+		C.long(d.Tq), C.long(d.NH), C.long(d.HS), C.long(d.LdO))
+}
+
 func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	if len(p) == 0 {
 		return

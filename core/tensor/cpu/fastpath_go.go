@@ -44,6 +44,20 @@ func expMinus32(row []float32, lse float32) { expMinus32Go(row, lse) }
 
 func lseBackward32(p, dp []float32, delta float32) { lseBackwardGo(p, dp, delta) }
 
+func lseRows32(lse, maxs, sums []float32) { lseRowsGo(lse, maxs, sums) }
+
+func expMinusRows32(p []float32, ld int, lens, ends []int64, lse []float32) {
+	expMinusRowsGo(p, ld, lens, ends, lse)
+}
+
+func lseBackwardRows32(p, dp []float32, ld int, lens, ends []int64, delta []float32) {
+	lseBackwardRowsGo(p, dp, ld, lens, ends, delta)
+}
+
+func attnDelta32(d AttnDims, dout, out, delta []float32, lo, hi int) {
+	attentionDeltaGo(d, dout, out, delta, lo, hi)
+}
+
 func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	adamWGo(p, g, m, v, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
 }

@@ -303,3 +303,116 @@ func TestBackwardSetFastPathMatchesAdded(t *testing.T) {
 		}
 	}
 }
+
+// TestSoftmaxMaxMatchesGo puts a row's maximum at every position, in each
+// lane of the vectorised running maxima and in the tail, and a NaN first
+// (it wins every comparison's fallback) or later (it loses them all): the
+// C loop must pick the same maximum as the Go loop's single running one,
+// so every output bit agrees.
+func TestSoftmaxMaxMatchesGo(t *testing.T) {
+	rng := newRNG(67)
+	bits := func(x []float32) []uint32 {
+		b := make([]uint32, len(x))
+		for i, v := range x {
+			b[i] = math.Float32bits(v)
+		}
+		return b
+	}
+	nan := float32(math.NaN())
+	for _, n := range []int{1, 16, 33, 100} {
+		for p := range n {
+			for _, top := range []float32{50, nan} {
+				src := randSlice[float32](rng, n, 5)
+				src[p] = top
+				p1, p2 := make([]float32, n), make([]float32, n)
+				var m1, s1, m2, s2 [1]float32
+				softmaxRows32(src, p1, 1, n, m1[:], s1[:])
+				softmaxRows32Go(src, p2, 1, n, m2[:], s2[:])
+				require.Equal(t, bits(p2), bits(p1), "n=%d, %g at %d", n, top, p)
+				require.Equal(t, bits(m2[:]), bits(m1[:]), "maximum, n=%d, %g at %d", n, top, p)
+				require.Equal(t, bits(s2[:]), bits(s1[:]), "sum, n=%d, %g at %d", n, top, p)
+				if top == 50 {
+					require.Equal(t, float32(50), m1[0])
+				}
+			}
+		}
+	}
+}
+
+// TestLSERowsFastPathMatchesGo checks the C log-sum-exp of row maxima and
+// sums, whose logarithm is math.Log's arithmetic written out in C, bit for
+// bit against the Go loop's math.Log: sums over the whole float32 range
+// (the attention's lie in [1, keys]), the special cases (an empty row's
+// -Inf and 0, negatives, infinities, NaN) and maxima of both signs.
+func TestLSERowsFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(71)
+	inf := float32(math.Inf(1))
+	sums := []float32{0, float32(math.Copysign(0, -1)), 1, 2, 0.5, 1e-45, 1e-38, math.MaxFloat32, inf, -inf, -1,
+		float32(math.NaN()), float32(math.Sqrt2 / 2), float32(math.Sqrt2)}
+	for range 200000 {
+		sums = append(sums, float32(1+rng.Float64()*255), math.Float32frombits(rng.Uint32()&0x7fffffff))
+	}
+	maxs := make([]float32, len(sums))
+	for i := range maxs {
+		maxs[i] = float32(rng.NormFloat64() * 4)
+	}
+	maxs[0] = -inf // an empty row
+	for _, m := range [][]float32{make([]float32, len(sums)), maxs} {
+		l1, l2 := make([]float32, len(sums)), make([]float32, len(sums))
+		lseRows32(l1, m, sums)
+		lseRowsGo(l2, m, sums)
+		for i := range sums {
+			if math.Float32bits(l1[i]) != math.Float32bits(l2[i]) {
+				t.Fatalf("max %g, sum %g (%#x): C %g (%#x), Go %g (%#x)", m[i], sums[i], math.Float32bits(sums[i]),
+					l1[i], math.Float32bits(l1[i]), l2[i], math.Float32bits(l2[i]))
+			}
+		}
+	}
+}
+
+// TestAttentionDeltaFastPathMatchesGo runs the float32 AttentionDelta
+// ((row, head) pairs summed side by side in C) against its Go loop, bit for bit, on row
+// ranges that start anywhere and end inside a group of rows, over batches
+// and heads, with a row stride wider than the heads.
+func TestAttentionDeltaFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(73)
+	d := AttnDims{B: 3, NH: 3, HS: 20, Tq: 13, Tk: 13, LdQ: 70, LdK: 70, LdV: 70, LdO: 70}
+	dout := randSlice[float32](rng, d.B*d.Tq*d.LdO, 1)
+	out := randSlice[float32](rng, d.B*d.Tq*d.LdO, 100)
+	for _, r := range [][2]int{{0, 39}, {0, 8}, {3, 30}, {5, 6}, {38, 39}, {7, 7}} {
+		d1, d2 := make([]float32, d.B*d.NH*d.Tq), make([]float32, d.B*d.NH*d.Tq)
+		attnDelta32(d, dout, out, d1, r[0], r[1])
+		attentionDeltaGo(d, dout, out, d2, r[0], r[1])
+		require.Equal(t, d2, d1, "rows %v", r)
+	}
+}
+
+// TestAttentionRowsFastPathMatchesGo runs the row-block forms of expMinus
+// and lseBackward in C against their Go loops, bit for bit, on rows with
+// empty, partial and full prefixes, zeros out to different ends, and
+// entries past the ends that must stay as they were.
+func TestAttentionRowsFastPathMatchesGo(t *testing.T) {
+	rng := newRNG(79)
+	ld := 40
+	lens := []int64{0, 3, 17, 32, 40, 0, 1}
+	ends := []int64{0, 32, 20, 32, 40, 16, 1}
+	rows := len(lens)
+	lse := randSlice[float32](rng, rows, 3)
+	lse[5] = float32(math.Inf(-1))
+	e1 := randSlice[float32](rng, rows*ld, 6)
+	e2 := append([]float32(nil), e1...)
+	expMinusRows32(e1, ld, lens, ends, lse)
+	expMinusRowsGo(e2, ld, lens, ends, lse)
+	require.Equal(t, e2, e1, "exp rows")
+	delta := randSlice[float32](rng, rows, 1)
+	d1 := randSlice[float32](rng, rows*ld, 1)
+	d2 := append([]float32(nil), d1...)
+	lseBackwardRows32(e1, d1, ld, lens, ends, delta)
+	lseBackwardRowsGo(e2, d2, ld, lens, ends, delta)
+	require.Equal(t, d2, d1, "lse backward rows")
+	for r := range rows {
+		for i := lens[r]; i < ends[r]; i++ {
+			require.Zero(t, d1[r*ld+int(i)], "row %d entry %d past the visible keys", r, i)
+		}
+	}
+}
