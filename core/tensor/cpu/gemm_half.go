@@ -221,7 +221,8 @@ func widenHalfs(f16 bool, dst []float32, src []uint16) {
 // (serialBLAS). Each operand is a head's columns of a larger buffer (a
 // fused q|k|v, the probabilities of a row block), so the portable path
 // rounds only the region the product reads, into a dense scratch copy,
-// and calls gemmBLAS on the copies.
+// and calls gemmBLAS on the copies; a head's q, k or v, which already
+// hold half values, it reads in place (serialRounded).
 func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
@@ -248,25 +249,57 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 	if transB {
 		br, bc = n, k
 	}
-	aw, bw := getBuf[float32](ar*ac), getBuf[float32](br*bc)
-	defer putBuf(aw)
-	defer putBuf(bw)
-	ao.roundInto(*aw, ar, ac, lda)
-	bo.roundInto(*bw, br, bc, ldb)
-	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
+	aw, lda, abuf := ao.serialRounded(ar, ac, lda)
+	defer putSerial(abuf)
+	bw, ldb, bbuf := bo.serialRounded(br, bc, ldb)
+	defer putSerial(bbuf)
+	gemmBLAS(transA, transB, m, n, k, alpha, aw, lda, bw, ldb, beta, c, ldc)
+}
+
+// serialRounded returns the float32 operand's rows x cols matrix of
+// stride ld as the portable path's serial products read it, with its
+// stride and the scratch buffer holding it (putSerial gives it back): the
+// operand itself, at its own stride and with no buffer, where it already
+// holds half values (a head's queries, keys or values, rounded where
+// q|k|v are made), as widen returns it; else rounded into a dense scratch
+// copy (roundInto). Rounding an exact operand would change none of its
+// bits, and the float32 product reads the same numbers at either stride,
+// so the result is the same bitwise; the check stops at the first
+// element that is not a half value, which for the probabilities and
+// their gradients is one of the first.
+func (o halfOperand) serialRounded(rows, cols, ld int) ([]float32, int, *[]float32) {
+	if exactHalf(o.f16, o.f, rows, cols, ld) {
+		return o.f, ld, nil
+	}
+	buf := getBuf[float32](rows * cols)
+	o.roundInto(*buf, rows, cols, ld)
+	return *buf, cols, buf
+}
+
+// putSerial gives back a buffer of serialRounded (nil: none was taken).
+func putSerial(buf *[]float32) {
+	if buf != nil {
+		putBuf(buf)
+	}
 }
 
 // halfKeys is the right operand X^T of the half-precision products C =
 // alpha A X[:n]^T, for X the rows of a head's keys (or values): the
 // attention's row blocks read growing prefixes of the same rows, so X is
 // rounded once, packed for the bf16 kernel (packBF16Keys) or as a dense
-// rounded copy for the portable path, rather than once per product.
+// rounded copy for the portable path (none where X already holds half
+// values: serialRounded), rather than once per product.
 // Results are bitwise gemmHalfSerial's on X's first n rows.
 type halfKeys struct {
 	f16        bool
 	rows, cols int
-	packed     *[]uint16  // the bf16 kernel's packing of X^T
-	dense      *[]float32 // the portable path's rounded X, stride cols
+	packed     *[]uint16 // the bf16 kernel's packing of X^T
+	// the portable path's X as its products read it (serialRounded): X
+	// itself at its stride ld where it holds half values, else its
+	// rounded copy in buf at stride cols
+	x   []float32
+	ld  int
+	buf *[]float32
 }
 
 // newHalfKeys rounds (or packs) the rows x cols matrix x of stride ld.
@@ -280,8 +313,7 @@ func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
 		h.packed = packBF16Keys(cols, rows, x, ld)
 		return h
 	}
-	h.dense = getBuf[float32](rows * cols)
-	halfOperand{f: x, f16: f16}.roundInto(*h.dense, rows, cols, ld)
+	h.x, h.ld, h.buf = halfOperand{f: x, f16: f16}.serialRounded(rows, cols, ld)
 	return h
 }
 
@@ -299,10 +331,9 @@ func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float3
 	case h.packed != nil:
 		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
 	default:
-		aw := getBuf[float32](m * h.cols)
-		defer putBuf(aw)
-		halfOperand{f: a, f16: h.f16}.roundInto(*aw, m, h.cols, lda)
-		gemmBLAS(false, true, m, n, h.cols, alpha, *aw, h.cols, *h.dense, h.cols, 0, c, ldc)
+		aw, lda, buf := halfOperand{f: a, f16: h.f16}.serialRounded(m, h.cols, lda)
+		defer putSerial(buf)
+		gemmBLAS(false, true, m, n, h.cols, alpha, aw, lda, h.x, h.ld, 0, c, ldc)
 	}
 }
 
@@ -311,10 +342,8 @@ func (h *halfKeys) release() {
 	if h.packed != nil {
 		releaseBF16Keys(h.packed)
 	}
-	if h.dense != nil {
-		putBuf(h.dense)
-	}
-	h.packed, h.dense = nil, nil
+	putSerial(h.buf)
+	h.packed, h.x, h.buf = nil, nil, nil
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
