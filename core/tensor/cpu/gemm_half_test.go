@@ -25,7 +25,7 @@ type halfCase struct {
 func halfCases() []halfCase {
 	rng := newRNG(11)
 	var out []halfCase
-	sizes := [][3]int{{1, 1, 1}, {3, 5, 7}, {12, 32, 2}, {13, 33, 3}, {17, 13, 9}, {65, 33, 300}, {70, 100, 5}, {200, 67, 513}, {25, 70, 1100}}
+	sizes := [][3]int{{1, 1, 1}, {3, 5, 7}, {12, 32, 2}, {13, 33, 3}, {17, 13, 9}, {65, 33, 300}, {70, 100, 5}, {200, 67, 513}, {25, 70, 1100}, {40, 150, 70}}
 	for _, sz := range sizes {
 		m, n, k := sz[0], sz[1], sz[2]
 		for _, ta := range []bool{false, true} {
@@ -176,8 +176,16 @@ func TestGemmHalfSerialExact(t *testing.T) {
 	was := SetBF16Kernel(false)
 	defer SetBF16Kernel(was)
 	dense := func(f16 bool, x []float32, rows, cols, ld int) []float32 {
-		out := make([]float32, rows*cols)
-		halfOperand{f: x, f16: f16}.roundInto(out, rows, cols, ld)
+		out := make([]float32, 0, rows*cols)
+		for r := range rows {
+			for _, v := range x[r*ld : r*ld+cols] {
+				if f16 {
+					out = append(out, F16ToF32(F16FromF32(v)))
+				} else {
+					out = append(out, BF16ToF32(BF16FromF32(v)))
+				}
+			}
+		}
 		return out
 	}
 	for _, h := range halfCases() {
@@ -203,16 +211,16 @@ func TestGemmHalfSerialExact(t *testing.T) {
 				gemmHalfSerial(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, a, h.lda, b, h.ldb, h.beta, got, h.ldc)
 				requireSameBits(t, got, want, fmt.Sprintf("f16 %v %s exact A %v B %v", f16, h.name, &a[0] == &exactA[0], &b[0] == &exactB[0]))
 			}
-			got, ld, buf := halfOperand{f: exactA, f16: f16}.serialRounded(ar, ac, h.lda)
+			got, ld, buf := halfOperand{f: exactA, f16: f16}.widenDense(ar, ac, h.lda)
 			require.Nil(t, buf, h.name)
 			require.Same(t, &exactA[0], &got[0], h.name)
 			require.Equal(t, h.lda, ld, h.name)
 			if ar*ac > 1 { // one random element may happen to be a half value
-				got, ld, buf = halfOperand{f: h.a, f16: f16}.serialRounded(ar, ac, h.lda)
+				got, ld, buf = halfOperand{f: h.a, f16: f16}.widenDense(ar, ac, h.lda)
 				require.NotNil(t, buf, h.name)
 				require.Equal(t, dense(f16, h.a, ar, ac, h.lda), got, h.name)
 				require.Equal(t, ac, ld, h.name)
-				putSerial(buf)
+				putWidenBuf(buf)
 			}
 		}
 	}
@@ -360,7 +368,8 @@ func TestGemmRoundBF16SpecialValues(t *testing.T) {
 // (TINYACC_BF16_KERNEL=off, SetBF16Kernel) a bf16 product is bitwise the
 // float32 product of its widened operands, as an fp16 product always is,
 // and HalfGemmPath says so: at one thread the float32 Gemm, at more each
-// block of C's rows (widenParts) a single-threaded float32 Gemm. The
+// block of C's rows (widenParts), or of its columns where C is wider than
+// it is tall, a single-threaded float32 Gemm. The
 // rounding products equal the stored-operand ones bitwise, also when an
 // operand already holds half values, which the product reads as it is,
 // with no rounded copy.
@@ -379,13 +388,26 @@ func TestGemmHalfPortablePath(t *testing.T) {
 				ah, bh := convert(h.a, narrow), convert(h.b, narrow)
 				aw, bw := widenAll(ah, widen), widenAll(bh, widen)
 				want := append([]float32(nil), h.c...)
-				var parts int
-				withThreads(threads, func() { parts = widenParts(h.m) })
-				if parts == 1 {
+				var parts, colParts int
+				withThreads(threads, func() { parts, colParts = widenParts(h.m), widenParts(h.n) })
+				switch {
+				case h.n > h.m && colParts > 1:
+					split++
+					withThreads(1, func() {
+						for p := range colParts {
+							lo, hi := p*h.n/colParts, (p+1)*h.n/colParts
+							off := lo
+							if h.tb {
+								off = lo * h.ldb
+							}
+							Gemm(h.ta, h.tb, h.m, hi-lo, h.k, h.alpha, aw, h.lda, bw[off:], h.ldb, h.beta, want[lo:], h.ldc)
+						}
+					})
+				case parts == 1:
 					withThreads(threads, func() {
 						Gemm(h.ta, h.tb, h.m, h.n, h.k, h.alpha, aw, h.lda, bw, h.ldb, h.beta, want, h.ldc)
 					})
-				} else {
+				default:
 					split++
 					withThreads(1, func() {
 						for p := range parts {
