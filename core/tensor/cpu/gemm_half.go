@@ -116,10 +116,10 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 }
 
 // gemmHalfWiden is the portable path: widen both operands to float32 and
-// run the float32 product. A product of at least 2*widenRows rows (or,
-// when C is wider than it is tall, columns) splits C into widenParts
-// blocks of rows (columns), one per kernel thread: each goroutine widens
-// its block of op(A) (op(B)) and runs a single-threaded BLAS call on it
+// run the float32 product. A product of at least 2*widenRows rows splits
+// C into widenParts blocks of its rows (of its columns, when C is wider
+// than it is tall), one per kernel thread: each goroutine widens its
+// block of op(A) (op(B)) and runs a single-threaded BLAS call on it
 // (serialBLAS), as the attention's heads do. A threaded BLAS call instead
 // hands its work to the library's own threads, which spin in sched_yield
 // between calls while the goroutines round the next product's operands on
@@ -134,11 +134,9 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 // thread count and on nothing else. Smaller products take one threaded
 // Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	if n > m && k > 0 {
-		if parts := widenParts(n); parts > 1 {
-			gemmHalfWidenCols(parts, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-			return
-		}
+	if n > m && k > 0 && widenParts(m) > 1 {
+		gemmHalfWidenCols(widenParts(n), transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
 	}
 	wb, bb := b.widen(transB, k, n, ldb, true)
 	defer putWidenBuf(bb)
