@@ -178,9 +178,9 @@ func gemmHalfWidenCols(parts int, transA, transB bool, m, n, k int, alpha float3
 			var ld int
 			var bb *[]float32
 			if transB { // op(B)'s columns lo..hi are B's rows
-				wb, ld, bb = b.from(lo*ldb).widenDense(hi-lo, k, ldb)
+				wb, ld, bb = b.from(lo*ldb).widenDense(getWidenBuf, hi-lo, k, ldb)
 			} else {
-				wb, ld, bb = b.from(lo).widenDense(k, hi-lo, ldb)
+				wb, ld, bb = b.from(lo).widenDense(getWidenBuf, k, hi-lo, ldb)
 			}
 			gemmBLAS(transA, transB, m, hi-lo, k, alpha, wa, lda, wb, ld, beta, c[lo:], ldc)
 			putWidenBuf(bb)
@@ -284,10 +284,10 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 	if transB {
 		br, bc = n, k
 	}
-	aw, lda, abuf := ao.widenDense(ar, ac, lda)
-	defer putWidenBuf(abuf)
-	bw, ldb, bbuf := bo.widenDense(br, bc, ldb)
-	defer putWidenBuf(bbuf)
+	aw, lda, abuf := ao.widenDense(getBuf[float32], ar, ac, lda)
+	defer putScratch(abuf)
+	bw, ldb, bbuf := bo.widenDense(getBuf[float32], br, bc, ldb)
+	defer putScratch(bbuf)
 	gemmBLAS(transA, transB, m, n, k, alpha, aw, lda, bw, ldb, beta, c, ldc)
 }
 
@@ -296,16 +296,19 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 // stride it is read at: the operand itself, at ld and with no buffer,
 // where it already holds half values (a head's queries, keys or values,
 // rounded where q|k|v are made), else widened or rounded into a dense
-// buffer of stride cols (putWidenBuf gives it back). The float32 product
+// buffer of stride cols from get: getWidenBuf for a product's blocks
+// (putWidenBuf gives it back), getBuf for the attention's per-head
+// scratch (putScratch), so that the small scratch buffers do not take
+// the places of the large ones in the same pool. The float32 product
 // reads the same numbers at either stride, so the result is the same
 // bitwise; the check stops at the first element that is not a half
 // value, which for the probabilities and their gradients is one of the
 // first.
-func (o halfOperand) widenDense(rows, cols, ld int) ([]float32, int, *[]float32) {
+func (o halfOperand) widenDense(get func(n int) *[]float32, rows, cols, ld int) ([]float32, int, *[]float32) {
 	if o.f != nil && (o.exact || exactHalf(o.f16, o.f, rows, cols, ld)) {
 		return o.f, ld, nil
 	}
-	buf := getWidenBuf(rows * cols)
+	buf := get(rows * cols)
 	out := *buf
 	if o.f != nil {
 		roundHalf(o.f16, out, o.f, rows, cols, cols, ld)
@@ -315,6 +318,14 @@ func (o halfOperand) widenDense(rows, cols, ld int) ([]float32, int, *[]float32)
 		}
 	}
 	return out, cols, buf
+}
+
+// putScratch gives back a buffer of widenDense taken with getBuf (nil:
+// none was taken).
+func putScratch(buf *[]float32) {
+	if buf != nil {
+		putBuf(buf)
+	}
 }
 
 // halfKeys is the right operand X^T of the half-precision products C =
@@ -347,7 +358,7 @@ func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
 		h.packed = packBF16Keys(cols, rows, x, ld)
 		return h
 	}
-	h.x, h.ld, h.buf = halfOperand{f: x, f16: f16}.widenDense(rows, cols, ld)
+	h.x, h.ld, h.buf = halfOperand{f: x, f16: f16}.widenDense(getBuf[float32], rows, cols, ld)
 	return h
 }
 
@@ -365,8 +376,8 @@ func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float3
 	case h.packed != nil:
 		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
 	default:
-		aw, lda, buf := halfOperand{f: a, f16: h.f16}.widenDense(m, h.cols, lda)
-		defer putWidenBuf(buf)
+		aw, lda, buf := halfOperand{f: a, f16: h.f16}.widenDense(getBuf[float32], m, h.cols, lda)
+		defer putScratch(buf)
 		gemmBLAS(false, true, m, n, h.cols, alpha, aw, lda, h.x, h.ld, 0, c, ldc)
 	}
 }
@@ -376,6 +387,6 @@ func (h *halfKeys) release() {
 	if h.packed != nil {
 		releaseBF16Keys(h.packed)
 	}
-	putWidenBuf(h.buf)
+	putScratch(h.buf)
 	h.packed, h.x, h.buf = nil, nil, nil
 }

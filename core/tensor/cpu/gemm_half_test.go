@@ -211,16 +211,16 @@ func TestGemmHalfSerialExact(t *testing.T) {
 				gemmHalfSerial(f16, h.ta, h.tb, h.m, h.n, h.k, h.alpha, a, h.lda, b, h.ldb, h.beta, got, h.ldc)
 				requireSameBits(t, got, want, fmt.Sprintf("f16 %v %s exact A %v B %v", f16, h.name, &a[0] == &exactA[0], &b[0] == &exactB[0]))
 			}
-			got, ld, buf := halfOperand{f: exactA, f16: f16}.widenDense(ar, ac, h.lda)
+			got, ld, buf := halfOperand{f: exactA, f16: f16}.widenDense(getBuf[float32], ar, ac, h.lda)
 			require.Nil(t, buf, h.name)
 			require.Same(t, &exactA[0], &got[0], h.name)
 			require.Equal(t, h.lda, ld, h.name)
 			if ar*ac > 1 { // one random element may happen to be a half value
-				got, ld, buf = halfOperand{f: h.a, f16: f16}.widenDense(ar, ac, h.lda)
+				got, ld, buf = halfOperand{f: h.a, f16: f16}.widenDense(getBuf[float32], ar, ac, h.lda)
 				require.NotNil(t, buf, h.name)
 				require.Equal(t, dense(f16, h.a, ar, ac, h.lda), got, h.name)
 				require.Equal(t, ac, ld, h.name)
-				putWidenBuf(buf)
+				putScratch(buf)
 			}
 		}
 	}
