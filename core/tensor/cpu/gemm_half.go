@@ -117,27 +117,18 @@ func gemmHalf(transA, transB bool, m, n, k int, alpha float32, a halfOperand, ld
 
 // gemmHalfWiden is the portable path: widen both operands to float32 and
 // run the float32 product. A product of at least 2*widenRows rows splits
-// C into widenParts blocks of its rows (of its columns, when C is wider
-// than it is tall), one per kernel thread: each goroutine widens its
-// block of op(A) (op(B)) and runs a single-threaded BLAS call on it
-// (serialBLAS), as the attention's heads do. A threaded BLAS call instead
-// hands its work to the library's own threads, which spin in sched_yield
-// between calls while the goroutines round the next product's operands on
-// the same cores, and wait for each other at every call's end; on 2 cores
-// shared with other work, the portable step spent about as much CPU
-// spinning as rounding. Each block's call packs the whole of the other
-// operand for itself, so the blocks split the longer side of C: that
-// packs the smaller operand twice (a Linear's activation rather than its
-// 2304 or 3072 wide weight) and widens the larger one's blocks where they
-// are read, one goroutine each. The blocks depend only on m, n and
+// C's rows into widenParts blocks, one per kernel thread: each goroutine
+// widens its block's rows of A and runs a single-threaded BLAS call on
+// them (serialBLAS), as the attention's heads do. A threaded BLAS call
+// instead hands its work to the library's own threads, which spin in
+// sched_yield between calls while the goroutines round the next
+// product's operands on the same cores, and wait for each other at every
+// call's end; on 2 cores shared with other work, the portable step spent
+// about as much CPU spinning as rounding. The blocks depend only on m and
 // Threads(), so, as for a threaded Gemm, a product's bits depend on the
 // thread count and on nothing else. Smaller products take one threaded
 // Gemm.
 func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	if n > m && k > 0 && widenParts(m) > 1 {
-		gemmHalfWidenCols(widenParts(n), transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-		return
-	}
 	wb, bb := b.widen(transB, k, n, ldb, true)
 	defer putWidenBuf(bb)
 	parts := widenParts(m)
@@ -163,38 +154,12 @@ func gemmHalfWiden(transA, transB bool, m, n, k int, alpha float32, a halfOperan
 	})
 }
 
-// gemmHalfWidenCols is gemmHalfWiden over parts blocks of C's columns:
-// op(A) widened once over the threads, then block p, columns [p*n/parts,
-// (p+1)*n/parts), widens its columns of op(B) (B's rows when transB) into
-// a dense buffer of its own and runs a single-threaded BLAS call on them.
-func gemmHalfWidenCols(parts int, transA, transB bool, m, n, k int, alpha float32, a halfOperand, lda int, b halfOperand, ldb int, beta float32, c []float32, ldc int) {
-	wa, ba := a.widen(transA, m, k, lda, true)
-	defer putWidenBuf(ba)
-	defer serialBLAS()()
-	ParallelFor(parts, 1, func(plo, phi int) {
-		for p := plo; p < phi; p++ {
-			lo, hi := p*n/parts, (p+1)*n/parts
-			var wb []float32
-			var ld int
-			var bb *[]float32
-			if transB { // op(B)'s columns lo..hi are B's rows
-				wb, ld, bb = b.from(lo*ldb).widenDense(getWidenBuf, hi-lo, k, ldb)
-			} else {
-				wb, ld, bb = b.from(lo).widenDense(getWidenBuf, k, hi-lo, ldb)
-			}
-			gemmBLAS(transA, transB, m, hi-lo, k, alpha, wa, lda, wb, ld, beta, c[lo:], ldc)
-			putWidenBuf(bb)
-		}
-	})
-}
-
-// widenRows is the fewest rows (columns) of C a block of gemmHalfWiden
-// holds.
+// widenRows is the fewest rows of C a block of gemmHalfWiden holds.
 const widenRows = 64
 
-// widenParts is the number of blocks gemmHalfWiden splits m rows (or
-// columns) of C into: Threads(), or fewer so that each holds widenRows of
-// them; block p holds [p*m/parts, (p+1)*m/parts).
+// widenParts is the number of row blocks gemmHalfWiden splits m rows of C
+// into: Threads(), or fewer so that each holds widenRows rows; block p
+// holds rows [p*m/parts, (p+1)*m/parts).
 func widenParts(m int) int {
 	return max(1, min(Threads(), m/widenRows))
 }
@@ -256,8 +221,7 @@ func widenHalfs(f16 bool, dst []float32, src []uint16) {
 // (serialBLAS). Each operand is a head's columns of a larger buffer (a
 // fused q|k|v, the probabilities of a row block), so the portable path
 // rounds only the region the product reads, into a dense scratch copy,
-// and calls gemmBLAS on the copies; a head's q, k or v, which already
-// hold half values, it reads in place (widenDense).
+// and calls gemmBLAS on the copies.
 func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
@@ -284,67 +248,25 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 	if transB {
 		br, bc = n, k
 	}
-	aw, lda, abuf := ao.widenDense(getBuf[float32], ar, ac, lda)
-	defer putScratch(abuf)
-	bw, ldb, bbuf := bo.widenDense(getBuf[float32], br, bc, ldb)
-	defer putScratch(bbuf)
-	gemmBLAS(transA, transB, m, n, k, alpha, aw, lda, bw, ldb, beta, c, ldc)
-}
-
-// widenDense returns the operand's rows x cols matrix of stride ld
-// (untransposed), as widen does, on the calling goroutine, with the
-// stride it is read at: the operand itself, at ld and with no buffer,
-// where it already holds half values (a head's queries, keys or values,
-// rounded where q|k|v are made), else widened or rounded into a dense
-// buffer of stride cols from get: getWidenBuf for a product's blocks
-// (putWidenBuf gives it back), getBuf for the attention's per-head
-// scratch (putScratch), so that the small scratch buffers do not take
-// the places of the large ones in the same pool. The float32 product
-// reads the same numbers at either stride, so the result is the same
-// bitwise; the check stops at the first element that is not a half
-// value, which for the probabilities and their gradients is one of the
-// first.
-func (o halfOperand) widenDense(get func(n int) *[]float32, rows, cols, ld int) ([]float32, int, *[]float32) {
-	if o.f != nil && (o.exact || exactHalf(o.f16, o.f, rows, cols, ld)) {
-		return o.f, ld, nil
-	}
-	buf := get(rows * cols)
-	out := *buf
-	if o.f != nil {
-		roundHalf(o.f16, out, o.f, rows, cols, cols, ld)
-	} else {
-		for r := range rows {
-			widenHalfs(o.f16, out[r*cols:(r+1)*cols], o.h[r*ld:r*ld+cols])
-		}
-	}
-	return out, cols, buf
-}
-
-// putScratch gives back a buffer of widenDense taken with getBuf (nil:
-// none was taken).
-func putScratch(buf *[]float32) {
-	if buf != nil {
-		putBuf(buf)
-	}
+	aw, bw := getBuf[float32](ar*ac), getBuf[float32](br*bc)
+	defer putBuf(aw)
+	defer putBuf(bw)
+	ao.roundInto(*aw, ar, ac, lda)
+	bo.roundInto(*bw, br, bc, ldb)
+	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
 }
 
 // halfKeys is the right operand X^T of the half-precision products C =
 // alpha A X[:n]^T, for X the rows of a head's keys (or values): the
 // attention's row blocks read growing prefixes of the same rows, so X is
 // rounded once, packed for the bf16 kernel (packBF16Keys) or as a dense
-// rounded copy for the portable path (none where X already holds half
-// values: widenDense), rather than once per product.
+// rounded copy for the portable path, rather than once per product.
 // Results are bitwise gemmHalfSerial's on X's first n rows.
 type halfKeys struct {
 	f16        bool
 	rows, cols int
-	packed     *[]uint16 // the bf16 kernel's packing of X^T
-	// the portable path's X as its products read it (widenDense): X
-	// itself at its stride ld where it holds half values, else its
-	// rounded copy in buf at stride cols
-	x   []float32
-	ld  int
-	buf *[]float32
+	packed     *[]uint16  // the bf16 kernel's packing of X^T
+	dense      *[]float32 // the portable path's rounded X, stride cols
 }
 
 // newHalfKeys rounds (or packs) the rows x cols matrix x of stride ld.
@@ -358,7 +280,8 @@ func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
 		h.packed = packBF16Keys(cols, rows, x, ld)
 		return h
 	}
-	h.x, h.ld, h.buf = halfOperand{f: x, f16: f16}.widenDense(getBuf[float32], rows, cols, ld)
+	h.dense = getBuf[float32](rows * cols)
+	halfOperand{f: x, f16: f16}.roundInto(*h.dense, rows, cols, ld)
 	return h
 }
 
@@ -376,9 +299,10 @@ func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float3
 	case h.packed != nil:
 		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
 	default:
-		aw, lda, buf := halfOperand{f: a, f16: h.f16}.widenDense(getBuf[float32], m, h.cols, lda)
-		defer putScratch(buf)
-		gemmBLAS(false, true, m, n, h.cols, alpha, aw, lda, h.x, h.ld, 0, c, ldc)
+		aw := getBuf[float32](m * h.cols)
+		defer putBuf(aw)
+		halfOperand{f: a, f16: h.f16}.roundInto(*aw, m, h.cols, lda)
+		gemmBLAS(false, true, m, n, h.cols, alpha, *aw, h.cols, *h.dense, h.cols, 0, c, ldc)
 	}
 }
 
@@ -387,6 +311,16 @@ func (h *halfKeys) release() {
 	if h.packed != nil {
 		releaseBF16Keys(h.packed)
 	}
-	putScratch(h.buf)
-	h.packed, h.x, h.buf = nil, nil, nil
+	if h.dense != nil {
+		putBuf(h.dense)
+	}
+	h.packed, h.dense = nil, nil
+}
+
+// roundInto sets dst (rows x cols, dense) to the float32 operand's rows x
+// cols matrix of stride ld, rounded to the half format: one roundHalf
+// over the whole region, so a head's 64 columns of a fused q|k|v, each
+// row shorter than the C loops' hand-over, still round in C.
+func (o halfOperand) roundInto(dst []float32, rows, cols, ld int) {
+	roundHalf(o.f16, dst, o.f, rows, cols, cols, ld)
 }
