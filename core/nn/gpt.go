@@ -418,10 +418,20 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 				tensor.StoreHalf(to, from)
 			}
 		}
+		// the ops write their 2-byte copies as they go (tensor.StoringHalf)
+		// where the block stores its part soon after: not in a fully
+		// recomputed block, which stores none, nor in a MoE layer, whose
+		// buffers are stored at the block's end, so copies made as they go
+		// would sit beside their float32 values through all its experts
+		var storing func()
 		if !r.Full {
-			// the ops write their 2-byte copies as they go (tensor.StoringHalf)
-			defer tensor.StoringHalf(x)()
+			storing = tensor.StoringHalf(x)
 		}
+		defer func() {
+			if storing != nil {
+				storing()
+			}
+		}()
 		h, err := b.Norm1.Forward(x, p)
 		if err == nil {
 			h, err = b.Attn.Forward(keep(r.Norm, h), p)
@@ -440,6 +450,10 @@ func (b *Block) forward(x *tensor.Tensor, p Pass) (*tensor.Tensor, error) {
 		tensor.Discard(h)
 		settle(h, in) // the attention's part, the block's input with it
 		mid := x
+		if b.MoE != nil && storing != nil {
+			storing()
+			storing = nil
+		}
 		h, err = b.Norm2.Forward(x, p)
 		switch {
 		case err == nil && b.MoE != nil:
