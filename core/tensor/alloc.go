@@ -159,10 +159,7 @@ func (t *Tensor) Release() {
 // copy alone; a copy made as its values were written (early.go) goes
 // with it.
 func (t *Tensor) releaseStorage() {
-	if e := t.early; e != nil { // a copy StoreHalf never took (early.go)
-		t.early = nil
-		e.Release()
-	}
+	t.freeEarly() // a copy StoreHalf never took (early.go)
 	a := t.alloc
 	if a == nil {
 		return

@@ -102,12 +102,17 @@ func keepEarly(t, h *Tensor) {
 // dropEarly frees the copy of t's values (or of the values of the
 // activation t views) made as they were written: they may change.
 func (t *Tensor) dropEarly() {
-	for _, u := range []*Tensor{t, t.base} {
-		if u != nil && u.early != nil {
-			e := u.early
-			u.early = nil
-			e.Release()
-		}
+	t.freeEarly()
+	if t.base != nil {
+		t.base.freeEarly()
+	}
+}
+
+// freeEarly frees t's own copy made as its values were written, if any.
+func (t *Tensor) freeEarly() {
+	if e := t.early; e != nil {
+		t.early = nil
+		e.Release()
 	}
 }
 

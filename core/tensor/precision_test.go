@@ -50,13 +50,7 @@ func linearRun(d DType, x, w, b, v, r []float32) (z, gx, gw, gb, gv []float64) {
 // the inputs (weight gradients).
 func TestMixedPrecisionLinear(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
-	rnd := func(n int) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = float32(rng.NormFloat64())
-		}
-		return out
-	}
+	rnd := func(n int) []float32 { return normals(rng, n) }
 	x, w, b, v, r := rnd(6*40), rnd(40*24), rnd(24), rnd(10*24), rnd(6*10)
 	z, gx, gw, gb, gv := linearRun(Float32, x, w, b, v, r)
 	for _, c := range []struct {
@@ -269,13 +263,7 @@ func halfGraph(store, deferW bool, x, w1, w2, r []float32) (grads [][]float64, h
 // place in float32, and neither h nor g is widened into float32 storage.
 func TestStoreHalfWidensExactly(t *testing.T) {
 	rng := rand.New(rand.NewSource(5))
-	rnd := func(n int) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = float32(rng.NormFloat64())
-		}
-		return out
-	}
+	rnd := func(n int) []float32 { return normals(rng, n) }
 	x, w1, w2, r := rnd(6*16), rnd(16*32), rnd(32*8), rnd(6*8)
 	stored, heldStored, widened, gAtW2 := halfGraph(true, false, x, w1, w2, r)
 	rounded, heldRounded, _, _ := halfGraph(false, false, x, w1, w2, r)
@@ -300,13 +288,7 @@ func TestLinearInputNarrowedOnce(t *testing.T) {
 		t.Skip("bf16 products take the portable path here: " + cpu.HalfGemmPath())
 	}
 	rng := rand.New(rand.NewSource(9))
-	rnd := func(n int) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = float32(rng.NormFloat64())
-		}
-		return out
-	}
+	rnd := func(n int) []float32 { return normals(rng, n) }
 	a := NewAllocator()
 	a.SetCompute(BFloat16)
 	param := func(data []float32, shape ...int) *Tensor {
@@ -587,4 +569,13 @@ func TestStoreHalfKeepsRouterRowsExact(t *testing.T) {
 		}
 		require.LessOrEqual(t, math.Abs(s), 1e-6*scale, "row %d of the router's gradient sums to %v", c, s)
 	}
+}
+
+// normals is n draws of rng's standard normal as float32.
+func normals(rng *rand.Rand, n int) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(rng.NormFloat64())
+	}
+	return out
 }

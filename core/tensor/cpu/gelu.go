@@ -113,10 +113,14 @@ func geluBwd[T Float](x, dy, dx []T) {
 	}
 	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
 	for i, v := range x64 {
-		t := math.Tanh(geluK * (v + geluA*v*v*v))
-		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
-		dx64[i] += dy64[i] * d
+		dx64[i] += dy64[i] * geluGrad64(v)
 	}
+}
+
+// geluGrad64 is GELU's (tanh form) derivative at v.
+func geluGrad64(v float64) float64 {
+	t := math.Tanh(geluK * (v + geluA*v*v*v))
+	return 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
 }
 
 // geluBwdSet is geluBwd into a zeroed dx, in one pass (GeluBackwardFresh).
@@ -127,8 +131,6 @@ func geluBwdSet[T Float](x, dy, dx []T) {
 	}
 	x64, dy64, dx64 := as64(x), as64(dy), as64(dx)
 	for i, v := range x64 {
-		t := math.Tanh(geluK * (v + geluA*v*v*v))
-		d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluK*(1+3*geluA*v*v)
-		dx64[i] = 0 + dy64[i]*d
+		dx64[i] = 0 + dy64[i]*geluGrad64(v)
 	}
 }
