@@ -221,7 +221,8 @@ func widenHalfs(f16 bool, dst []float32, src []uint16) {
 // (serialBLAS). Each operand is a head's columns of a larger buffer (a
 // fused q|k|v, the probabilities of a row block), so the portable path
 // rounds only the region the product reads, into a dense scratch copy,
-// and calls gemmBLAS on the copies.
+// unless it already holds half values (halfOperand.serial), and calls
+// gemmBLAS on what it reads.
 func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
 	if m == 0 || n == 0 {
@@ -248,25 +249,44 @@ func gemmHalfSerial(f16, transA, transB bool, m, n, k int, alpha float32, a []fl
 	if transB {
 		br, bc = n, k
 	}
-	aw, bw := getBuf[float32](ar*ac), getBuf[float32](br*bc)
-	defer putBuf(aw)
-	defer putBuf(bw)
-	ao.roundInto(*aw, ar, ac, lda)
-	bo.roundInto(*bw, br, bc, ldb)
-	gemmBLAS(transA, transB, m, n, k, alpha, *aw, ac, *bw, bc, beta, c, ldc)
+	aw, sa, ra := ao.serial(ar, ac, lda)
+	defer ra()
+	bw, sb, rb := bo.serial(br, bc, ldb)
+	defer rb()
+	gemmBLAS(transA, transB, m, n, k, alpha, aw, sa, bw, sb, beta, c, ldc)
+}
+
+// serial returns what the portable path's serial products read for the
+// float32 operand's rows x cols matrix at stride ld, with its stride and
+// the function that gives its storage back: the operand itself where it
+// already holds half values (q|k|v, rounded where they are made, and
+// widened back in the backward; exactHalf stops at the first number that
+// is not, one of the first of a probability or a gradient), else a dense
+// rounded copy in a pooled buffer. Either way the product reads the same
+// numbers, so its result is the same, bitwise.
+func (o halfOperand) serial(rows, cols, ld int) ([]float32, int, func()) {
+	if exactHalf(o.f16, o.f, rows, cols, ld) {
+		return o.f, ld, func() {}
+	}
+	w := getBuf[float32](rows * cols)
+	o.roundInto(*w, rows, cols, ld)
+	return *w, cols, func() { putBuf(w) }
 }
 
 // halfKeys is the right operand X^T of the half-precision products C =
 // alpha A X[:n]^T, for X the rows of a head's keys (or values): the
 // attention's row blocks read growing prefixes of the same rows, so X is
-// rounded once, packed for the bf16 kernel (packBF16Keys) or as a dense
-// rounded copy for the portable path, rather than once per product.
+// rounded once, packed for the bf16 kernel (packBF16Keys) or for the
+// portable path as a dense rounded copy (X itself where it holds half
+// values already), rather than once per product.
 // Results are bitwise gemmHalfSerial's on X's first n rows.
 type halfKeys struct {
 	f16        bool
 	rows, cols int
-	packed     *[]uint16  // the bf16 kernel's packing of X^T
-	dense      *[]float32 // the portable path's rounded X, stride cols
+	packed     *[]uint16 // the bf16 kernel's packing of X^T
+	x          []float32 // the portable path's rounded X (halfOperand.serial), stride ld
+	ld         int
+	free       func() // gives x's storage back
 }
 
 // newHalfKeys rounds (or packs) the rows x cols matrix x of stride ld.
@@ -280,8 +300,7 @@ func newHalfKeys(f16 bool, x []float32, ld, rows, cols int) *halfKeys {
 		h.packed = packBF16Keys(cols, rows, x, ld)
 		return h
 	}
-	h.dense = getBuf[float32](rows * cols)
-	halfOperand{f: x, f16: f16}.roundInto(*h.dense, rows, cols, ld)
+	h.x, h.ld, h.free = halfOperand{f: x, f16: f16}.serial(rows, cols, ld)
 	return h
 }
 
@@ -299,10 +318,9 @@ func (h *halfKeys) mul(m, n int, alpha float32, a []float32, lda int, c []float3
 	case h.packed != nil:
 		gemmBF16Keys(*h.packed, m, n, h.cols, alpha, a, lda, c, ldc)
 	default:
-		aw := getBuf[float32](m * h.cols)
-		defer putBuf(aw)
-		halfOperand{f: a, f16: h.f16}.roundInto(*aw, m, h.cols, lda)
-		gemmBLAS(false, true, m, n, h.cols, alpha, *aw, h.cols, *h.dense, h.cols, 0, c, ldc)
+		aw, sa, release := halfOperand{f: a, f16: h.f16}.serial(m, h.cols, lda)
+		defer release()
+		gemmBLAS(false, true, m, n, h.cols, alpha, aw, sa, h.x, h.ld, 0, c, ldc)
 	}
 }
 
@@ -311,10 +329,10 @@ func (h *halfKeys) release() {
 	if h.packed != nil {
 		releaseBF16Keys(h.packed)
 	}
-	if h.dense != nil {
-		putBuf(h.dense)
+	if h.free != nil {
+		h.free()
 	}
-	h.packed, h.dense = nil, nil
+	h.packed, h.x, h.free = nil, nil, nil
 }
 
 // roundInto sets dst (rows x cols, dense) to the float32 operand's rows x

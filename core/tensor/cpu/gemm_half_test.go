@@ -410,3 +410,40 @@ func TestBF16KernelEnv(t *testing.T) {
 	}
 	require.Equal(t, unset, path(BF16KernelEnv+"="))
 }
+
+// TestHalfOperandSerial: the portable path's serial products read an
+// operand that already holds half values where it is, at its stride (a
+// head's columns of q|k|v, rounded where they are made), and any other as
+// a dense copy of its rounded numbers; the numbers in the gap between the
+// rows (the other heads') are not looked at.
+func TestHalfOperandSerial(t *testing.T) {
+	rng := newRNG(17)
+	const rows, cols, ld = 7, 5, 9
+	for _, f16 := range []bool{false, true} {
+		round := func(v float32) float32 { return BF16ToF32(BF16FromF32(v)) }
+		if f16 {
+			round = func(v float32) float32 { return F16ToF32(F16FromF32(v)) }
+		}
+		x := randSlice[float32](rng, (rows-1)*ld+cols, 1)
+		for r := 0; r < rows; r++ {
+			for c := 0; c < cols; c++ {
+				x[r*ld+c] = round(x[r*ld+c]) // the region holds half values; the gap does not
+			}
+		}
+		got, stride, release := halfOperand{f: x, f16: f16}.serial(rows, cols, ld)
+		require.Equal(t, ld, stride, "f16 %v: exact operand's stride", f16)
+		require.Same(t, &x[0], &got[0], "f16 %v: exact operand read where it is", f16)
+		release()
+
+		x[3*ld+2] += 1e-3 // one number of the region not a half value
+		got, stride, release = halfOperand{f: x, f16: f16}.serial(rows, cols, ld)
+		require.Equal(t, cols, stride, "f16 %v: rounded copy's stride", f16)
+		require.NotSame(t, &x[0], &got[0], "f16 %v: inexact operand copied", f16)
+		for r := 0; r < rows; r++ {
+			for c := 0; c < cols; c++ {
+				require.Equal(t, math.Float32bits(round(x[r*ld+c])), math.Float32bits(got[r*cols+c]), "f16 %v: [%d][%d]", f16, r, c)
+			}
+		}
+		release()
+	}
+}
