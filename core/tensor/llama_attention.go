@@ -50,13 +50,14 @@ func GroupedAttention(qkv *Tensor, nHead, nKV int, pos []int) *Tensor {
 		return out
 	}
 	record(out, "grouped_attention", func(_ *Backprop, g *Tensor) []*Tensor {
-		gq := zerosLike(qkv, qkv.shape...)
+		// every element of q|k|v's gradient is set, none added to
+		gq := like(qkv, qkv.shape...)
 		if qkv.dtype == Float32 {
 			x, dx := qkv.f32, gq.f32
-			cpu.AttentionPosBackward(d, g.f32, x, x[kc:], x[vc:], att.f32, pos, pos, dx, dx[kc:], dx[vc:])
+			cpu.AttentionPosGrad(d, g.f32, x, x[kc:], x[vc:], att.f32, pos, pos, dx, dx[kc:], dx[vc:])
 		} else {
 			x, dx := qkv.f64, gq.f64
-			cpu.AttentionPosBackward(d, g.f64, x, x[kc:], x[vc:], att.f64, pos, pos, dx, dx[kc:], dx[vc:])
+			cpu.AttentionPosGrad(d, g.f64, x, x[kc:], x[vc:], att.f64, pos, pos, dx, dx[kc:], dx[vc:])
 		}
 		return []*Tensor{gq}
 	}, qkv)
