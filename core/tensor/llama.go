@@ -163,57 +163,28 @@ func SiluMul(gu *Tensor) *Tensor {
 	I, rows := W/2, gu.Numel()/W
 	out := like(gu, append(clone(gu.shape[:len(gu.shape)-1]), I)...)
 	if gu.dtype == Float32 {
-		siluMulFwd(gu.f32, out.f32, rows, I)
+		cpu.SiluMulForward(gu.f32, out.f32, rows, I)
 	} else {
-		siluMulFwd(gu.f64, out.f64, rows, I)
+		cpu.SiluMulForward(gu.f64, out.f64, rows, I)
 	}
 	record(out, "silu_mul", func(_ *Backprop, g *Tensor) []*Tensor {
 		gx := like(gu, gu.shape...)
 		if gu.dtype == Float32 {
-			siluMulBwd(gu.f32, g.f32, gx.f32, rows, I)
+			cpu.SiluMulBackward(gu.f32, g.f32, gx.f32, rows, I)
 		} else {
-			siluMulBwd(gu.f64, g.f64, gx.f64, rows, I)
+			cpu.SiluMulBackward(gu.f64, g.f64, gx.f64, rows, I)
 		}
 		return []*Tensor{gx}
 	}, gu)
 	setRefill(out, func(out *Tensor) {
 		if gu.dtype == Float32 {
-			siluMulFwd(gu.f32, out.f32, rows, I)
+			cpu.SiluMulForward(gu.f32, out.f32, rows, I)
 		} else {
-			siluMulFwd(gu.f64, out.f64, rows, I)
+			cpu.SiluMulForward(gu.f64, out.f64, rows, I)
 		}
 	})
 	outUnread(out)
 	return out
-}
-
-func siluMulFwd[F cpu.Float](x, y []F, rows, I int) {
-	cpu.ParallelFor(rows, max(1, 4096/max(1, I)), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			g, u, o := x[r*2*I:r*2*I+I], x[r*2*I+I:(r+1)*2*I], y[r*I:(r+1)*I]
-			for i := range o {
-				a := float64(g[i])
-				o[i] = F(a / (1 + math.Exp(-a)) * float64(u[i]))
-			}
-		}
-	})
-}
-
-// siluMulBwd: d gate = dy·up·s·(1 + g·(1 - s)), d up = dy·silu(g), with
-// s = sigmoid(g).
-func siluMulBwd[F cpu.Float](x, dy, dx []F, rows, I int) {
-	cpu.ParallelFor(rows, max(1, 4096/max(1, I)), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			g, u := x[r*2*I:r*2*I+I], x[r*2*I+I:(r+1)*2*I]
-			dg, du, d := dx[r*2*I:r*2*I+I], dx[r*2*I+I:(r+1)*2*I], dy[r*I:(r+1)*I]
-			for i := range d {
-				a, b, e := float64(g[i]), float64(u[i]), float64(d[i])
-				s := 1 / (1 + math.Exp(-a))
-				dg[i] = F(e * b * s * (1 + a*(1-s)))
-				du[i] = F(e * a * s)
-			}
-		}
-	})
 }
 
 // LinearT returns x·w₁ᵀ | x·w₂ᵀ | … for x [..., in] and weights wᵢ [outᵢ,

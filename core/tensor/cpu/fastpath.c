@@ -563,3 +563,39 @@ CLONES void tacc_lse_backward_rows(const float *p, float *dp, long ld, long rows
 		memset(dp + r * ld + lens[r], 0, (size_t)(ends[r] - lens[r]) * sizeof(float));
 	}
 }
+
+// silu_exp matches siluExp in silu.go: e^-g, the exponent clamped as
+// gelu_exp's.
+static inline float silu_exp(float g) {
+	float z = -g;
+	z = z < -87.33654f ? -87.33654f : (z > 80.0f ? 80.0f : z);
+	return exp_core(z);
+}
+
+// tacc_silu_mul_fwd matches siluMulFwd32Go: rows of [gate | up] (stride
+// 2*n) to rows of silu(gate)*up (stride n).
+CLONES void tacc_silu_mul_fwd(const float *restrict x, float *restrict y, long rows, long n) {
+	for (long r = 0; r < rows; r++) {
+		const float *g = x + r * 2 * n, *u = g + n;
+		float *o = y + r * n;
+		for (long i = 0; i < n; i++) {
+			float a = g[i];
+			o[i] = a / (1.0f + silu_exp(a)) * u[i];
+		}
+	}
+}
+
+// tacc_silu_mul_bwd matches siluMulBwd32Go: sets dx (the layout of x) to
+// the gradient of tacc_silu_mul_fwd's output given dy.
+CLONES void tacc_silu_mul_bwd(const float *restrict x, const float *restrict dy, float *restrict dx, long rows, long n) {
+	for (long r = 0; r < rows; r++) {
+		const float *g = x + r * 2 * n, *u = g + n, *d = dy + r * n;
+		float *dg = dx + r * 2 * n, *du = dg + n;
+		for (long i = 0; i < n; i++) {
+			float a = g[i], b = u[i], e = d[i];
+			float s = 1.0f / (1.0f + silu_exp(a));
+			dg[i] = e * b * s * (1.0f + a * (1.0f - s));
+			du[i] = e * a * s;
+		}
+	}
+}

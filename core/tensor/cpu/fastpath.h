@@ -40,4 +40,7 @@ void tacc_layernorm_bwd_set(const float *dy, const float *x, const float *w, con
 			    float *dx, float *pw, float *pb, long rows, long cols);
 void tacc_bf16_from_f32_stream(const uint32_t *src, uint16_t *dst, long n);
 
+void tacc_silu_mul_fwd(const float *x, float *y, long rows, long n);
+void tacc_silu_mul_bwd(const float *x, const float *dy, float *dx, long rows, long n);
+
 #endif

@@ -255,3 +255,19 @@ func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqr
 	C.tacc_adamw((*C.float)(&p[0]), (*C.float)(&g[0]), (*C.float)(&m[0]), (*C.float)(&v[0]), C.long(len(p)),
 		C.float(gscale), C.float(decay), C.float(b1), C.float(b2), C.float(ob1), C.float(ob2), C.float(step), C.float(bc2Sqrt), C.float(eps))
 }
+
+func siluMulFwd32(x, y []float32, rows, n int) {
+	if rows == 0 || n == 0 {
+		return
+	}
+	_, _ = x[2*rows*n-1], y[rows*n-1]
+	C.tacc_silu_mul_fwd((*C.float)(&x[0]), (*C.float)(&y[0]), C.long(rows), C.long(n))
+}
+
+func siluMulBwd32(x, dy, dx []float32, rows, n int) {
+	if rows == 0 || n == 0 {
+		return
+	}
+	_, _, _ = x[2*rows*n-1], dy[rows*n-1], dx[2*rows*n-1]
+	C.tacc_silu_mul_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(rows), C.long(n))
+}

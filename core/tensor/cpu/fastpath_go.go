@@ -61,3 +61,6 @@ func attnDelta32(d AttnDims, dout, out, delta []float32, lo, hi int) {
 func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps float32) {
 	adamWGo(p, g, m, v, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqrt, eps)
 }
+
+func siluMulFwd32(x, y []float32, rows, n int)      { siluMulFwd32Go(x, y, rows, n) }
+func siluMulBwd32(x, dy, dx []float32, rows, n int) { siluMulBwd32Go(x, dy, dx, rows, n) }
