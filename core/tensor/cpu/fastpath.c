@@ -599,3 +599,55 @@ CLONES void tacc_silu_mul_bwd(const float *restrict x, const float *restrict dy,
 		}
 	}
 }
+
+// tacc_rmsnorm_fwd matches rmsNormFwd32Go in rmsnorm.go.
+CLONES void tacc_rmsnorm_fwd(const float *restrict x, const float *restrict w, float *restrict y, float *restrict rstd,
+			     long rows, long cols, float eps) {
+	long full = cols - cols % SUM_LANES;
+	for (long r = 0; r < rows; r++) {
+		const float *xr = x + r * cols;
+		float *yr = y + r * cols;
+		float acc[SUM_LANES] = {0};
+		for (long i = 0; i < full; i += SUM_LANES) {
+			for (int j = 0; j < SUM_LANES; j++) {
+				float v = xr[i + j];
+				acc[j] += v * v;
+			}
+		}
+		for (long i = full; i < cols; i++) {
+			float v = xr[i];
+			acc[i - full] += v * v;
+		}
+		float rs = (float)(1.0 / sqrt((double)(reduce_lanes(acc) / (float)cols + eps)));
+		for (long i = 0; i < cols; i++) {
+			yr[i] = xr[i] * rs * w[i];
+		}
+		rstd[r] = rs;
+	}
+}
+
+// tacc_rmsnorm_bwd matches rmsNormBwd32Go in rmsnorm.go.
+CLONES void tacc_rmsnorm_bwd(const float *restrict dy, const float *restrict x, const float *restrict w,
+			     const float *restrict rstd, float *restrict dx, float *restrict pw, long rows, long cols) {
+	long full = cols - cols % SUM_LANES;
+	for (long r = 0; r < rows; r++) {
+		const float *dys = dy + r * cols, *xs = x + r * cols;
+		float *dxs = dx + r * cols;
+		float s = rstd[r];
+		float acc[SUM_LANES] = {0};
+		for (long i = 0; i < full; i += SUM_LANES) {
+			for (int j = 0; j < SUM_LANES; j++) {
+				acc[j] += dys[i + j] * w[i + j] * (xs[i + j] * s);
+			}
+		}
+		for (long i = full; i < cols; i++) {
+			acc[i - full] += dys[i] * w[i] * (xs[i] * s);
+		}
+		float m = reduce_lanes(acc) / (float)cols;
+		for (long c = 0; c < cols; c++) {
+			float xh = xs[c] * s;
+			dxs[c] += s * (dys[c] * w[c] - xh * m);
+			pw[c] += dys[c] * xh;
+		}
+	}
+}

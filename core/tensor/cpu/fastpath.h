@@ -43,4 +43,8 @@ void tacc_bf16_from_f32_stream(const uint32_t *src, uint16_t *dst, long n);
 void tacc_silu_mul_fwd(const float *x, float *y, long rows, long n);
 void tacc_silu_mul_bwd(const float *x, const float *dy, float *dx, long rows, long n);
 
+void tacc_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, long rows, long cols, float eps);
+void tacc_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *pw, long rows,
+		      long cols);
+
 #endif

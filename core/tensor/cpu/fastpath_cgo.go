@@ -271,3 +271,22 @@ func siluMulBwd32(x, dy, dx []float32, rows, n int) {
 	_, _, _ = x[2*rows*n-1], dy[rows*n-1], dx[2*rows*n-1]
 	C.tacc_silu_mul_bwd((*C.float)(&x[0]), (*C.float)(&dy[0]), (*C.float)(&dx[0]), C.long(rows), C.long(n))
 }
+
+func rmsNormFwd32(x, w, y, rstd []float32, cols int, eps float32) {
+	rows := len(rstd)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _, _ = x[rows*cols-1], y[rows*cols-1], w[cols-1]
+	C.tacc_rmsnorm_fwd((*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&y[0]), (*C.float)(&rstd[0]), C.long(rows), C.long(cols), C.float(eps))
+}
+
+func rmsNormBwd32(dy, x, w, rstd, dx, pw []float32, cols int) {
+	rows := len(rstd)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _, _, _, _ = dy[rows*cols-1], x[rows*cols-1], dx[rows*cols-1], w[cols-1], pw[cols-1]
+	C.tacc_rmsnorm_bwd((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&rstd[0]),
+		(*C.float)(&dx[0]), (*C.float)(&pw[0]), C.long(rows), C.long(cols))
+}

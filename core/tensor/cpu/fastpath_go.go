@@ -64,3 +64,9 @@ func adamW32(p, g, m, v []float32, gscale, decay, b1, b2, ob1, ob2, step, bc2Sqr
 
 func siluMulFwd32(x, y []float32, rows, n int)      { siluMulFwd32Go(x, y, rows, n) }
 func siluMulBwd32(x, dy, dx []float32, rows, n int) { siluMulBwd32Go(x, dy, dx, rows, n) }
+func rmsNormFwd32(x, w, y, rstd []float32, cols int, eps float32) {
+	rmsNormFwd32Go(x, w, y, rstd, cols, eps)
+}
+func rmsNormBwd32(dy, x, w, rstd, dx, pw []float32, cols int) {
+	rmsNormBwd32Go(dy, x, w, rstd, dx, pw, cols)
+}

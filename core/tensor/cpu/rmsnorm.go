@@ -7,13 +7,20 @@ import "math"
 //	rstd = 1 / sqrt(mean(x²) + eps),  y = x * rstd * w
 //
 // (Llama's RMSNorm: no mean subtracted, no bias) and writes rstd (length
-// rows) for RMSNormBackward. The sum of squares runs in float64.
+// rows) for RMSNormBackward. In float64 the sum of squares runs in one
+// chain; in float32 in sumLanes partial sums combined in a fixed order,
+// as LayerNorm's, in C in the cgo build (the Go loops of rmsNormFwd32Go
+// operation for operation).
 func RMSNormForward[T Float](x, w, y, rstd []T, rows, cols int, eps float64) {
 	checkRows("RMSNormForward", rows, cols, []int{len(x), len(y)}, []int{len(rstd)}, []int{len(w)})
 	if rows == 0 || cols == 0 {
 		return
 	}
 	ParallelFor(rows, max(1, elemGrain/(2*cols)), func(lo, hi int) {
+		if isF32[T]() {
+			rmsNormFwd32(as32(x[lo*cols:hi*cols]), as32(w), as32(y[lo*cols:hi*cols]), as32(rstd[lo:hi]), cols, float32(eps))
+			return
+		}
 		for r := lo; r < hi; r++ {
 			xs, ys := x[r*cols:(r+1)*cols], y[r*cols:(r+1)*cols]
 			var ss float64
@@ -37,6 +44,8 @@ func RMSNormForward[T Float](x, w, y, rstd []T, rows, cols int, eps float64) {
 //
 // Rows run in parallel; dw's column sums go through fixed blocks of rows
 // combined in order, so it is bitwise the same for every thread count.
+// float32 runs in float32, mean(g * xhat) in sumLanes partial sums
+// (rmsNormBwd32Go, in C in the cgo build); float64 in float64.
 func RMSNormBackward[T Float](dy, x, w, rstd, dx, dw []T, rows, cols int) {
 	checkRows("RMSNormBackward", rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(rstd)}, []int{len(w), len(dw)})
 	if rows == 0 || cols == 0 {
@@ -49,6 +58,12 @@ func RMSNormBackward[T Float](dy, x, w, rstd, dx, dw []T, rows, cols int) {
 		for blk := lo; blk < hi; blk++ {
 			pw := (*part)[blk*cols : (blk+1)*cols]
 			clear(pw)
+			if isF32[T]() {
+				r0, r1 := blk*rowBlock, min(rows, (blk+1)*rowBlock)
+				rmsNormBwd32(as32(dy[r0*cols:r1*cols]), as32(x[r0*cols:r1*cols]), as32(w), as32(rstd[r0:r1]),
+					as32(dx[r0*cols:r1*cols]), as32(pw), cols)
+				continue
+			}
 			for r := blk * rowBlock; r < min(rows, (blk+1)*rowBlock); r++ {
 				dys, xs, dxs := dy[r*cols:(r+1)*cols], x[r*cols:(r+1)*cols], dx[r*cols:(r+1)*cols]
 				s := float64(rstd[r])
@@ -66,4 +81,57 @@ func RMSNormBackward[T Float](dy, x, w, rstd, dx, dw []T, rows, cols int) {
 		}
 	})
 	sumBlocks(*part, nblk, cols, dw)
+}
+
+// rmsNormFwd32Go is RMSNormForward on the len(rstd) rows of x in float32:
+// the sum of squares in sumLanes partial sums combined by reduceLanes,
+// the reciprocal square root in float64.
+func rmsNormFwd32Go(x, w, y, rstd []float32, cols int, eps float32) {
+	w = w[:cols]
+	full := cols - cols%sumLanes
+	for r := range rstd {
+		xr, yr := x[r*cols:(r+1)*cols], y[r*cols:(r+1)*cols]
+		var acc [sumLanes]float32
+		for i := 0; i < full; i += sumLanes {
+			for j := range acc {
+				v := xr[i+j]
+				acc[j] += v * v
+			}
+		}
+		for i := full; i < cols; i++ {
+			v := xr[i]
+			acc[i-full] += v * v
+		}
+		rs := float32(1 / math.Sqrt(float64(reduceLanes(&acc)/float32(cols)+eps)))
+		for i, v := range xr {
+			yr[i] = v * rs * w[i]
+		}
+		rstd[r] = rs
+	}
+}
+
+// rmsNormBwd32Go adds the len(rstd) rows' gradients to dx and their
+// contributions to dw into pw, in float32.
+func rmsNormBwd32Go(dy, x, w, rstd, dx, pw []float32, cols int) {
+	w, pw = w[:cols], pw[:cols]
+	full := cols - cols%sumLanes
+	for r := range rstd {
+		dys, xs, dxs := dy[r*cols:(r+1)*cols], x[r*cols:(r+1)*cols], dx[r*cols:(r+1)*cols]
+		s := rstd[r]
+		var acc [sumLanes]float32
+		for i := 0; i < full; i += sumLanes {
+			for j := range acc {
+				acc[j] += dys[i+j] * w[i+j] * (xs[i+j] * s)
+			}
+		}
+		for i := full; i < cols; i++ {
+			acc[i-full] += dys[i] * w[i] * (xs[i] * s)
+		}
+		m := reduceLanes(&acc) / float32(cols)
+		for c, v := range xs {
+			xh := v * s
+			dxs[c] += s * (dys[c]*w[c] - xh*m)
+			pw[c] += dys[c] * xh
+		}
+	}
 }
