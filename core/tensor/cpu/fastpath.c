@@ -651,3 +651,20 @@ CLONES void tacc_rmsnorm_bwd(const float *restrict dy, const float *restrict x, 
 		}
 	}
 }
+
+// tacc_rope_rotate matches ropeRotate32Go in rope.go: rows [lo, hi).
+CLONES void tacc_rope_rotate(const float *restrict x, float *restrict y, long lo, long hi, long T, long ld, long col, long n,
+			     long h, const double *restrict cs, const double *restrict sn, double sign) {
+	for (long r = lo; r < hi; r++) {
+		const double *c = cs + (r % T) * h, *s = sn + (r % T) * h;
+		for (long o = col; o < col + n; o += 2 * h) {
+			const float *xa = x + r * ld + o, *xb = xa + h;
+			float *ya = y + r * ld + o, *yb = ya + h;
+			for (long d = 0; d < h; d++) {
+				double a = xa[d], b = xb[d], t = sign * s[d];
+				ya[d] = (float)(a * c[d] - b * t);
+				yb[d] = (float)(b * c[d] + a * t);
+			}
+		}
+	}
+}

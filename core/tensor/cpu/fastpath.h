@@ -47,4 +47,7 @@ void tacc_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, lon
 void tacc_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *pw, long rows,
 		      long cols);
 
+void tacc_rope_rotate(const float *x, float *y, long lo, long hi, long T, long ld, long col, long n, long h, const double *cs,
+		      const double *sn, double sign);
+
 #endif

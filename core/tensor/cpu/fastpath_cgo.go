@@ -290,3 +290,13 @@ func rmsNormBwd32(dy, x, w, rstd, dx, pw []float32, cols int) {
 	C.tacc_rmsnorm_bwd((*C.float)(&dy[0]), (*C.float)(&x[0]), (*C.float)(&w[0]), (*C.float)(&rstd[0]),
 		(*C.float)(&dx[0]), (*C.float)(&pw[0]), C.long(rows), C.long(cols))
 }
+
+func ropeRotate32(x, y []float32, lo, hi, T, ld, col, n, h int, cos, sin []float64, sign float64) {
+	if hi <= lo || n == 0 {
+		return
+	}
+	_, _ = x[(hi-1)*ld+col+n-1], y[(hi-1)*ld+col+n-1]
+	_, _ = cos[T*h-1], sin[T*h-1]
+	C.tacc_rope_rotate((*C.float)(&x[0]), (*C.float)(&y[0]), C.long(lo), C.long(hi), C.long(T), C.long(ld), C.long(col),
+		C.long(n), C.long(h), (*C.double)(&cos[0]), (*C.double)(&sin[0]), C.double(sign))
+}
