@@ -209,9 +209,13 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 	O, rows := offs[len(ws)], x.Numel()/in
 	y := like(x, append(clone(x.shape[:len(x.shape)-1]), O)...)
 	d := computeOf(x) // precision.go
+	var xo cpu.HalfOperand
+	if x.dtype == Float32 {
+		xo = halfInput(d, x) // read by every weight's product, narrowed at most once
+	}
 	for i, w := range ws {
 		if x.dtype == Float32 {
-			gemmD(d, false, true, rows, w.shape[0], in, f32Operand(x.f32), in, operandOf(d, w), in, 0, y.f32[offs[i]:], O)
+			gemmD(d, false, true, rows, w.shape[0], in, xo, in, operandOf(d, w), in, 0, y.f32[offs[i]:], O)
 		} else {
 			cpu.Gemm(false, true, rows, w.shape[0], in, 1, x.f64, in, w.f64, in, 0, y.f64[offs[i]:], O)
 		}
@@ -242,7 +246,7 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 			weightGrad := func() *Tensor {
 				gw, beta, ret := gradBuffer(bp, w) // in place into w's gradient
 				if x.dtype == Float32 {
-					gemmD(d, true, false, w.shape[0], in, rows, gop.Strip(offs[i]), O, f32Operand(x.f32), in, float32(beta), gw.f32, in)
+					gemmD(d, true, false, w.shape[0], in, rows, gop.Strip(offs[i]), O, operandOf(d, x), in, float32(beta), gw.f32, in)
 				} else {
 					cpu.Gemm(true, false, w.shape[0], in, rows, 1, g.f64[offs[i]:], O, x.f64, in, beta, gw.f64, in)
 				}
@@ -257,5 +261,6 @@ func LinearT(x *Tensor, ws ...*Tensor) *Tensor {
 		return grads
 	}, inputs...)
 	outUnread(y)
+	halfReads(y) // the weights' gradients read x's 2-byte copy as stored
 	return y
 }
