@@ -118,8 +118,14 @@ func AttentionBackward[F Float](dout, qkv, att, dqkv []F, B, T, C, NH int) {
 }
 
 // softmaxBackward turns dp (the gradient w.r.t. the probabilities p of one
-// row) into the gradient w.r.t. the scores: p * (dp - sum(p*dp)).
+// row) into the gradient w.r.t. the scores: p * (dp - sum(p*dp)). float64
+// sums in one chain; float32 (softmaxBackward32Go) in sumLanes partial
+// sums combined in a fixed order.
 func softmaxBackward[T Float](p, dp []T) {
+	if isF32[T]() {
+		softmaxBackward32Go(as32(p), as32(dp))
+		return
+	}
 	dp = dp[:len(p)]
 	var dot T
 	for i, v := range p {
@@ -127,5 +133,44 @@ func softmaxBackward[T Float](p, dp []T) {
 	}
 	for i, v := range p {
 		dp[i] = v * (dp[i] - dot)
+	}
+}
+
+// softmaxBackward32Go is softmaxBackward in float32, which fastpath.c
+// repeats (tacc_softmax_backward_rows).
+func softmaxBackward32Go(p, dp []float32) {
+	dp = dp[:len(p)]
+	var acc [sumLanes]float32
+	full := len(p) - len(p)%sumLanes
+	for i := 0; i < full; i += sumLanes {
+		for j := range acc {
+			acc[j] += p[i+j] * dp[i+j]
+		}
+	}
+	for i := full; i < len(p); i++ {
+		acc[i-full] += p[i] * dp[i]
+	}
+	dot := reduceLanes(&acc)
+	for i, v := range p {
+		dp[i] = v * (dp[i] - dot)
+	}
+}
+
+// softmaxBackwardRows applies softmaxBackward to the first lens[r] entries
+// of each row r of p and dp (stride ld) and zeroes dp's entries from there
+// up to ends[r]: one call for a row block, in C for float32.
+func softmaxBackwardRows[F Float](p, dp []F, ld int, lens, ends []int64) {
+	if isF32[F]() {
+		softmaxBackwardRows32(as32(p), as32(dp), ld, lens, ends)
+		return
+	}
+	softmaxBackwardRowsGo(p, dp, ld, lens, ends)
+}
+
+// softmaxBackwardRowsGo is softmaxBackwardRows's loop.
+func softmaxBackwardRowsGo[F Float](p, dp []F, ld int, lens, ends []int64) {
+	for r, n := range lens {
+		softmaxBackward(p[r*ld:r*ld+int(n)], dp[r*ld:r*ld+int(n)])
+		clear(dp[r*ld+int(n) : r*ld+int(ends[r])])
 	}
 }

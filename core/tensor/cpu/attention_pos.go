@@ -500,11 +500,8 @@ func attentionBackward[F Float](d AttnDims, vis []int64, dout, q, k, v, att, del
 				}
 				dP(i1-i0, nk, 1, hd.o[i0*d.LdO:], d.LdO, ds[i0*Tk:], Tk)
 				if att != nil {
-					for i := i0; i < i1; i++ {
-						n := int(vis[i])
-						softmaxBackward(p[i*Tk:i*Tk+n], ds[i*Tk:i*Tk+n])
-						clear(ds[i*Tk+n : i*Tk+int(ends[i-i0])]) // invisible scores get no gradient
-					}
+					// invisible scores get no gradient
+					softmaxBackwardRows(p[i0*Tk:], ds[i0*Tk:], Tk, lens[:i1-i0], ends[:i1-i0])
 				} else {
 					lseBackwardRows(p[i0*Tk:], ds[i0*Tk:], Tk, lens[:i1-i0], ends[:i1-i0], dl[i0:i1])
 				}
