@@ -34,7 +34,11 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 		gx, gw := zerosLike(x, x.shape...), zerosLike(w, w.shape...)
 		if x.dtype == Float32 {
 			wv, done := ReadParam(w)
-			cpu.RMSNormBackward(g.f32, x.f32, wv.f32, rstd.f32, gx.f32, gw.f32, rows, C)
+			if h := storedHalf(x); h != nil { // widened a block at a time (node.readsHalf)
+				cpu.RMSNormBackwardHalf(h.dtype == Float16, g.f32, h.u16, wv.f32, rstd.f32, gx.f32, gw.f32, rows, C)
+			} else {
+				cpu.RMSNormBackward(g.f32, x.f32, wv.f32, rstd.f32, gx.f32, gw.f32, rows, C)
+			}
 			done()
 		} else {
 			cpu.RMSNormBackward(g.f64, x.f64, w.f64, rstd.f64, gx.f64, gw.f64, rows, C)
@@ -46,6 +50,7 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 	} else {
 		rstd.Release()
 	}
+	halfReads(out)
 	setRefill(out, func(out *Tensor) {
 		// The same kernel on the same input: bitwise the dropped output
 		// (the statistics, equal to the kept ones, are left alone).
@@ -173,7 +178,9 @@ func SiluMul(gu *Tensor) *Tensor {
 	}
 	record(out, "silu_mul", func(_ *Backprop, g *Tensor) []*Tensor {
 		gx := like(gu, gu.shape...)
-		if gu.dtype == Float32 {
+		if h := storedHalf(gu); h != nil && gu.dtype == Float32 { // widened a chunk at a time (node.readsHalf)
+			cpu.SiluMulBackwardHalf(h.dtype == Float16, h.u16, g.f32, gx.f32, rows, I)
+		} else if gu.dtype == Float32 {
 			cpu.SiluMulBackward(gu.f32, g.f32, gx.f32, rows, I)
 		} else {
 			cpu.SiluMulBackward(gu.f64, g.f64, gx.f64, rows, I)
@@ -188,6 +195,7 @@ func SiluMul(gu *Tensor) *Tensor {
 		}
 	})
 	outUnread(out)
+	halfReads(out)
 	return out
 }
 

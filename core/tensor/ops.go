@@ -436,8 +436,9 @@ func outUnread(out *Tensor) {
 
 // halfReads records that out's backward reads its inputs kept in 2 bytes
 // as stored (node.readsHalf): as operands of matrix products that round
-// them to the compute dtype anyway (Linear, MatMulT), or widened a piece
-// at a time into cache as a kernel reads them (GELU, LayerNorm).
+// them to the compute dtype anyway (Linear, LinearT, MatMulT), or widened
+// a piece at a time into cache as a kernel reads them (GELU, LayerNorm,
+// RMSNorm, SwiGLU's gate).
 func halfReads(out *Tensor) {
 	if out.node != nil {
 		out.node.readsHalf = true

@@ -283,9 +283,10 @@ func roundOnce(d DType, g []float32, rows, cols int, both bool) (cpu.HalfOperand
 // recomputation forms its dropped outputs again) and gives it back after
 // its producer's backward, its last reader. The ops whose backwards read
 // their inputs as stored (node.readsHalf) leave them so: the matrix
-// products of Linear's and MatMulT's backwards read the 2-byte copy as it
-// is (storedHalf), and GELU's and LayerNorm's kernels widen theirs a piece
-// at a time into cache as they read them, so one that only these read (the
+// products of Linear's, LinearT's and MatMulT's backwards read the 2-byte
+// copy as it is (storedHalf), and GELU's, LayerNorm's, RMSNorm's and
+// SwiGLU's kernels widen theirs a piece at a time into cache as they read
+// them, so one that only these read (the
 // norms' outputs, the MLP's hidden layer and activation, the block's
 // input and middle residual) is never widened into float32 storage of
 // its own. What is not a tensor of the graph stays float32: the norms'

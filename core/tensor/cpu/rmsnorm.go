@@ -51,17 +51,51 @@ func RMSNormBackward[T Float](dy, x, w, rstd, dx, dw []T, rows, cols int) {
 	if rows == 0 || cols == 0 {
 		return
 	}
+	rmsNormBackward(dy, x, halfRows{}, w, rstd, dx, dw, rows, cols)
+}
+
+// RMSNormBackwardHalf is RMSNormBackward on x held as 2-byte bits, fp16
+// when f16 and bfloat16 otherwise (an activation stored in 2 bytes for
+// the backward): each block of rows is widened exactly into a scratch
+// buffer, in cache, just before the kernel reads it, so the result is
+// bitwise that on the widened x without a float32 copy of all of it.
+func RMSNormBackwardHalf(f16 bool, dy []float32, x []uint16, w, rstd, dx, dw []float32, rows, cols int) {
+	checkRows("RMSNormBackwardHalf", rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(rstd)}, []int{len(w), len(dw)})
+	widen := BF16ToF32s
+	if f16 {
+		widen = F16ToF32s
+	}
+	rmsNormBackward(dy, nil, halfRows{x, widen}, w, rstd, dx, dw, rows, cols)
+}
+
+// rmsNormBackward is the backward on x, or on xh (float32 only) when x
+// is nil.
+func rmsNormBackward[T Float](dy, x []T, xh halfRows, w, rstd, dx, dw []T, rows, cols int) {
+	if rows == 0 || cols == 0 {
+		return
+	}
 	nblk := (rows + rowBlock - 1) / rowBlock
 	part := getBuf[T](nblk * cols)
 	defer putBuf(part)
 	ParallelFor(nblk, 1, func(lo, hi int) {
+		var wide *[]float32 // this chunk's widened rows of xh
+		if x == nil {
+			wide = getBuf[float32](rowBlock * cols)
+			defer putBuf(wide)
+		}
 		for blk := lo; blk < hi; blk++ {
 			pw := (*part)[blk*cols : (blk+1)*cols]
 			clear(pw)
 			if isF32[T]() {
 				r0, r1 := blk*rowBlock, min(rows, (blk+1)*rowBlock)
-				rmsNormBwd32(as32(dy[r0*cols:r1*cols]), as32(x[r0*cols:r1*cols]), as32(w), as32(rstd[r0:r1]),
-					as32(dx[r0*cols:r1*cols]), as32(pw), cols)
+				var xs []float32
+				if x != nil {
+					xs = as32(x[r0*cols : r1*cols])
+				} else {
+					xs = (*wide)[:(r1-r0)*cols]
+					xh.widen(xs, xh.h[r0*cols:r1*cols])
+				}
+				rmsNormBwd32(as32(dy[r0*cols:r1*cols]), xs, as32(w), as32(rstd[r0:r1]), as32(dx[r0*cols:r1*cols]), as32(pw), cols)
 				continue
 			}
 			for r := blk * rowBlock; r < min(rows, (blk+1)*rowBlock); r++ {

@@ -66,3 +66,31 @@ func TestRMSNormFloat32(t *testing.T) {
 	require.Less(t, relErr(dx, dx64), 1e-6, "dx")
 	require.Less(t, relErr(dw, dw64), 1e-6, "dw")
 }
+
+// TestRMSNormBackwardHalf: the backward on x stored in 2 bytes (bf16 and
+// fp16) is bitwise the backward on x widened, over more rows than one
+// block of dw's sums.
+func TestRMSNormBackwardHalf(t *testing.T) {
+	rng := newRNG(33)
+	const rows, cols = 70, 48
+	for _, f16 := range []bool{false, true} {
+		x := randSlice[float32](rng, rows*cols, 2)
+		h := make([]uint16, len(x))
+		wide := make([]float32, len(x))
+		if f16 {
+			F16FromF32s(h, x)
+			F16ToF32s(wide, h)
+		} else {
+			BF16FromF32s(h, x)
+			BF16ToF32s(wide, h)
+		}
+		w, dy, rstd := randSlice[float32](rng, cols, 1), randSlice[float32](rng, rows*cols, 1), make([]float32, rows)
+		RMSNormForward(wide, w, make([]float32, rows*cols), rstd, rows, cols, 1e-5)
+		dx1, dw1 := randSlice[float32](rng, rows*cols, 1), randSlice[float32](rng, cols, 1)
+		dx2, dw2 := append([]float32(nil), dx1...), append([]float32(nil), dw1...)
+		RMSNormBackward(dy, wide, w, rstd, dx1, dw1, rows, cols)
+		RMSNormBackwardHalf(f16, dy, h, w, rstd, dx2, dw2, rows, cols)
+		requireSameBits(t, dx1, dx2, "dx")
+		requireSameBits(t, dw1, dw2, "dw")
+	}
+}

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -69,4 +70,27 @@ func TestSiluMulFloat32(t *testing.T) {
 	}
 	require.Less(t, relErr(y, y64), 1e-6, "forward")
 	require.Less(t, relErr(dx, dx64), 1e-6, "backward")
+}
+
+// TestSiluMulBackwardHalf: the backward on gate|up stored in 2 bytes (bf16
+// and fp16) is bitwise the backward on them widened, over more rows than
+// one chunk of the widening.
+func TestSiluMulBackwardHalf(t *testing.T) {
+	for _, f16 := range []bool{false, true} {
+		const rows, I = 150, 96
+		x := siluInputs(rows, I)
+		h, wide := make([]uint16, len(x)), make([]float32, len(x))
+		if f16 {
+			F16FromF32s(h, x)
+			F16ToF32s(wide, h)
+		} else {
+			BF16FromF32s(h, x)
+			BF16ToF32s(wide, h)
+		}
+		dy := randSlice[float32](newRNG(24), rows*I, 1)
+		d1, d2 := make([]float32, 2*rows*I), make([]float32, 2*rows*I)
+		SiluMulBackward(wide, dy, d1, rows, I)
+		SiluMulBackwardHalf(f16, h, dy, d2, rows, I)
+		requireSameBits(t, d1, d2, fmt.Sprintf("f16 %v", f16))
+	}
 }
