@@ -13,7 +13,7 @@ import "math"
 // with expCore (the softmax's exponential, within 1.2e-7 relative of e^x) on
 // -g clamped to [geluExpMin, geluExpMax], as GELU's sigmoid form does:
 // past the clamp s is 1 to float32's precision (g > 87.3) or below 2e-35
-// (g < -80), so silu(g) differs from the exact one by less than 2e-33.
+// (g < -80), where silu(g) is then off by less than |g|·2e-35.
 // The C loops of the cgo build (fastpath.c) are the Go loops below,
 // operation for operation, so every build gives the same bits.
 
