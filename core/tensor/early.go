@@ -6,9 +6,10 @@ import "github.com/tinyacc/tinyacc/core/tensor/cpu"
 // precision StoreHalf rounds what the backward keeps into 2 bytes once a
 // block's forward is done: a pass over each such activation. The ops
 // whose kernels read or write an activation the backward keeps (GELU its
-// input and output, LayerNorm its input and output, RoundHalf q|k|v)
-// write its 2-byte copy as well, while each piece is in cache
-// (cpu.GeluForwardHalf, cpu.LayerNormForwardHalf, cpu.RoundHalfInto),
+// input and output, LayerNorm and RMSNorm their input and output,
+// RoundHalf q|k|v) write its 2-byte copy as well, while each piece is in
+// cache (cpu.GeluForwardHalf, cpu.LayerNormForwardHalf,
+// cpu.RMSNormForwardHalf, cpu.RoundHalfInto),
 // and storeHalf takes that copy instead of rounding the tensor again:
 // the same bits, rounded from the same float32 values. The copy (early)
 // is only good while the float32 values stay as they were, so whatever

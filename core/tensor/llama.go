@@ -23,9 +23,15 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 	rows := x.Numel() / C
 	out := like(x, x.shape...)
 	rstd := like(x, rows)
+	var hx, hy *Tensor // the copies StoreHalf takes (early.go)
 	if x.dtype == Float32 {
 		wv, done := ReadParam(w) // the weight's copy (precision.go)
-		cpu.RMSNormForward(x.f32, wv.f32, out.f32, rstd.f32, rows, C, eps)
+		hx, hy = earlyHalf(x, false), earlyHalf(out, x.requiresGrad || w.requiresGrad)
+		if hx == nil && hy == nil {
+			cpu.RMSNormForward(x.f32, wv.f32, out.f32, rstd.f32, rows, C, eps)
+		} else {
+			cpu.RMSNormForwardHalf(isF16(hx) || isF16(hy), x.f32, wv.f32, out.f32, rstd.f32, rows, C, eps, halfBits(hx), halfBits(hy))
+		}
 		done()
 	} else {
 		cpu.RMSNormForward(x.f64, w.f64, out.f64, rstd.f64, rows, C, eps)
@@ -65,6 +71,8 @@ func RMSNorm(x, w *Tensor, eps float64) *Tensor {
 		r.Release()
 	})
 	outUnread(out)
+	keepEarly(x, hx)
+	keepEarly(out, hy)
 	return out
 }
 

@@ -87,6 +87,39 @@ func layerNormForwardHalfNaive(f16 bool, x, w, b, y, mean, rstd []float32, rows,
 	narrowHalf(f16, hy, y[:rows*cols])
 }
 
+// RMSNormForwardHalf is RMSNormForward on float32 that also rounds x into
+// hx and y into hy (each nil or rows*cols long), fp16 when f16 and
+// bfloat16 otherwise, a piece of rows at a time while it is in cache:
+// bitwise rmsNormForwardHalfNaive.
+func RMSNormForwardHalf(f16 bool, x, w, y, rstd []float32, rows, cols int, eps float64, hx, hy []uint16) {
+	checkRows("RMSNormForwardHalf", rows, cols, []int{len(x), len(y)}, []int{len(rstd)}, []int{len(w)})
+	for _, h := range [][]uint16{hx, hy} {
+		if h != nil {
+			checkRows("RMSNormForwardHalf", rows, cols, []int{len(h)}, nil, nil)
+		}
+	}
+	if rows == 0 || cols == 0 {
+		return
+	}
+	step := max(1, halfPiece/cols) // rows a piece
+	ParallelFor(rows, max(1, elemGrain/(2*cols)), func(lo, hi int) {
+		for r := lo; r < hi; r += step {
+			s := min(hi, r+step)
+			p, q := r*cols, s*cols
+			rmsNormFwd32(x[p:q], w, y[p:q], rstd[r:s], cols, float32(eps))
+			narrowHalf(f16, sub(hx, p, q), x[p:q])
+			narrowHalf(f16, sub(hy, p, q), y[p:q])
+		}
+	})
+}
+
+// rmsNormForwardHalfNaive is RMSNormForwardHalf as three passes.
+func rmsNormForwardHalfNaive(f16 bool, x, w, y, rstd []float32, rows, cols int, eps float64, hx, hy []uint16) {
+	narrowHalf(f16, hx, x[:rows*cols])
+	RMSNormForward(x, w, y, rstd, rows, cols, eps)
+	narrowHalf(f16, hy, y[:rows*cols])
+}
+
 // RoundHalfInto rounds x in place to fp16 when f16 and bfloat16
 // otherwise (RoundF16, RoundBF16) and writes the rounded values' 2-byte
 // bits into h (as long as x), a piece at a time: bitwise the rounding

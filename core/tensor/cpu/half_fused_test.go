@@ -106,6 +106,39 @@ func TestLayerNormForwardHalf(t *testing.T) {
 	}
 }
 
+// RMSNormForwardHalf is bitwise the forward followed by the narrowing of
+// its input and output, whatever the thread count, at widths below,
+// at and past a piece of rows.
+func TestRMSNormForwardHalf(t *testing.T) {
+	for _, cols := range []int{7, 256, 301, 5000} {
+		rows := 67
+		x := halfInputs(rows * cols)
+		for i := range x { // rows of finite values: the statistics stay numbers
+			if math.IsInf(float64(x[i]), 0) || math.IsNaN(float64(x[i])) {
+				x[i] = 3
+			}
+		}
+		w := randSlice[float32](newRNG(74), cols, 1)
+		for _, f16 := range []bool{false, true} {
+			wy, wr := garbage[float32](rows*cols), garbage[float32](rows)
+			wx, wh := garbage16(rows*cols), garbage16(rows*cols)
+			rmsNormForwardHalfNaive(f16, x, w, wy, wr, rows, cols, 1e-5, wx, wh)
+			for _, th := range []int{1, 2, 3} {
+				withThreads(th, func() {
+					what := fmt.Sprintf("cols=%d f16=%v threads=%d", cols, f16, th)
+					y, r := garbage[float32](rows*cols), garbage[float32](rows)
+					hx, hy := garbage16(rows*cols), garbage16(rows*cols)
+					RMSNormForwardHalf(f16, x, w, y, r, rows, cols, 1e-5, hx, hy)
+					requireSameBits(t, y, wy, what+" y")
+					requireSameBits(t, r, wr, what+" rstd")
+					requireSameU16(t, hx, wx, what+" x's copy")
+					requireSameU16(t, hy, wh, what+" y's copy")
+				})
+			}
+		}
+	}
+}
+
 // RoundHalfInto is bitwise rounding in place followed by the narrowing
 // of the rounded values.
 func TestRoundHalfInto(t *testing.T) {
