@@ -113,24 +113,7 @@ func newRopeTable(pos []int, T, hs int, theta float64) ropeTable {
 // rotate turns the heads of n columns starting at col of every row of x
 // into y (sign -1: the inverse turn, the backward). Rows are [B·T, ld].
 func rotate[F cpu.Float](tb ropeTable, x, y []F, rows, T, ld, col, n int, sign float64) {
-	h := tb.half
-	if x32, ok := any(x).([]float32); ok { // the same loop, vectorised in C in the cgo build
-		cpu.RopeRotate32(x32, any(y).([]float32), rows, T, ld, col, n, h, tb.cos, tb.sin, sign)
-		return
-	}
-	cpu.ParallelFor(rows, 16, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			c, s := tb.cos[(r%T)*h:(r%T+1)*h], tb.sin[(r%T)*h:(r%T+1)*h]
-			for o := col; o < col+n; o += 2 * h {
-				xa, xb := x[r*ld+o:r*ld+o+h], x[r*ld+o+h:r*ld+o+2*h]
-				ya, yb := y[r*ld+o:r*ld+o+h], y[r*ld+o+h:r*ld+o+2*h]
-				for d := range h {
-					a, b, sn := float64(xa[d]), float64(xb[d]), sign*s[d]
-					ya[d], yb[d] = F(a*c[d]-b*sn), F(b*c[d]+a*sn)
-				}
-			}
-		}
-	})
+	cpu.RopeRotate(x, y, rows, T, ld, col, n, tb.half, tb.cos, tb.sin, sign)
 }
 
 // RoPE rotates the q and k heads of a fused qkv [B, T, (nHead+2·nKV)·hs]

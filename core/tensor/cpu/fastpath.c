@@ -652,7 +652,7 @@ CLONES void tacc_rmsnorm_bwd(const float *restrict dy, const float *restrict x, 
 	}
 }
 
-// tacc_rope_rotate matches ropeRotate32Go in rope.go: rows [lo, hi).
+// tacc_rope_rotate matches ropeRotateGo in rope.go on float32: rows [lo, hi).
 CLONES void tacc_rope_rotate(const float *restrict x, float *restrict y, long lo, long hi, long T, long ld, long col, long n,
 			     long h, const double *restrict cs, const double *restrict sn, double sign) {
 	for (long r = lo; r < hi; r++) {

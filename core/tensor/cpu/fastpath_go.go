@@ -71,7 +71,7 @@ func rmsNormBwd32(dy, x, w, rstd, dx, pw []float32, cols int) {
 	rmsNormBwd32Go(dy, x, w, rstd, dx, pw, cols)
 }
 func ropeRotate32(x, y []float32, lo, hi, T, ld, col, n, h int, cos, sin []float64, sign float64) {
-	ropeRotate32Go(x, y, lo, hi, T, ld, col, n, h, cos, sin, sign)
+	ropeRotateGo(x, y, lo, hi, T, ld, col, n, h, cos, sin, sign)
 }
 func softmaxBackwardRows32(p, dp []float32, ld int, lens, ends []int64) {
 	softmaxBackwardRowsGo(p, dp, ld, lens, ends)

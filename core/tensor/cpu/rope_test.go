@@ -22,7 +22,7 @@ func TestRopeRotateFastPathMatchesGo(t *testing.T) {
 		y1, y2 := randSlice[float32](rng, rows*ld, 1), make([]float32, rows*ld)
 		copy(y2, y1)
 		ropeRotate32(x, y1, 0, rows, T, ld, 2*h, 2*h*(heads-1), h, cos, sin, sign)
-		ropeRotate32Go(x, y2, 0, rows, T, ld, 2*h, 2*h*(heads-1), h, cos, sin, sign)
+		ropeRotateGo(x, y2, 0, rows, T, ld, 2*h, 2*h*(heads-1), h, cos, sin, sign)
 		requireSameBits(t, y1, y2, "rotate")
 	}
 }
