@@ -85,17 +85,18 @@ func LayerNormBackwardFresh[T Float](dy, x, w, mean, rstd, dx, dw, db []T, rows,
 // the result is bitwise that on the widened x without a float32 copy of
 // all of it.
 func LayerNormBackwardFreshHalf(f16 bool, dy []float32, x []uint16, w, mean, rstd, dx, dw, db []float32, rows, cols int) {
-	widen := BF16ToF32s
-	if f16 {
-		widen = F16ToF32s
-	}
-	layerNormBackward("LayerNormBackwardFreshHalf", dy, nil, halfRows{x, widen}, w, mean, rstd, dx, dw, db, rows, cols, true)
+	layerNormBackward("LayerNormBackwardFreshHalf", dy, nil, halfRowsOf(f16, x), w, mean, rstd, dx, dw, db, rows, cols, true)
 }
 
-// halfRows is LayerNorm's input held in 2 bytes and its widening.
+// halfRows is a norm's input held in 2 bytes and its widening.
 type halfRows struct {
 	h     []uint16
 	widen func(dst []float32, src []uint16)
+}
+
+// halfRowsOf is x held as fp16 (f16) or bfloat16 bits.
+func halfRowsOf(f16 bool, x []uint16) halfRows {
+	return halfRows{x, func(dst []float32, src []uint16) { widenHalfs(f16, dst, src) }}
 }
 
 // layerNormBackward is the backward on x, or on xh when x is nil.

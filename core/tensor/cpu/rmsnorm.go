@@ -61,11 +61,7 @@ func RMSNormBackward[T Float](dy, x, w, rstd, dx, dw []T, rows, cols int) {
 // bitwise that on the widened x without a float32 copy of all of it.
 func RMSNormBackwardHalf(f16 bool, dy []float32, x []uint16, w, rstd, dx, dw []float32, rows, cols int) {
 	checkRows("RMSNormBackwardHalf", rows, cols, []int{len(dy), len(x), len(dx)}, []int{len(rstd)}, []int{len(w), len(dw)})
-	widen := BF16ToF32s
-	if f16 {
-		widen = F16ToF32s
-	}
-	rmsNormBackward(dy, nil, halfRows{x, widen}, w, rstd, dx, dw, rows, cols)
+	rmsNormBackward(dy, nil, halfRowsOf(f16, x), w, rstd, dx, dw, rows, cols)
 }
 
 // rmsNormBackward is the backward on x, or on xh (float32 only) when x

@@ -75,10 +75,6 @@ func SiluMulBackward[T Float](x, dy, dx []T, rows, I int) {
 func SiluMulBackwardHalf(f16 bool, x []uint16, dy, dx []float32, rows, I int) {
 	checkLen("SiluMulBackwardHalf", 2*rows*I, len(x), len(dx))
 	checkLen("SiluMulBackwardHalf", rows*I, len(dy))
-	widen := BF16ToF32s
-	if f16 {
-		widen = F16ToF32s
-	}
 	step := max(1, elemGrain/max(1, 2*I)) // rows widened at a time
 	ParallelFor(rows, max(1, elemGrain/max(1, I)), func(lo, hi int) {
 		wide := getBuf[float32](2 * min(step, hi-lo) * I)
@@ -86,7 +82,7 @@ func SiluMulBackwardHalf(f16 bool, x []uint16, dy, dx []float32, rows, I int) {
 		for r0 := lo; r0 < hi; r0 += step {
 			r1 := min(hi, r0+step)
 			xs := (*wide)[:2*(r1-r0)*I]
-			widen(xs, x[2*r0*I:2*r1*I])
+			widenHalfs(f16, xs, x[2*r0*I:2*r1*I])
 			siluMulBwd32(xs, dy[r0*I:r1*I], dx[2*r0*I:2*r1*I], r1-r0, I)
 		}
 	})
