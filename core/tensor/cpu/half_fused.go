@@ -60,20 +60,30 @@ func geluForwardHalfNaive(f16 bool, x, y []float32, hx, hy []uint16) {
 // and bfloat16 otherwise: bitwise layerNormForwardHalfNaive.
 func LayerNormForwardHalf(f16 bool, x, w, b, y, mean, rstd []float32, rows, cols int, eps float32, hx, hy []uint16) {
 	checkRows("LayerNormForwardHalf", rows, cols, []int{len(x), len(y)}, []int{len(mean), len(rstd)}, []int{len(w), len(b)})
+	byPieces("LayerNormForwardHalf", f16, rows, cols, max(1, elemGrain/(4*cols)), x, y, hx, hy, func(r, s int) {
+		layerNormFwd32(x[r*cols:s*cols], w, b, y[r*cols:s*cols], mean[r:s], rstd[r:s], cols, eps)
+	})
+}
+
+// byPieces runs a norm's forward (kernel, on rows [r, s)) over the threads
+// in chunks of at least grain rows, a piece of about halfPiece numbers at
+// a time, and narrows each piece's rows of x into hx and of y into hy
+// (nil: not wanted) right after, while they are in cache.
+func byPieces(op string, f16 bool, rows, cols, grain int, x, y []float32, hx, hy []uint16, kernel func(r, s int)) {
 	for _, h := range [][]uint16{hx, hy} {
 		if h != nil {
-			checkRows("LayerNormForwardHalf", rows, cols, []int{len(h)}, nil, nil)
+			checkRows(op, rows, cols, []int{len(h)}, nil, nil)
 		}
 	}
 	if rows == 0 || cols == 0 {
 		return
 	}
 	step := max(1, halfPiece/cols) // rows a piece
-	ParallelFor(rows, max(1, elemGrain/(4*cols)), func(lo, hi int) {
+	ParallelFor(rows, grain, func(lo, hi int) {
 		for r := lo; r < hi; r += step {
 			s := min(hi, r+step)
 			p, q := r*cols, s*cols
-			layerNormFwd32(x[p:q], w, b, y[p:q], mean[r:s], rstd[r:s], cols, eps)
+			kernel(r, s)
 			narrowHalf(f16, sub(hx, p, q), x[p:q])
 			narrowHalf(f16, sub(hy, p, q), y[p:q])
 		}
@@ -93,23 +103,8 @@ func layerNormForwardHalfNaive(f16 bool, x, w, b, y, mean, rstd []float32, rows,
 // bitwise rmsNormForwardHalfNaive.
 func RMSNormForwardHalf(f16 bool, x, w, y, rstd []float32, rows, cols int, eps float64, hx, hy []uint16) {
 	checkRows("RMSNormForwardHalf", rows, cols, []int{len(x), len(y)}, []int{len(rstd)}, []int{len(w)})
-	for _, h := range [][]uint16{hx, hy} {
-		if h != nil {
-			checkRows("RMSNormForwardHalf", rows, cols, []int{len(h)}, nil, nil)
-		}
-	}
-	if rows == 0 || cols == 0 {
-		return
-	}
-	step := max(1, halfPiece/cols) // rows a piece
-	ParallelFor(rows, max(1, elemGrain/(2*cols)), func(lo, hi int) {
-		for r := lo; r < hi; r += step {
-			s := min(hi, r+step)
-			p, q := r*cols, s*cols
-			rmsNormFwd32(x[p:q], w, y[p:q], rstd[r:s], cols, float32(eps))
-			narrowHalf(f16, sub(hx, p, q), x[p:q])
-			narrowHalf(f16, sub(hy, p, q), y[p:q])
-		}
+	byPieces("RMSNormForwardHalf", f16, rows, cols, max(1, elemGrain/(2*cols)), x, y, hx, hy, func(r, s int) {
+		rmsNormFwd32(x[r*cols:s*cols], w, y[r*cols:s*cols], rstd[r:s], cols, float32(eps))
 	})
 }
 

@@ -72,18 +72,25 @@ func TestGeluForwardHalf(t *testing.T) {
 	}
 }
 
+// finiteHalfInputs is halfInputs with 3 in place of the infinities and
+// NaNs: rows of finite values, whose statistics stay numbers.
+func finiteHalfInputs(n int) []float32 {
+	x := halfInputs(n)
+	for i := range x {
+		if math.IsInf(float64(x[i]), 0) || math.IsNaN(float64(x[i])) {
+			x[i] = 3
+		}
+	}
+	return x
+}
+
 // LayerNormForwardHalf is bitwise LayerNormForward followed by rounding
 // x and y, for bf16 and fp16, widths that do and do not divide a piece,
 // for every thread count.
 func TestLayerNormForwardHalf(t *testing.T) {
 	for _, cols := range []int{7, 256, 301, 5000} {
 		rows := 67
-		x := halfInputs(rows * cols)
-		for i := range x { // rows of finite values: the statistics stay numbers
-			if math.IsInf(float64(x[i]), 0) || math.IsNaN(float64(x[i])) {
-				x[i] = 3
-			}
-		}
+		x := finiteHalfInputs(rows * cols)
 		w, b := randSlice[float32](newRNG(72), cols, 1), randSlice[float32](newRNG(73), cols, 1)
 		for _, f16 := range []bool{false, true} {
 			wy, wm, wr := garbage[float32](rows*cols), garbage[float32](rows), garbage[float32](rows)
@@ -112,12 +119,7 @@ func TestLayerNormForwardHalf(t *testing.T) {
 func TestRMSNormForwardHalf(t *testing.T) {
 	for _, cols := range []int{7, 256, 301, 5000} {
 		rows := 67
-		x := halfInputs(rows * cols)
-		for i := range x { // rows of finite values: the statistics stay numbers
-			if math.IsInf(float64(x[i]), 0) || math.IsNaN(float64(x[i])) {
-				x[i] = 3
-			}
-		}
+		x := finiteHalfInputs(rows * cols)
 		w := randSlice[float32](newRNG(74), cols, 1)
 		for _, f16 := range []bool{false, true} {
 			wy, wr := garbage[float32](rows*cols), garbage[float32](rows)

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -39,28 +38,13 @@ func TestRMSNormFloat32(t *testing.T) {
 	const rows, cols = 67, 200 // more rows than one block of dw's sums
 	x, w, dy := randSlice[float32](rng, rows*cols, 3), randSlice[float32](rng, cols, 1), randSlice[float32](rng, rows*cols, 1)
 	dx, dw := randSlice[float32](rng, rows*cols, 1), randSlice[float32](rng, cols, 1)
-	wide := func(v []float32) []float64 {
-		out := make([]float64, len(v))
-		for i, f := range v {
-			out[i] = float64(f)
-		}
-		return out
-	}
-	x64, w64, dy64, dx64, dw64 := wide(x), wide(w), wide(dy), wide(dx), wide(dw)
+	x64, w64, dy64, dx64, dw64 := to64(x), to64(w), to64(dy), to64(dx), to64(dw)
 	y, r := make([]float32, rows*cols), make([]float32, rows)
 	y64, r64 := make([]float64, rows*cols), make([]float64, rows)
 	RMSNormForward(x, w, y, r, rows, cols, 1e-5)
 	RMSNormForward(x64, w64, y64, r64, rows, cols, 1e-5)
 	RMSNormBackward(dy, x, w, r, dx, dw, rows, cols)
 	RMSNormBackward(dy64, x64, w64, r64, dx64, dw64, rows, cols)
-	relErr := func(got []float32, want []float64) float64 {
-		var num, den float64
-		for i, v := range want {
-			num += (float64(got[i]) - v) * (float64(got[i]) - v)
-			den += v * v
-		}
-		return math.Sqrt(num / den)
-	}
 	require.Less(t, relErr(y, y64), 1e-6, "y")
 	require.Less(t, relErr(r, r64), 1e-6, "rstd")
 	require.Less(t, relErr(dx, dx64), 1e-6, "dx")

@@ -44,13 +44,7 @@ func TestSiluMulFloat32(t *testing.T) {
 	const rows, I = 29, 96
 	x := siluInputs(rows, I)
 	dy := randSlice[float32](newRNG(23), rows*I, 1)
-	x64, dy64 := make([]float64, len(x)), make([]float64, len(dy))
-	for i, v := range x {
-		x64[i] = float64(v)
-	}
-	for i, v := range dy {
-		dy64[i] = float64(v)
-	}
+	x64, dy64 := to64(x), to64(dy)
 	y, y64 := make([]float32, rows*I), make([]float64, rows*I)
 	SiluMulForward(x, y, rows, I)
 	SiluMulForward(x64, y64, rows, I)
@@ -60,14 +54,6 @@ func TestSiluMulFloat32(t *testing.T) {
 	}
 	SiluMulBackward(x, dy, dx, rows, I)
 	SiluMulBackward(x64, dy64, dx64, rows, I)
-	relErr := func(got []float32, want []float64) float64 {
-		var num, den float64
-		for i, w := range want {
-			num += (float64(got[i]) - w) * (float64(got[i]) - w)
-			den += w * w
-		}
-		return math.Sqrt(num / den)
-	}
 	require.Less(t, relErr(y, y64), 1e-6, "forward")
 	require.Less(t, relErr(dx, dx64), 1e-6, "backward")
 }
