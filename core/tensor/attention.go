@@ -53,7 +53,17 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 	if nHead < 1 || len(qkv.shape) != 3 || qkv.shape[2]%3 != 0 || (qkv.shape[2]/3)%nHead != 0 {
 		panic(fmt.Sprintf("tensor: attention input %v does not split into q, k, v of %d heads", qkv.shape, nHead))
 	}
-	B, T, C := qkv.shape[0], qkv.shape[1], qkv.shape[2]/3
+	return attend(op, qkv, nHead, nHead, pos, wantLSE)
+}
+
+// attend is the attention of SelfAttention and GroupedAttention: nHead
+// query heads over a fused q|k|v of nHead query then nKV key and value
+// heads (nKV = nHead: GPT-2's [q | k | v]), at positions pos (nil:
+// 0..T-1), returning the heads concatenated and, with wantLSE, the
+// log-sum-exp for the caller.
+func attend(op string, qkv *Tensor, nHead, nKV int, pos []int, wantLSE bool) (out, lse *Tensor) {
+	B, T, W := qkv.shape[0], qkv.shape[1], qkv.shape[2]
+	hs := W / (nHead + 2*nKV)
 	if pos == nil {
 		pos = make([]int, T)
 		for i := range pos {
@@ -63,12 +73,13 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 		checkPositions(op, "pos", pos, T)
 		pos = slices.Clone(pos) // the backward must see these, whatever the caller does later
 	}
-	d := cpu.AttnDims{B: B, NH: nHead, HS: C / nHead, Tq: T, Tk: T, LdQ: 3 * C, LdK: 3 * C, LdV: 3 * C, LdO: C,
+	d := cpu.AttnDims{B: B, NH: nHead, HS: hs, Tq: T, Tk: T, LdQ: W, LdK: W, LdV: W, LdO: nHead * hs, KVH: nKV,
 		HalfProducts: HalfProducts(qkv)}
-	out = like(qkv, B, T, C)
+	out = like(qkv, B, T, nHead*hs)
 	// The backward needs only out and the log-sum-exp: it recomputes the
 	// probabilities from q, k and lse (the arithmetic of the context
-	// parallel path), so no [T, T] buffer outlives the forward.
+	// parallel path), so no [T, T] buffer outlives the forward: what a
+	// layer keeps grows with T, not T².
 	var keep *Tensor // the log-sum-exp kept for the backward
 	if wantLSE || qkv.requiresGrad {
 		keep = like(qkv, B, nHead, T)
@@ -115,19 +126,19 @@ func selfAttention(op string, qkv *Tensor, nHead int, pos []int, wantLSE bool) (
 }
 
 func selfAttentionForward[F cpu.Float](d cpu.AttnDims, qkv *Tensor, pos []int, out, lse *Tensor) {
-	x, C := data[F](qkv), d.NH*d.HS
-	cpu.AttentionPosForward(d, x, x[C:], x[2*C:], pos, pos, data[F](out), nil, dataOrNil[F](lse))
+	x, kc, vc := data[F](qkv), d.NH*d.HS, (d.NH+d.KVH)*d.HS
+	cpu.AttentionPosForward(d, x, x[kc:], x[vc:], pos, pos, data[F](out), nil, dataOrNil[F](lse))
 }
 
 // selfAttentionBackward recomputes the probabilities of each row block from
 // q, k and lse and writes the gradient into gq (dq | dk | dv, which cover
 // all its columns), whose contents it never reads.
 func selfAttentionBackward[F cpu.Float](d cpu.AttnDims, g, qkv, out, lse *Tensor, pos []int, gq *Tensor) {
-	x, dx, C := data[F](qkv), data[F](gq), d.NH*d.HS
+	x, dx, kc, vc := data[F](qkv), data[F](gq), d.NH*d.HS, (d.NH+d.KVH)*d.HS
 	delta := like(qkv, lse.shape...)
 	defer delta.Release()
 	cpu.AttentionDelta(d, data[F](g), data[F](out), data[F](delta))
-	cpu.AttentionLSEGrad(d, data[F](g), x, x[C:], x[2*C:], data[F](delta), data[F](lse), pos, pos, dx, dx[C:], dx[2*C:])
+	cpu.AttentionLSEGrad(d, data[F](g), x, x[kc:], x[vc:], data[F](delta), data[F](lse), pos, pos, dx, dx[kc:], dx[vc:])
 }
 
 // HalfProducts is the format of the attention's matrix products on t's

@@ -76,9 +76,9 @@ type BlockActs struct {
 	// Exact is the part of Saved that stays float32 under mixed
 	// precision: the log-sum-exp and the norms' statistics, H/n + 4 per
 	// position, and the output of the whole-sequence attention, whose
-	// backward reads it beside its log-sum-exp (C/n; a Llama's and
-	// context parallel's attentions store theirs); DropExact is the part
-	// of Drop among it (attn_core).
+	// backward reads it beside its log-sum-exp (C/n; context parallel's
+	// attention stores its own); DropExact is the part of Drop among it
+	// (attn_core).
 	Exact, DropExact int64
 	// Widened is what the backward holds at the MLP activation's
 	// backward beyond float32's count where the block's activations are
@@ -102,7 +102,7 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 	whole, split := m.ActWidths() // GPT-2: 6·C and 12·C; a Llama's in nn
 	a := BlockActs{Out: bt * c, Work: ffn / n * bt, Widened: ffn / n * bt, Exact: bt*h/n + 4*bt}
 	a.Saved = (whole+split/n)*bt + a.Exact
-	exactAttn := m.Llama == nil && !l.CP
+	exactAttn := !l.CP
 	if exactAttn {
 		a.Exact += c / n * bt
 	}
@@ -137,7 +137,7 @@ func BlockActsOf(m nn.GPTConfig, r nn.Recompute, B int, l ActLayout) BlockActs {
 		a.Drop += ffn / n * bt
 		a.Bump = ffn / n * bt
 	}
-	if r.AttnCore && !l.Ring && m.Llama == nil { // a Llama's grouped attention forms nothing again
+	if r.AttnCore && !l.Ring {
 		a.Drop += c / n * bt
 		if exactAttn {
 			a.DropExact = c / n * bt

@@ -136,8 +136,7 @@ func softmaxBackward[T Float](p, dp []T) {
 	}
 }
 
-// softmaxBackward32Go is softmaxBackward in float32, which fastpath.c
-// repeats (tacc_softmax_backward_rows).
+// softmaxBackward32Go is softmaxBackward in float32.
 func softmaxBackward32Go(p, dp []float32) {
 	dp = dp[:len(p)]
 	var acc [sumLanes]float32
@@ -158,17 +157,10 @@ func softmaxBackward32Go(p, dp []float32) {
 
 // softmaxBackwardRows applies softmaxBackward to the first lens[r] entries
 // of each row r of p and dp (stride ld) and zeroes dp's entries from there
-// up to ends[r]: one call for a row block, in C for float32.
+// up to ends[r]. Only the backward from stored probabilities
+// (AttentionPosBackward) takes it: the model's attentions form their
+// probabilities again from the log-sum-exp.
 func softmaxBackwardRows[F Float](p, dp []F, ld int, lens, ends []int64) {
-	if isF32[F]() {
-		softmaxBackwardRows32(as32(p), as32(dp), ld, lens, ends)
-		return
-	}
-	softmaxBackwardRowsGo(p, dp, ld, lens, ends)
-}
-
-// softmaxBackwardRowsGo is softmaxBackwardRows's loop.
-func softmaxBackwardRowsGo[F Float](p, dp []F, ld int, lens, ends []int64) {
 	for r, n := range lens {
 		softmaxBackward(p[r*ld:r*ld+int(n)], dp[r*ld:r*ld+int(n)])
 		clear(dp[r*ld+int(n) : r*ld+int(ends[r])])

@@ -359,17 +359,6 @@ func AttentionPosBackward[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpo
 	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv, false)
 }
 
-// AttentionPosGrad is AttentionPosBackward setting dq, dk and dv (each
-// head's columns of every row) instead of adding to them, as
-// AttentionLSEGrad is AttentionLSEBackward's: the grouped attention's
-// backward needs no zero-filled gradient. The result is bitwise
-// AttentionPosBackward's into zeros.
-func AttentionPosGrad[F Float](d AttnDims, dout, q, k, v, att []F, qpos, kpos []int, dq, dk, dv []F) {
-	vis := d.check("AttentionPosGrad", qpos, kpos, backwardSizes(d, dout, q, k, v, dq, dk, dv,
-		size{"att", len(att), d.B * d.NH * d.Tq * d.Tk})...)
-	attentionBackward(d, vis, dout, q, k, v, att, nil, nil, dq, dk, dv, true)
-}
-
 // AttentionLSEBackward accumulates into dq, dk and dv the contribution of
 // one key block (k, v at positions kpos) to the gradient of an attention
 // whose softmax spans several key blocks, given dout, the final merged lse

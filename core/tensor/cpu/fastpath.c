@@ -669,30 +669,3 @@ CLONES void tacc_rope_rotate(const float *restrict x, float *restrict y, long lo
 	}
 }
 
-// tacc_softmax_backward_rows matches softmaxBackwardRowsGo on float32
-// (softmaxBackward32Go per row, then the row's entries from lens[r] up to
-// ends[r] zeroed).
-CLONES void tacc_softmax_backward_rows(const float *restrict p, float *restrict dp, long ld, long rows, const int64_t *lens,
-				       const int64_t *ends) {
-	for (long r = 0; r < rows; r++) {
-		const float *pr = p + r * ld;
-		float *dr = dp + r * ld;
-		long n = (long)lens[r], full = n - n % SUM_LANES;
-		float acc[SUM_LANES] = {0};
-		for (long i = 0; i < full; i += SUM_LANES) {
-			for (int j = 0; j < SUM_LANES; j++) {
-				acc[j] += pr[i + j] * dr[i + j];
-			}
-		}
-		for (long i = full; i < n; i++) {
-			acc[i - full] += pr[i] * dr[i];
-		}
-		float dot = reduce_lanes(acc);
-		for (long i = 0; i < n; i++) {
-			dr[i] = pr[i] * (dr[i] - dot);
-		}
-		for (long i = n; i < (long)ends[r]; i++) {
-			dr[i] = 0.0f;
-		}
-	}
-}

@@ -50,6 +50,5 @@ void tacc_rmsnorm_bwd(const float *dy, const float *x, const float *w, const flo
 void tacc_rope_rotate(const float *x, float *y, long lo, long hi, long T, long ld, long col, long n, long h, const double *cs,
 		      const double *sn, double sign);
 
-void tacc_softmax_backward_rows(const float *p, float *dp, long ld, long rows, const int64_t *lens, const int64_t *ends);
 
 #endif

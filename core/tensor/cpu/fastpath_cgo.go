@@ -300,14 +300,3 @@ func ropeRotate32(x, y []float32, lo, hi, T, ld, col, n, h int, cos, sin []float
 	C.tacc_rope_rotate((*C.float)(&x[0]), (*C.float)(&y[0]), C.long(lo), C.long(hi), C.long(T), C.long(ld), C.long(col),
 		C.long(n), C.long(h), (*C.double)(&cos[0]), (*C.double)(&sin[0]), C.double(sign))
 }
-
-func softmaxBackwardRows32(p, dp []float32, ld int, lens, ends []int64) {
-	if len(lens) == 0 {
-		return
-	}
-	rowsNeed(p, ld, lens)
-	rowsNeed(dp, ld, ends)
-	_ = ends[len(lens)-1]
-	C.tacc_softmax_backward_rows((*C.float)(&p[0]), (*C.float)(&dp[0]), C.long(ld), C.long(len(lens)), (*C.int64_t)(&lens[0]),
-		(*C.int64_t)(&ends[0]))
-}

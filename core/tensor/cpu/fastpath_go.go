@@ -73,6 +73,3 @@ func rmsNormBwd32(dy, x, w, rstd, dx, pw []float32, cols int) {
 func ropeRotate32(x, y []float32, lo, hi, T, ld, col, n, h int, cos, sin []float64, sign float64) {
 	ropeRotateGo(x, y, lo, hi, T, ld, col, n, h, cos, sin, sign)
 }
-func softmaxBackwardRows32(p, dp []float32, ld int, lens, ends []int64) {
-	softmaxBackwardRowsGo(p, dp, ld, lens, ends)
-}

@@ -417,26 +417,6 @@ func TestAttentionRowsFastPathMatchesGo(t *testing.T) {
 	}
 }
 
-// TestSoftmaxBackwardRowsFastPathMatchesGo runs the float32 softmax
-// backward of a row block in C against its Go loop, bit for bit, on rows
-// of every visible length from none to past two groups of sumLanes, each
-// zeroed up to its own end.
-func TestSoftmaxBackwardRowsFastPathMatchesGo(t *testing.T) {
-	rng := newRNG(75)
-	const ld = 40
-	var lens, ends []int64
-	for n := 0; n <= 37; n++ {
-		lens, ends = append(lens, int64(n)), append(ends, int64(min(ld, n+3)))
-	}
-	rows := len(lens)
-	p := randSlice[float32](rng, rows*ld, 1)
-	d1 := randSlice[float32](rng, rows*ld, 1)
-	d2 := append([]float32(nil), d1...)
-	softmaxBackwardRows32(p, d1, ld, lens, ends)
-	softmaxBackwardRowsGo(p, d2, ld, lens, ends)
-	requireSameBits(t, d1, d2, "softmax backward rows")
-}
-
 // TestSoftmaxBackwardFloat32: the float32 softmax backward (its dot
 // product in partial sums) against float64 on the same row of
 // probabilities, norm-wise within 1e-6.
