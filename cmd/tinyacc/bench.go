@@ -114,33 +114,61 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 		TokensPS  float64 `json:"tinyacc_tokens_per_s"`
 		Ratio     float64 `json:"ratio_vs_best_pytorch"` // against PyTorch's best thread count in the same precision; 0 without a peer
 	}
+	// The precisions run in turn within each repeat, each beside its
+	// PyTorch peer, so a drift in the machine's load falls on every
+	// precision alike; bf16 and bf16-portable share one autocast run per
+	// repeat.
 	var rows []row
+	var byRun []string // the run-by-run ratios against fp32, printed last
 	for _, th := range threads {
-		for _, prec := range precs {
-			var ours, theirs []float64
-			for r := 0; r < *repeats; r++ {
+		ours, theirs := map[string][]float64{}, map[string][]float64{}
+		for r := 0; r < *repeats; r++ {
+			peer := map[string]float64{} // this repeat's PyTorch runs, by peer
+			for _, prec := range precs {
 				ms, err := tinyaccStepMS(s, prec, th, *warmup, *steps)
 				if err != nil {
 					return err
 				}
-				ours = append(ours, ms)
-				if torchPeer(prec) == "" {
+				ours[prec] = append(ours[prec], ms)
+				name := torchPeer(prec)
+				if name == "" {
 					fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step\n", th, prec, r+1, ms)
 					continue
 				}
-				tms, err := torchStepMS(*python, *script, s, prec, th, *warmup, *steps)
-				if err != nil {
-					return err
+				tms, ok := peer[name]
+				if !ok {
+					if tms, err = torchStepMS(*python, *script, s, prec, th, *warmup, *steps); err != nil {
+						return err
+					}
+					peer[name] = tms
 				}
-				theirs = append(theirs, tms)
-				fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step, pytorch %.1f ms/step\n", th, prec, r+1, ms, tms)
+				theirs[prec] = append(theirs[prec], tms)
+				fmt.Fprintf(stderr, "  threads %d %s run %d: tinyacc %.1f ms/step, %s %.1f ms/step\n", th, prec, r+1, ms, name, tms)
 			}
-			ms, tms := median(ours), 0.0
-			if len(theirs) > 0 {
-				tms = median(theirs)
+		}
+		for _, prec := range precs {
+			ms, tms := median(ours[prec]), 0.0
+			if len(theirs[prec]) > 0 {
+				tms = median(theirs[prec])
 			}
 			rows = append(rows, row{Threads: th, Precision: prec, TinyaccMS: ms, TorchMS: tms,
 				TokensPS: float64(s.Batch*s.Block) / (ms / 1000)})
+		}
+		// Run by run against fp32: each repeat's two runs came one after
+		// the other, so their ratio is steadier than that of the medians.
+		if f := ours["fp32"]; f != nil {
+			for _, prec := range precs {
+				if prec == "fp32" {
+					continue
+				}
+				var ratios []float64
+				var txt []string
+				for r, ms := range ours[prec] {
+					ratios = append(ratios, f[r]/ms)
+					txt = append(txt, fmt.Sprintf("%.2f", f[r]/ms))
+				}
+				byRun = append(byRun, fmt.Sprintf("tinyacc %s vs fp32 (%d threads), run by run: %s tokens/s, median %.2fx", prec, th, strings.Join(txt, ", "), median(ratios)))
+			}
 		}
 	}
 	best := func(prec string, torch bool) row {
@@ -189,6 +217,9 @@ func benchStep(args []string, stdout, stderr io.Writer) error {
 				fmt.Fprintf(stdout, "tinyacc %s vs fp32 (best of each): %.0f vs %.0f tokens/s, %.2fx\n", prec, b.TokensPS, f.TokensPS, b.TokensPS/f.TokensPS)
 			}
 		}
+	}
+	for _, l := range byRun {
+		fmt.Fprintln(stdout, l)
 	}
 	return nil
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -40,4 +43,43 @@ func TestBenchStepFP16HasNoTorchPeer(t *testing.T) {
 func TestBenchStepRefusesUnknownPrecision(t *testing.T) {
 	err := benchStep([]string{"--precision", "fp32,fp8"}, &bytes.Buffer{}, &bytes.Buffer{})
 	require.EqualError(t, err, `bench step: --precision "fp32,fp8": want a list of fp32, bf16, bf16-portable, fp16`)
+}
+
+// TestBenchStepRatiosRunByRun: the precisions run in turn within each
+// repeat, and the last line gives fp16's tokens/s against fp32's of the
+// same repeat (the ratio of the two step times that repeat printed, to
+// their rounding) and the median of the three.
+func TestBenchStepRatiosRunByRun(t *testing.T) {
+	args := []string{"--precision", "fp32,fp16", "--threads", "1", "--steps", "1", "--warmup", "0", "--repeats", "3",
+		"--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "8", "--vocab_size", "256", "--batch", "2",
+		"--torch-script", "../../bench/torch_step.py"}
+	var out, errb bytes.Buffer
+	require.NoError(t, benchStep(args, &out, &errb))
+	var order []string
+	ms := map[string][]float64{}
+	for _, m := range regexp.MustCompile(`threads 1 (fp32|fp16) run (\d): tinyacc ([0-9.]+) ms/step`).FindAllStringSubmatch(errb.String(), -1) {
+		order = append(order, m[1]+" "+m[2])
+		ms[m[1]] = append(ms[m[1]], parseF(t, m[3]))
+	}
+	require.Equal(t, []string{"fp32 1", "fp16 1", "fp32 2", "fp16 2", "fp32 3", "fp16 3"}, order, errb.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	last := regexp.MustCompile(`^tinyacc fp16 vs fp32 \(1 threads\), run by run: ([0-9.]+), ([0-9.]+), ([0-9.]+) tokens/s, median ([0-9.]+)x$`).
+		FindStringSubmatch(lines[len(lines)-1])
+	require.NotNil(t, last, out.String())
+	var got []float64
+	for r := range 3 {
+		v, f32, f16 := parseF(t, last[r+1]), ms["fp32"][r], ms["fp16"][r]
+		// the progress lines round the step times to 0.1 ms, the ratio to 0.01
+		lo, hi := (f32-0.05)/(f16+0.05)-0.005, (f32+0.05)/max(f16-0.05, 0.001)+0.005
+		assert.True(t, v >= lo && v <= hi, "repeat %d: ratio %v, but %v ms / %v ms is in [%v, %v]", r+1, v, f32, f16, lo, hi)
+		got = append(got, v)
+	}
+	sort.Float64s(got)
+	assert.Equal(t, got[1], parseF(t, last[4]), "the median of %v", got)
+}
+
+func parseF(t *testing.T, s string) float64 {
+	v, err := strconv.ParseFloat(s, 64)
+	require.NoError(t, err)
+	return v
 }

@@ -21,8 +21,10 @@ type benchmark struct {
 var benchmarks = []benchmark{
 	{"step", ` [--steps N] [--repeats R] [--threads 1,2] [--precision fp32,bf16,bf16-portable,fp16] [--json]
       Time a training step of the same GPT in tinyacc and in PyTorch, in fp32
-      and in bf16 (PyTorch under autocast bf16); bf16-portable and fp16 take
-      the portable half-precision path and have no PyTorch peer.`, benchStep},
+      and in bf16 (PyTorch under autocast bf16); bf16-portable (against
+      autocast too) and fp16 (no PyTorch peer) take the portable
+      half-precision path. Each repeat runs the precisions in turn; the
+      last lines give each one's tokens/s against fp32's, run by run.`, benchStep},
 	{"comm", ` [--nproc N] [--backend tcp|local] [--op all_reduce|all_gather|
                      reduce_scatter|broadcast|all_to_all|memcpy] [--sizes 4K,64K,1M,16M,64M] [--json]
       Time a collective: size, time, algbw and busbw (nccl-tests definitions).`, benchComm},
