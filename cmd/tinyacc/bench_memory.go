@@ -10,6 +10,7 @@ import (
 
 	"github.com/tinyacc/tinyacc/core/config"
 	"github.com/tinyacc/tinyacc/core/nn"
+	"github.com/tinyacc/tinyacc/core/trainer"
 	"github.com/tinyacc/tinyacc/plugins"
 )
 
@@ -58,7 +59,8 @@ func precisionParamBytes(mp string) float64 {
 }
 
 // tpFormulaBytes is the Playbook's tensor-parallel share: Ψ/t of every
-// parameter except the LayerNorms, which every rank keeps whole.
+// parameter except the norms (GPT-2's LayerNorms, a Llama's RMSNorms),
+// which every rank keeps whole.
 func tpFormulaBytes(m nn.GPTConfig, t int, p float64) float64 {
 	var ln, rest float64
 	for _, p := range m.ParamShapes() {
@@ -66,13 +68,22 @@ func tpFormulaBytes(m nn.GPTConfig, t int, p float64) float64 {
 		for _, d := range p.Shape {
 			n *= float64(d)
 		}
-		if strings.Contains(p.Name, "ln_") {
+		if strings.Contains(p.Name, "ln_") || strings.HasSuffix(p.Name, "layernorm.weight") || p.Name == nn.LlamaNormName {
 			ln += n
 		} else {
 			rest += n
 		}
 	}
 	return (p + 12) * (rest/float64(t) + ln)
+}
+
+// modelName says which model the bench trains: GPT (GPT-2) or a Llama
+// with its key/value heads and SwiGLU width.
+func modelName(m nn.GPTConfig) string {
+	if m.Llama == nil {
+		return "GPT"
+	}
+	return fmt.Sprintf("Llama (n_kv_head %d, intermediate_size %d)", m.Llama.NKVHead, m.Llama.Intermediate)
 }
 
 // memoryResult is one rank of one layout: what `bench memory` prints.
@@ -143,11 +154,30 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 	precFlag := fs.String("precision", "no", "comma-separated train.mixed_precision values to run each layout in (no, bf16, fp16), e.g. no,bf16")
 	asJSON := fs.Bool("json", false, "print one JSON object per rank and layout")
 	keep := fs.String("keep", "", "directory to keep the runs' metrics in (default: a temporary one)")
+	arch := fs.String("model.arch", "gpt2", "gpt2 or llama")
+	kv := fs.Int("n_kv_head", 0, "llama: key/value heads (0: n_head)")
+	ffn := fs.Int("intermediate_size", 0, "llama: SwiGLU width (0: 8/3 n_embd rounded up to 64)")
 	var m nn.GPTConfig
 	gptFlags(fs, &m, nn.GPTConfig{NLayer: 24, NHead: 16, NEmbd: 1024, BlockSize: 64, VocabSize: 50257})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// modelFlags are the model keys every run of the bench takes beside
+	// the shape; m is the model they and the shape make.
+	var modelFlags []string
+	switch {
+	case *arch == "llama":
+		modelFlags = []string{"--model.arch=llama", "--model.n_kv_head=" + strconv.Itoa(*kv), "--model.intermediate_size=" + strconv.Itoa(*ffn)}
+	case *arch != "gpt2":
+		return fmt.Errorf("bench memory: --model.arch %q: want gpt2 or llama", *arch)
+	case *kv != 0 || *ffn != 0:
+		return fmt.Errorf("bench memory: --n_kv_head and --intermediate_size shape a Llama: add --model.arch llama")
+	}
+	mc, err := config.Load("", nil, append(trainArgs("", m, 1, 1)[2:], modelFlags...))
+	if err != nil {
+		return fmt.Errorf("bench memory: %w", err)
+	}
+	m = trainer.GPTConfig(mc.Config)
 	if err := m.Validate(); err != nil {
 		return fmt.Errorf("bench memory: %w", err)
 	}
@@ -179,8 +209,8 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	fmt.Fprintf(stderr, "bench memory: GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank\n",
-		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
+	fmt.Fprintf(stderr, "bench memory: %s n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank\n",
+		modelName(m), m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
 	// run trains one step of flags on procs processes, b sequences per
 	// rank and micro-batch, and returns its config and every rank's
 	// memory line.
@@ -211,17 +241,31 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 		return r.Config, mem, nil
 	}
+	nd := strings.NewReplacer("%d", strconv.Itoa(n))
+	// jobFlags are a job's layout name, process count and train flags.
+	jobFlags := func(job memoryJob) (string, int, []string) {
+		name, procs := nd.Replace(job.row.name), 1
+		flags := append([]string{"--train.schedule=constant", "--train.mixed_precision=" + job.mp}, modelFlags...)
+		if job.row.flags != "" {
+			procs = n
+			flags = append(flags, strings.Fields(nd.Replace(job.row.flags))...)
+		}
+		return name, procs, flags
+	}
+	// Every layout's config is checked before any runs: a layout the
+	// model does not fit (n_kv_head under tp) fails at once, not after
+	// the layouts before it.
+	for _, job := range jobs(rows, precs) {
+		name, _, flags := jobFlags(job)
+		if _, err := config.Load("", nil, trainArgs("", m, *batch, 1, flags...)[2:]); err != nil {
+			return fmt.Errorf("bench memory: row %q: %w", name, err)
+		}
+	}
 	singles := map[string]int64{} // one process's VmHWM by its flags
 	var out []memoryResult
 	for _, job := range jobs(rows, precs) {
-		row, mp := job.row, job.mp
-		nd := strings.NewReplacer("%d", strconv.Itoa(n))
-		name, procs := nd.Replace(row.name), 1
-		flags := []string{"--train.schedule=constant", "--train.mixed_precision=" + mp}
-		if row.flags != "" {
-			procs = n
-			flags = append(flags, strings.Fields(nd.Replace(row.flags))...)
-		}
+		mp := job.mp
+		name, procs, flags := jobFlags(job)
 		probe, err := config.Load("", nil, flags)
 		if err != nil {
 			return fmt.Errorf("bench memory: row %q: %w", name, err)
@@ -239,7 +283,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 		// The peer: one process on the same global batch, the same
 		// micro-batches.
-		peer := []string{"--train.schedule=constant", "--train.mixed_precision=" + mp, "--train.grad_accum=" + strconv.Itoa(cfg.Train.GradAccum)}
+		peer := append([]string{"--train.schedule=constant", "--train.mixed_precision=" + mp, "--train.grad_accum=" + strconv.Itoa(cfg.Train.GradAccum)}, modelFlags...)
 		key := fmt.Sprintf("b%d-a%d-%s", *batch*dp, cfg.Train.GradAccum, mp)
 		if _, ok := singles[key]; !ok {
 			if procs == 1 {
@@ -253,7 +297,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		single := singles[key]
-		formula := int64(row.formula(m, procs, precisionParamBytes(mp)))
+		formula := int64(job.row.formula(m, procs, precisionParamBytes(mp)))
 		for r, l := range mem {
 			e := es[r]
 			trained := e.ProcessBytes() - e.SetupPeakBytes
@@ -271,8 +315,8 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		return writeJSONLines(stdout, out)
 	}
 	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
-	fmt.Fprintf(stdout, "GPT n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",
-		m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
+	fmt.Fprintf(stdout, "%s n_layer %d n_head %d n_embd %d context %d vocab %d: Ψ = %.2fM parameters; %d sequence(s) per rank; one training step per layout\n",
+		modelName(m), m.NLayer, m.NHead, m.NEmbd, m.BlockSize, m.VocabSize, float64(m.NumParams())/1e6, *batch)
 	fmt.Fprintf(stdout, "%-14s %4s %4s %10s %10s %10s %10s %10s %10s %9s %9s %9s %15s %15s %15s %15s\n", "layout", "prec", "rank", "VmHWM MiB", "alloc MiB", "est MiB", "formula", "+buffers", "1 proc", "/1 proc", "/f+buf", "/est",
 		"params/est", "optim/est", "act/est", "alloc/est")
 	for _, r := range out {

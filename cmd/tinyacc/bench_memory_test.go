@@ -128,6 +128,44 @@ func TestBenchMemoryPrecision(t *testing.T) {
 	}
 }
 
+// `tinyacc bench memory --model.arch llama`: the same table for a Llama,
+// every run of it a Llama (the estimate column is `tinyacc estimate`'s
+// for the Llama, the parameters and optimizer state the estimate's to
+// the byte), its formula from the Llama's Ψ with the RMSNorms whole on
+// every tensor-parallel rank.
+func TestBenchMemoryLlama(t *testing.T) {
+	rows := benchMemoryRows(t, "--layouts", "0,2", "--model.arch", "llama", "--n_kv_head", "2")
+	// Ψ of the 2-layer, 32-wide Llama (2 heads, SwiGLU 128 wide, untied):
+	// embed_tokens and lm_head 256·32 each, model.norm 32, per layer q, k,
+	// v, o 32·32 each, gate, up, down 32·128 each and two norms of 32.
+	norms := 2*2*32 + 32
+	psi := 2*256*32 + 32 + 2*(4*32*32+3*32*128+2*32)
+	llama := []string{"--model.arch=llama", "--model.n_kv_head=2"}
+	bin := tinyaccBinary(t)
+	one, tp := estimateProcessBytes(t, bin, llama), estimateProcessBytes(t, bin, append(llama, "--nproc", "2", "--parallel.tp=2"))
+	want := []struct {
+		layout  string
+		rank    int
+		formula int64
+		est     int64
+	}{
+		{"1 process", 0, int64(16 * psi), one[0]},
+		{"tp 2", 0, int64(16 * ((psi-norms)/2 + norms)), tp[0]},
+		{"tp 2", 1, int64(16 * ((psi-norms)/2 + norms)), tp[1]},
+	}
+	require.Len(t, rows, len(want))
+	for i, w := range want {
+		x := rows[i]
+		require.Equal(t, w.layout, x.Layout)
+		require.Equal(t, w.rank, x.Rank, w.layout)
+		require.Equal(t, w.formula, x.Formula, "%s rank %d formula", w.layout, w.rank)
+		require.Equal(t, w.est, x.Est, "%s rank %d estimate against tinyacc estimate", w.layout, w.rank)
+		require.Equal(t, x.EstParamsBytes, x.ParamsBytes, "%s rank %d params", w.layout, w.rank)
+		require.Equal(t, x.EstOptimBytes, x.OptimBytes, "%s rank %d optimizer state", w.layout, w.rank)
+	}
+	require.Equal(t, int64(4*psi), rows[0].ParamsBytes, "one process holds the Llama's Ψ float32 parameters")
+}
+
 // benchMemoryRows runs `tinyacc bench memory --nproc 2 --json` with args on
 // a 2-layer, 32-wide model and returns its rows.
 func benchMemoryRows(t *testing.T, args ...string) []memoryResult {

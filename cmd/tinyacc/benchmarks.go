@@ -58,9 +58,11 @@ var benchmarks = []benchmark{
 	{"process", ` [--calls N] [--steps N] [--rounds R]
       What a plugin run as a process costs: one hook call's round trip, one
       GradReady notice, and ms/step of DDP compiled in against ddp.process.`, benchProcess},
-	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3,4] [--precision no,bf16] [--n_layer ...] [--json]
+	{"memory", ` [--nproc 4] [--batch 1] [--layouts 0,1,2,3,4] [--precision no,bf16] [--n_layer ...]
+                       [--model.arch llama [--n_kv_head K] [--intermediate_size F]] [--json]
       One training step per layout (1 process, zero-3 dp N, tp N, pp N 1f1b,
-      zero-1 dp N) of GPT-2 medium's shape by default, in each precision:
+      zero-1 dp N) of GPT-2 medium's shape by default (or a Llama of the
+      shape), in each precision:
       per rank the resident peak (VmHWM) beside the estimate, the Playbook
       formula plus stated buffers and one process's peak on the same global
       batch, with the ratios, and the allocator's parameters, optimizer
