@@ -325,7 +325,7 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 			mib(r.ParamsBytes)+"/"+mib(r.EstParamsBytes), mib(r.OptimBytes)+"/"+mib(r.EstOptimBytes), mib(r.ActPeakBytes)+"/"+mib(r.EstActPeakBytes), mib(r.AllocPeak)+"/"+mib(r.EstAllocPeak))
 	}
 	fmt.Fprintln(stdout, "VmHWM: the rank's resident peak (rss_peak_bytes); alloc: its allocator's peak; est: `tinyacc estimate` (set-up, data and runtime included)")
-	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the LayerNorms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data, shared-memory rings and runtime beside it")
+	fmt.Fprintln(stdout, "formula: (p+4+8)·Ψ per rank's share (Ψ/N for ZeRO-3 and pp, Ψ/t for tp but the norms, for ZeRO-1 the moments /N, and under bf16/fp16 the masters with them), p = 4 in fp32 (prec no), 2+4 (copy + master) in bf16/fp16; +buffers: the estimate's activations, gathered units, padding, data, shared-memory rings and runtime beside it")
 	fmt.Fprintln(stdout, "params/est, optim/est, act/est, alloc/est: the allocator's peaks (MiB) against the estimate's; under bf16/fp16 params are the 2-byte copies, optim holds the float32 masters with the moments and the activations kept for the backward are 2 bytes")
 	fmt.Fprintln(stdout, "1 proc: VmHWM of one process training the same global batch (train.batch_size × dp); the ratios divide VmHWM by 1 proc, formula+buffers and est")
 	return nil
