@@ -185,3 +185,21 @@ func benchMemoryRows(t *testing.T, args ...string) []memoryResult {
 	}
 	return rows
 }
+
+// A Llama's keys without --model.arch llama, an unknown architecture and
+// a layout the Llama does not fit are refused before anything runs.
+func TestBenchMemoryRefusesBadModel(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--n_kv_head", "2"}, "bench memory: --n_kv_head and --intermediate_size shape a Llama: add --model.arch llama"},
+		{[]string{"--model.arch", "bert"}, `bench memory: --model.arch "bert": want gpt2 or llama`},
+		{[]string{"--model.arch", "llama", "--n_kv_head", "1", "--n_head", "2", "--n_embd", "32", "--n_layer", "1", "--vocab_size", "256", "--nproc", "2"},
+			`bench memory: row "tp 2": config: model.n_kv_head=1 is not divisible by parallel.tp=2: tensor parallel gives every rank the same number of key/value heads; choose n_kv_head a multiple of tp`},
+	} {
+		var out, errb bytes.Buffer
+		require.EqualError(t, benchMemory(c.args, &out, &errb), c.want, "%v", c.args)
+		require.NotContains(t, errb.String(), "process(es)", "%v: nothing ran", c.args)
+	}
+}
