@@ -32,31 +32,11 @@ func llamaRefConfig(dtype string, tied bool) config.Config {
 }
 
 func runLlamaRef(t *testing.T, cfg config.Config) {
-	if !torchAvailable() {
-		t.Skip("/usr/bin/python3 has no torch")
-	}
-	dir := t.TempDir()
-	in, out := filepath.Join(dir, "in.safetensors"), filepath.Join(dir, "out.safetensors")
-	tr, err := New(cfg, Options{Train: data.Encode(refText)})
-	require.NoError(t, err)
-	ts := map[string]*tensor.Tensor{}
-	for _, p := range tr.Model.Params() {
-		ts[p.Name] = p
-	}
-	ts["batch.x"], ts["batch.y"] = refBatches(tr, cfg)
-	meta := llamaRefMeta(cfg)
-	require.NoError(t, ckpt.Save(in, ts, meta))
-	runScript(t, "../../tools/torchref/llama_ref.py", in, out)
-	ref, _, err := ckpt.Load(out)
-	require.NoError(t, err)
-
+	ref, tr, grab := llamaAgainstRef(t, cfg)
 	lossTol, gradTol, paramTol := 1e-5, 1e-5, 1e-4
 	if cfg.Train.DType == "float64" {
 		lossTol, gradTol, paramTol = 1e-10, 1e-10, 1e-10
 	}
-	grab := &gradGrabber{}
-	tr, err = New(cfg, Options{Train: data.Encode(refText), Plugins: []Plugin{grab}})
-	require.NoError(t, err)
 	var worst [3]float64
 	for s := 0; s < refSteps; s++ {
 		m, err := tr.Step(s)
@@ -81,12 +61,73 @@ func runLlamaRef(t *testing.T, cfg config.Config) {
 	t.Logf("%s tied=%v vs PyTorch: worst loss %.1e, gradient %.1e, final weight %.1e", cfg.Train.DType, cfg.Model.TieEmbeddings, worst[0], worst[1], worst[2])
 }
 
+// llamaAgainstRef writes the engine's initial weights and batches for cfg,
+// runs the PyTorch Llama on them with args, and returns its results and a
+// fresh trainer of cfg (its weights the same) with a gradient grabber.
+func llamaAgainstRef(t *testing.T, cfg config.Config, args ...string) (map[string]*tensor.Tensor, *Trainer, *gradGrabber) {
+	if !torchAvailable() {
+		t.Skip("/usr/bin/python3 has no torch")
+	}
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in.safetensors"), filepath.Join(dir, "out.safetensors")
+	tr, err := New(cfg, Options{Train: data.Encode(refText)})
+	require.NoError(t, err)
+	ts := map[string]*tensor.Tensor{}
+	for _, p := range tr.Model.Params() {
+		ts[p.Name] = p
+	}
+	ts["batch.x"], ts["batch.y"] = refBatches(tr, cfg)
+	meta := llamaRefMeta(cfg)
+	require.NoError(t, ckpt.Save(in, ts, meta))
+	runScript(t, "../../tools/torchref/llama_ref.py", in, out, args...)
+	ref, _, err := ckpt.Load(out)
+	require.NoError(t, err)
+	grab := &gradGrabber{}
+	tr, err = New(cfg, Options{Train: data.Encode(refText), Plugins: []Plugin{grab}})
+	require.NoError(t, err)
+	return ref, tr, grab
+}
+
 func TestLlamaPyTorchEquivalence(t *testing.T) {
 	for _, dtype := range []string{"float64", "float32"} {
 		for _, tied := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s tied=%v", dtype, tied), func(t *testing.T) { runLlamaRef(t, llamaRefConfig(dtype, tied)) })
 		}
 	}
+}
+
+// A Llama's bf16 training against the PyTorch Llama under autocast bf16
+// with bf16 parameter copies (llama_ref.py --autocast bf16 --param_copies
+// bf16), on the same weights and batches, with the bounds GPT-2's is held
+// to (TestPyTorchAutocastBF16): each step's loss within 1e-2 relative,
+// the first step's gradients within 5e-2 norm-wise per tensor, and the
+// gradients further from PyTorch's float32 ones than float32 noise (1e-4).
+// Both round every product's operands to bf16; they round elsewhere
+// differently (autocast keeps the SwiGLU gate, RoPE's products and the
+// products' outputs in bf16, the engine in float32).
+func TestLlamaPyTorchAutocastBF16(t *testing.T) {
+	cfg := llamaRefConfig("float32", false)
+	ref, _, _ := llamaAgainstRef(t, cfg)
+	cfg.Train.MixedPrecision = "bf16"
+	auto, tr, grab := llamaAgainstRef(t, cfg, "--autocast", "bf16", "--param_copies", "bf16")
+	var worstLoss, worstGrad, worstF32, autoF32 float64
+	for s := 0; s < refSteps; s++ {
+		m, err := tr.Step(s)
+		require.NoError(t, err)
+		want := auto["loss"].At(s)
+		require.InEpsilon(t, want, m.Loss, 1e-2, "loss of step %d", s)
+		worstLoss = math.Max(worstLoss, math.Abs(m.Loss-want)/want)
+	}
+	for _, p := range tr.Model.Params() {
+		ge := normRel(grab.grads[p.Name], auto["grad."+p.Name].Float64s())
+		require.LessOrEqual(t, ge, 5e-2, "first-step gradient of %s", p.Name)
+		worstGrad = math.Max(worstGrad, ge)
+		worstF32 = math.Max(worstF32, normRel(grab.grads[p.Name], ref["grad."+p.Name].Float64s()))
+		autoF32 = math.Max(autoF32, normRel(auto["grad."+p.Name].Float64s(), ref["grad."+p.Name].Float64s()))
+	}
+	require.Greater(t, worstF32, 1e-4, "the bf16 gradients differ from float32's by bf16 rounding, not float32 noise")
+	t.Logf("llama bf16 vs PyTorch autocast bf16: worst loss %.2e, gradient %.2e; against PyTorch float32: gradient %.2e (autocast's own: %.2e)",
+		worstLoss, worstGrad, worstF32, autoF32)
 }
 
 // refBatches is the trainer's first refSteps batches, [refSteps, B, T]

@@ -118,8 +118,8 @@ func runTorchRef(t *testing.T, in, out string) {
 }
 
 // runScript runs a reference script of tools/torchref on in, writing out.
-func runScript(t *testing.T, script, in, out string) {
-	cmd := exec.Command("/usr/bin/python3", script, "--in", in, "--out", out)
+func runScript(t *testing.T, script, in, out string, args ...string) {
+	cmd := exec.Command("/usr/bin/python3", append([]string{script, "--in", in, "--out", out}, args...)...)
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s: %s", script, b)
 }

@@ -12,6 +12,7 @@ layout, so the same safetensors file feeds both implementations.
 Command line:
 
     llama_ref.py --in IN.safetensors --out OUT.safetensors [--threads N]
+                 [--autocast bf16] [--param_copies bf16]
 
 IN holds every parameter (all F32 or all F64), the batches `batch.x` and
 `batch.y` (I32, [S, B, T]) and string metadata: n_layer, n_head, n_kv_head,
@@ -20,7 +21,10 @@ tie_embeddings ("true"/"false"), lr, beta1, beta2, eps, weight_decay,
 grad_clip. OUT is laid out as gpt2_ref.py's: loss, grad_norm, grad.<name>
 (first step, or step grad_step, before clipping) and param.<name> (after
 all S steps). The lora_* metadata adds adapters as gpt2_ref.py's does, to
-the Linear layers of the blocks.
+the Linear layers of the blocks. --autocast and --param_copies are
+gpt2_ref.py's: the forward under torch.autocast("cpu", torch.bfloat16),
+and forward and backward on the parameters rounded to bfloat16 with
+float32 masters.
 """
 
 import argparse
@@ -206,7 +210,8 @@ def parse_metadata(metadata):
     return cfg, train
 
 
-def run_reference(tensors, metadata):
+def run_reference(tensors, metadata, autocast=None, param_copies=None):
+    """`autocast` and `param_copies` are gpt2_ref.train_step's: None, or "bf16"."""
     cfg, train = parse_metadata(metadata)
     name = "model.embed_tokens.weight"
     if name not in tensors:
@@ -219,7 +224,7 @@ def run_reference(tensors, metadata):
         gpt2_ref.apply_lora_(model, int(metadata["lora_rank"]), float(metadata["lora_alpha"]),
                              [t.strip() for t in metadata["lora_targets"].split(",") if t.strip()], layer=Linear)
     gpt2_ref.load_params_(model, tensors)
-    return gpt2_ref.train_and_record(model, tensors, metadata, cfg, train)
+    return gpt2_ref.train_and_record(model, tensors, metadata, cfg, train, autocast, param_copies)
 
 
 def main(argv=None):
@@ -227,12 +232,17 @@ def main(argv=None):
     ap.add_argument("--in", dest="in_path", required=True)
     ap.add_argument("--out", dest="out_path", required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="run the forward under torch.autocast(\"cpu\", torch.bfloat16)")
+    ap.add_argument("--param_copies", choices=["none", "bf16"], default="none",
+                    help="run forward and backward on the parameters rounded to bfloat16 (float32 masters)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     try:
         tensors, metadata = safetensors_np.load_file(args.in_path)
-        out, meta = run_reference(tensors, metadata)
+        out, meta = run_reference(tensors, metadata, None if args.autocast == "none" else args.autocast,
+                                  None if args.param_copies == "none" else args.param_copies)
     except (OSError, ValueError) as e:
         print("llama_ref: %s: %s" % (args.in_path, e), file=sys.stderr)
         return 2
