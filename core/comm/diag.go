@@ -67,6 +67,9 @@ func (c *opCtx) checkFingerprints() error {
 		if err != nil {
 			return err
 		}
+		if err := checkLengths(raw); err != nil {
+			return &protocolError{fmt.Sprintf("rank %d sent an unreadable fingerprint: %v", c.g.ranks[p], err)}
+		}
 		if err := msgpack.Unmarshal(raw, &fps[p]); err != nil {
 			return &protocolError{fmt.Sprintf("rank %d sent an unreadable fingerprint: %v", c.g.ranks[p], err)}
 		}

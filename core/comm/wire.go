@@ -200,7 +200,13 @@ func readControl(r io.Reader, kind uint8, v any) error {
 	return decodeControl(p, v)
 }
 
+// decodeControl decodes a control payload into v, its lengths checked
+// first (checkLengths) so that a malformed or hostile frame cannot make
+// the decoder allocate more than the payload could hold.
 func decodeControl(p []byte, v any) error {
+	if err := checkLengths(p); err != nil {
+		return fmt.Errorf("%w: %v", errFrame, err)
+	}
 	dec := msgpack.NewDecoder(bytes.NewReader(p))
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: %v", errFrame, err)
