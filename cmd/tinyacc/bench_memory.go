@@ -252,25 +252,25 @@ func benchMemory(args []string, stdout, stderr io.Writer) error {
 		}
 		return name, procs, flags
 	}
-	// Every layout's config is checked before any runs: a layout the
-	// model does not fit (n_kv_head under tp) fails at once, not after
-	// the layouts before it.
-	for _, job := range jobs(rows, precs) {
+	// Every layout's config is loaded before any runs: a layout the model
+	// does not fit (n_kv_head under tp) fails at once, not after the
+	// layouts before it.
+	todo := jobs(rows, precs)
+	loaded := make([]config.Config, len(todo))
+	for i, job := range todo {
 		name, _, flags := jobFlags(job)
-		if _, err := config.Load("", nil, trainArgs("", m, *batch, 1, flags...)[2:]); err != nil {
-			return fmt.Errorf("bench memory: row %q: %w", name, err)
-		}
-	}
-	singles := map[string]int64{} // one process's VmHWM by its flags
-	var out []memoryResult
-	for _, job := range jobs(rows, precs) {
-		mp := job.mp
-		name, procs, flags := jobFlags(job)
-		probe, err := config.Load("", nil, flags)
+		c, err := config.Load("", nil, trainArgs("", m, *batch, 1, flags...)[2:])
 		if err != nil {
 			return fmt.Errorf("bench memory: row %q: %w", name, err)
 		}
-		p := probe.Config.Parallel
+		loaded[i] = c.Config
+	}
+	singles := map[string]int64{} // one process's VmHWM by its flags
+	var out []memoryResult
+	for i, job := range todo {
+		mp := job.mp
+		name, procs, flags := jobFlags(job)
+		p := loaded[i].Parallel
 		dp := procs / max(1, p.TP*p.PP*p.CP)
 		tag := strings.NewReplacer(" ", "", "-", "").Replace(name) + "-" + mp
 		cfg, mem, err := run(tag, procs, *batch, flags)

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"bytes"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -34,28 +35,42 @@ func TestCheckLengthsAcceptsEncodings(t *testing.T) {
 }
 
 // A declared length past the bytes left is refused before anything is
-// allocated, whatever declares it; so are a value cut short and a type
-// byte msgpack does not use.
+// decoded, whatever declares it; so are a value cut short and a type byte
+// msgpack does not use.
 func TestCheckLengthsRefuses(t *testing.T) {
 	for _, c := range []struct {
 		in   []byte
 		want string
 	}{
-		{[]byte{0x81, 0xa5, 'v', 'a', 'l', 'u', 'e', 0xdd, 0xff, 0xff, 0xff, 0xff}, "msgpack value declares 4294967295 elements with 0 bytes left"},
-		{[]byte{0xdf, 0x7f, 0xff, 0xff, 0xff, 1, 2}, "msgpack value declares 4294967294 elements with 2 bytes left"},
-		{[]byte{0xc6, 0x10, 0, 0, 0, 1, 2, 3}, "msgpack value declares 268435456 bytes with 3 bytes left"},
-		{[]byte{0xdb, 0, 0, 1, 0}, "msgpack value declares 256 bytes with 0 bytes left"},
-		{[]byte{0xc9, 0, 0, 0, 5, 1, 2, 3}, "msgpack value declares 6 bytes with 3 bytes left"},
-		{[]byte{0x93, 1, 2}, "msgpack value declares 3 elements with 2 bytes left"},
-		{[]byte{0x92, 0xa1, 'x'}, "msgpack value cut short"},
-		{[]byte{0xcb, 0, 0}, "msgpack value cut short"},
-		{[]byte{0xc1}, "msgpack type byte 0xc1 is not one"},
-		{nil, "msgpack value cut short"},
+		{[]byte{0x81, 0xa5, 'v', 'a', 'l', 'u', 'e', 0xdd, 0xff, 0xff, 0xff, 0xff}, "msgpack payload of 12 bytes is malformed or cut short: EOF"}, // 2³²-1 elements
+		{[]byte{0xdf, 0x7f, 0xff, 0xff, 0xff, 1, 2}, "msgpack payload of 7 bytes is malformed or cut short: EOF"},                                 // 2³¹-1 pairs
+		{[]byte{0xc6, 0x10, 0, 0, 0, 1, 2, 3}, "msgpack payload of 8 bytes is malformed or cut short: unexpected EOF"},                            // 256 MiB binary
+		{[]byte{0xdb, 0, 0, 1, 0}, "msgpack payload of 5 bytes is malformed or cut short: EOF"},                                                   // 256-byte string
+		{[]byte{0xc9, 0, 0, 0, 5, 1, 2, 3}, "msgpack payload of 8 bytes is malformed or cut short: unexpected EOF"},                               // 5-byte extension
+		{[]byte{0x93, 1, 2}, "msgpack payload of 3 bytes is malformed or cut short: EOF"},
+		{[]byte{0x92, 0xa1, 'x'}, "msgpack payload of 3 bytes is malformed or cut short: EOF"},
+		{[]byte{0xcb, 0, 0}, "msgpack payload of 3 bytes is malformed or cut short: unexpected EOF"},
+		{[]byte{0xc1}, "msgpack payload of 1 bytes is malformed or cut short: msgpack: unknown code c1"},
+		{nil, "msgpack payload of 0 bytes is malformed or cut short: EOF"},
 	} {
 		assert.EqualError(t, checkLengths(c.in), c.want, "%x", c.in)
 	}
 	// Through the control decoder, as the malformed frame it is.
 	var h hello
 	err := decodeControl([]byte{0x81, 0xa5, 't', 'o', 'k', 'e', 'n', 0xdd, 0xff, 0xff, 0xff, 0xff}, &h)
-	require.EqualError(t, err, "malformed frame: msgpack value declares 4294967295 elements with 0 bytes left")
+	require.EqualError(t, err, "malformed frame: msgpack payload of 12 bytes is malformed or cut short: EOF")
+}
+
+// An abort note whose list of missing ranks declares 2³²-1 elements in a
+// 14-byte payload is refused having allocated next to nothing: decoded as
+// it is, the list alone would take 32 GiB.
+func TestDecodeControlAllocatesWhatThePayloadHolds(t *testing.T) {
+	p := []byte{0x81, 0xa7, 'm', 'i', 's', 's', 'i', 'n', 'g', 0xdd, 0xff, 0xff, 0xff, 0xff}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var v abortNote
+	err := decodeControl(p, &v)
+	runtime.ReadMemStats(&after)
+	require.EqualError(t, err, "malformed frame: msgpack payload of 14 bytes is malformed or cut short: EOF")
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated decoding a 14-byte payload")
 }
