@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os/exec"
 	"regexp"
 	"sort"
 	"strconv"
@@ -50,6 +51,9 @@ func TestBenchStepRefusesUnknownPrecision(t *testing.T) {
 // same repeat (the ratio of the two step times that repeat printed, to
 // their rounding) and the median of the three.
 func TestBenchStepRatiosRunByRun(t *testing.T) {
+	if exec.Command("/usr/bin/python3", "-c", "import torch").Run() != nil {
+		t.Skip("/usr/bin/python3 has no torch (make deps installs it)")
+	}
 	args := []string{"--precision", "fp32,fp16", "--threads", "1", "--steps", "1", "--warmup", "0", "--repeats", "3",
 		"--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "8", "--vocab_size", "256", "--batch", "2",
 		"--torch-script", "../../bench/torch_step.py"}
